@@ -1,0 +1,1 @@
+//! Fault-injecting provider wrapper (in progress).

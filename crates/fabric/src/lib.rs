@@ -1,0 +1,214 @@
+//! The fabric layer of udbtl: a model of InfiniBand Unreliable Datagram verbs.
+//!
+//! The BTL above is written once against [`Provider`] and [`Context`], which
+//! mirror the verbs the original `btl_ofud` component used: device and port
+//! discovery, protection domains, memory registration, completion queues, UD
+//! queue pairs that step through INIT → RTR → RTS, address handles, posted
+//! receives and batched sends.
+//!
+//! # Providers
+//!
+//! * [`udp`]: real. Each queue pair is a nonblocking UDP socket; a queue pair
+//!   address is (IP, UDP port) where verbs would use (LID, QPN).
+//! * [`sim`]: deterministic. An in-process fabric on virtual time with a
+//!   seeded fault model (loss, duplication, reordering, corruption, MTU).
+//! * [`faulty`]: a wrapper that injects loss, duplication and reordering into
+//!   any provider, so real multi-process runs can be made lossy.
+//!
+//! # UD semantics every provider keeps
+//!
+//! * A send larger than the port's `max_msg_size` is refused when posted.
+//! * A datagram that arrives while its queue pair has no receive posted is
+//!   dropped and counted ([`FabricStats::rx_no_buffer`]).
+//! * A datagram whose queue key differs from the receiving queue pair's is
+//!   dropped and counted ([`FabricStats::rx_bad_qkey`]).
+//! * Neither delivery nor order is promised.
+//! * Memory is checked as verbs would: a gather entry must lie inside a live
+//!   registration of the sending context (unless the send is inline).
+//!
+//! # Memory ownership
+//!
+//! Receive buffers live in provider-owned registrations ([`Context::reg_mr`]);
+//! the caller reads and writes them through [`Context::mr_bytes`] and
+//! [`Context::mr_bytes_mut`]. A provider writes into a posted buffer only
+//! while the caller is inside [`Context::poll_cq`], so the verbs rule "posted
+//! memory belongs to the device until its completion is polled" cannot be
+//! broken by safe code. Sends may also gather from caller memory registered
+//! with [`Context::reg_user_mr`]; the provider has consumed the bytes when
+//! `post_send` returns.
+#![warn(missing_docs)]
+
+mod error;
+pub mod faulty;
+pub mod sim;
+mod table;
+mod verbs;
+mod types;
+pub mod udp;
+
+pub use error::{FabricError, PostError, Result};
+pub use table::{Handle, Table};
+pub use types::*;
+
+/// A source of devices: the `ibv_get_device_list`/`ibv_open_device` half of
+/// verbs.
+pub trait Provider {
+    /// An opened device.
+    type Context: Context;
+
+    /// The provider's name, e.g. `udp`.
+    fn name(&self) -> &'static str;
+
+    /// Lists the devices this provider can open.
+    ///
+    /// # Errors
+    /// The provider could not enumerate its devices.
+    fn devices(&self) -> Result<Vec<DeviceInfo>>;
+
+    /// Opens a device by name.
+    ///
+    /// # Errors
+    /// [`FabricError::NoSuchDevice`] or a provider failure.
+    fn open(&self, device: &str) -> Result<Self::Context>;
+}
+
+/// An opened device: the verbs that create resources, post work and poll
+/// completions.
+///
+/// Resources are named by handles. Destroying a resource that others still
+/// depend on fails with [`FabricError::Busy`], so teardown must run in the
+/// verbs order: address handles and queue pairs, then completion queues and
+/// registrations, then protection domains.
+pub trait Context: Send {
+    /// The device this context was opened on.
+    fn device(&self) -> &DeviceInfo;
+
+    /// Queries a port (numbered from 1).
+    ///
+    /// # Errors
+    /// [`FabricError::NoSuchPort`].
+    fn query_port(&self, port: u8) -> Result<PortAttr>;
+
+    /// Allocates a protection domain.
+    ///
+    /// # Errors
+    /// A device limit was reached.
+    fn alloc_pd(&mut self) -> Result<PdHandle>;
+
+    /// Frees a protection domain that nothing uses any more.
+    ///
+    /// # Errors
+    /// [`FabricError::Busy`] while registrations, queue pairs or address
+    /// handles still belong to it.
+    fn dealloc_pd(&mut self, pd: PdHandle) -> Result<()>;
+
+    /// Allocates and registers `len` zeroed bytes owned by the provider.
+    /// Receive buffers must come from such registrations.
+    ///
+    /// # Errors
+    /// Bad handle, zero length, or a device limit.
+    fn reg_mr(&mut self, pd: PdHandle, len: usize) -> Result<Mr>;
+
+    /// Registers caller memory for sending. Only the address range is
+    /// recorded; the bytes are passed again, as [`Gather::User`], when posting.
+    ///
+    /// # Errors
+    /// Bad handle, empty region, or a device limit.
+    fn reg_user_mr(&mut self, pd: PdHandle, region: &[u8]) -> Result<Mr>;
+
+    /// Deregisters memory.
+    ///
+    /// # Errors
+    /// Bad handle.
+    fn dereg_mr(&mut self, mr: MrHandle) -> Result<()>;
+
+    /// The bytes of a provider-owned registration.
+    ///
+    /// # Errors
+    /// Bad handle, or a registration of caller memory.
+    fn mr_bytes(&self, mr: MrHandle) -> Result<&[u8]>;
+
+    /// The bytes of a provider-owned registration, writable.
+    ///
+    /// # Errors
+    /// Bad handle, or a registration of caller memory.
+    fn mr_bytes_mut(&mut self, mr: MrHandle) -> Result<&mut [u8]>;
+
+    /// Creates a completion queue with room for `depth` completions.
+    ///
+    /// # Errors
+    /// Zero depth, or a device limit.
+    fn create_cq(&mut self, depth: u32) -> Result<CqHandle>;
+
+    /// Destroys a completion queue no queue pair uses.
+    ///
+    /// # Errors
+    /// [`FabricError::Busy`] while queue pairs are attached.
+    fn destroy_cq(&mut self, cq: CqHandle) -> Result<()>;
+
+    /// Creates a UD queue pair in state RESET.
+    ///
+    /// # Errors
+    /// Bad handles, capacities above the device limits.
+    fn create_qp(&mut self, pd: PdHandle, attr: &QpInitAttr) -> Result<QpInfo>;
+
+    /// Moves a queue pair to the next state.
+    ///
+    /// # Errors
+    /// [`FabricError::InvalidState`] for a transition out of order, or a bad
+    /// port or partition key index.
+    fn modify_qp(&mut self, qp: QpHandle, transition: &QpTransition) -> Result<()>;
+
+    /// The queue pair's current state.
+    ///
+    /// # Errors
+    /// Bad handle.
+    fn qp_state(&self, qp: QpHandle) -> Result<QpState>;
+
+    /// Destroys a queue pair; its posted receives are discarded.
+    ///
+    /// # Errors
+    /// Bad handle.
+    fn destroy_qp(&mut self, qp: QpHandle) -> Result<()>;
+
+    /// Creates an address handle for a remote port.
+    ///
+    /// # Errors
+    /// Bad handle, an address of another provider, or a bad local port.
+    fn create_ah(&mut self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle>;
+
+    /// Destroys an address handle.
+    ///
+    /// # Errors
+    /// Bad handle.
+    fn destroy_ah(&mut self, ah: AhHandle) -> Result<()>;
+
+    /// Posts receive buffers, in order. Each buffer must be at least
+    /// [`GRH_LEN`] bytes.
+    ///
+    /// # Errors
+    /// The first refused request, with the number accepted before it.
+    fn post_recv(&mut self, qp: QpHandle, wrs: &[RecvWr]) -> Result<(), PostError>;
+
+    /// Posts sends, in order. A provider may transmit a batch with one
+    /// system call. Each request is checked (queue pair in RTS, length against
+    /// the port MTU, inline limit, memory keys, send queue room) before any
+    /// byte of it leaves.
+    ///
+    /// # Errors
+    /// The first refused request, with the number accepted before it.
+    fn post_send(&mut self, qp: QpHandle, wrs: &[SendWr<'_>]) -> Result<(), PostError>;
+
+    /// Polls up to `out.len()` completions into `out` and returns how many
+    /// were written. Receives are delivered during this call.
+    ///
+    /// # Errors
+    /// Bad handle, or a provider failure that is not a per-datagram loss.
+    fn poll_cq(&mut self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize>;
+
+    /// Datagram counters.
+    fn stats(&self) -> FabricStats;
+
+    /// Live resources, for leak checks.
+    fn resources(&self) -> ResourceCounts;
+}

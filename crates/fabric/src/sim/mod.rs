@@ -1,0 +1,1 @@
+//! Deterministic simulated fabric (in progress).
