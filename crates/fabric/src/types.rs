@@ -435,6 +435,8 @@ pub struct FabricStats {
     pub tx_datagrams: u64,
     /// Payload bytes handed to the fabric.
     pub tx_bytes: u64,
+    /// Sends that coalesced several datagrams with UDP GSO.
+    pub tx_gso_trains: u64,
     /// Datagrams the kernel refused (ENOBUFS, EAGAIN, EPERM...); to the
     /// peer they look lost.
     pub tx_kernel_drops: u64,

@@ -48,6 +48,11 @@ impl CqEntry {
     pub(crate) fn room(&self) -> usize {
         self.depth.saturating_sub(self.queue.len())
     }
+
+    /// Completions waiting to be polled.
+    pub(crate) fn queued(&self) -> usize {
+        self.queue.len()
+    }
 }
 
 #[derive(Debug)]

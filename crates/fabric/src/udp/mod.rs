@@ -1,1 +1,821 @@
-//! UDP provider (in progress).
+//! The `udp` provider: UD verbs over kernel UDP sockets.
+//!
+//! Each queue pair is one nonblocking UDP socket bound to the context's IP
+//! address. Where verbs address a queue pair by (LID, QPN), this provider uses
+//! (IP address, UDP port): an address handle holds the IP address and the QP
+//! number is the socket's port. Every datagram carries the UD encapsulation
+//! header of [`udbtl_wire::ud`] with the partition and queue keys the receiver
+//! checks.
+//!
+//! Sends go out with `sendmmsg`, one system call per posted batch; equal-sized
+//! datagrams to one destination are coalesced with UDP GSO (`UDP_SEGMENT`)
+//! when the kernel supports it. Receives land in place in the posted buffers,
+//! with `recvmmsg`, while [`Context::poll_cq`] runs.
+//!
+//! The kernel's refusals behave like a lossy wire: ENOBUFS, EAGAIN, EPERM (a
+//! firewall drop on the output path) and ICMP errors make the datagram lost
+//! and counted in [`FabricStats::tx_kernel_drops`]; the send still completes,
+//! as a UD send does once the datagram has left the HCA.
+
+mod sys;
+
+use std::io::{self, IoSlice};
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsFd;
+
+use socket2::{Domain, Protocol, Socket, Type};
+use udbtl_wire::ud;
+
+use crate::verbs::Verbs;
+use crate::{
+    AhAttr, AhHandle, Context, CqHandle, DeviceAttr, DeviceInfo, FabricError, FabricStats,
+    MrHandle, Mr, NodeAddr, PdHandle, PortAttr, PortState, PostError, Provider, QpAddr,
+    QpHandle, QpInfo, QpInitAttr, QpState, QpTransition, RecvWr, ResourceCounts, Result,
+    SendWr, WcOpcode, WcStatus, WorkCompletion, GRH_LEN,
+};
+
+/// The provider's name.
+pub const NAME: &str = "udp";
+
+/// Largest UDP payload over IPv4 (65535 − 20 − 8).
+const MAX_UDP_PAYLOAD_V4: usize = 65_507;
+/// Largest UDP payload over IPv6 (65535 − 8; the IPv6 header is not counted).
+const MAX_UDP_PAYLOAD_V6: usize = 65_527;
+/// Most datagrams one GSO send may carry (the kernel's UDP_MAX_SEGMENTS).
+const MAX_GSO_SEGMENTS: usize = 64;
+/// Most gather entries a send may have besides the UD header.
+const MAX_SEND_SGE: u32 = 8;
+/// Empty queue pairs that never had a receive posted are drained (and their
+/// datagrams counted as dropped) only every this many polls, so send-only
+/// queue pairs cost no system call on the fast path.
+const IDLE_DRAIN_INTERVAL: u32 = 64;
+
+/// Configuration of the `udp` provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UdpConfig {
+    /// Address to bind queue pairs to. Selects the device that holds it.
+    pub bind: Option<IpAddr>,
+    /// Interface to use (e.g. `eth0`). Without it, and without `bind`, only
+    /// loopback devices are offered, which suits single-host runs.
+    pub interface: Option<String>,
+    /// Prefer IPv6 addresses when choosing a device's address.
+    pub ipv6: bool,
+    /// Largest payload per datagram. Defaults to the largest datagram on
+    /// loopback, and to the interface MTU less the IP and UDP headers
+    /// elsewhere, so that IP never fragments.
+    pub mtu: Option<usize>,
+    /// Requested `SO_SNDBUF` in bytes.
+    pub send_buffer: usize,
+    /// Requested `SO_RCVBUF` in bytes.
+    pub recv_buffer: usize,
+    /// Coalesce equal-sized datagrams with UDP GSO.
+    pub gso: bool,
+}
+
+impl Default for UdpConfig {
+    fn default() -> Self {
+        Self {
+            bind: None,
+            interface: None,
+            ipv6: false,
+            mtu: None,
+            send_buffer: 4 << 20,
+            recv_buffer: 4 << 20,
+            gso: true,
+        }
+    }
+}
+
+/// The `udp` provider.
+#[derive(Debug, Clone, Default)]
+pub struct UdpProvider {
+    config: UdpConfig,
+}
+
+impl UdpProvider {
+    /// A provider with the given configuration.
+    pub const fn new(config: UdpConfig) -> Self {
+        Self { config }
+    }
+
+    /// The configuration.
+    pub const fn config(&self) -> &UdpConfig {
+        &self.config
+    }
+
+    fn selected_interfaces(&self) -> Result<Vec<sys::Interface>> {
+        let all = sys::interfaces()
+            .map_err(|source| FabricError::Io { operation: "getifaddrs", source })?;
+        Ok(all
+            .into_iter()
+            .filter(|iface| match (&self.config.interface, self.config.bind) {
+                (Some(name), _) => &iface.name == name,
+                (None, Some(bind)) => iface.addrs.contains(&bind),
+                (None, None) => iface.loopback,
+            })
+            .collect())
+    }
+
+    fn address_of(&self, iface: &sys::Interface) -> Option<IpAddr> {
+        if let Some(bind) = self.config.bind {
+            return iface.addrs.contains(&bind).then_some(bind);
+        }
+        let family = |ip: &&IpAddr| ip.is_ipv6() == self.config.ipv6;
+        let usable = |ip: &&IpAddr| match ip {
+            IpAddr::V6(v6) => !v6.is_unicast_link_local(),
+            IpAddr::V4(_) => true,
+        };
+        iface.addrs.iter().filter(family).find(usable).copied()
+    }
+
+    fn max_msg_size(&self, iface: &sys::Interface, ip: IpAddr) -> Result<usize> {
+        let limit = if iface.loopback {
+            if ip.is_ipv6() { MAX_UDP_PAYLOAD_V6 } else { MAX_UDP_PAYLOAD_V4 }
+        } else {
+            let link_mtu = std::fs::read_to_string(format!("/sys/class/net/{}/mtu", iface.name))
+                .ok()
+                .and_then(|s| s.trim().parse::<usize>().ok())
+                .unwrap_or(1500);
+            let ip_header = if ip.is_ipv6() { 40 } else { 20 };
+            link_mtu.saturating_sub(ip_header + 8)
+        };
+        let limit = limit.saturating_sub(ud::HEADER_LEN);
+        match self.config.mtu {
+            None => Ok(limit),
+            Some(mtu) if mtu > 0 && mtu <= limit => Ok(mtu),
+            Some(mtu) => Err(FabricError::InvalidArgument {
+                what: "udp mtu",
+                detail: format!("{mtu} is outside 1..={limit} for {}", iface.name),
+            }),
+        }
+    }
+}
+
+fn device_attr() -> DeviceAttr {
+    DeviceAttr {
+        max_qp: 1024,
+        max_qp_wr: 65_536,
+        max_sge: MAX_SEND_SGE,
+        max_cq: 1024,
+        max_cqe: 1 << 20,
+        max_mr: 1 << 16,
+        max_ah: 1 << 20,
+        max_inline_data: 1024,
+    }
+}
+
+impl Provider for UdpProvider {
+    type Context = UdpContext;
+
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn devices(&self) -> Result<Vec<DeviceInfo>> {
+        Ok(self
+            .selected_interfaces()?
+            .into_iter()
+            .map(|iface| DeviceInfo {
+                name: iface.name,
+                provider: NAME,
+                port_count: 1,
+                attr: device_attr(),
+            })
+            .collect())
+    }
+
+    fn open(&self, device: &str) -> Result<UdpContext> {
+        let iface = self
+            .selected_interfaces()?
+            .into_iter()
+            .find(|iface| iface.name == device)
+            .ok_or_else(|| FabricError::NoSuchDevice { provider: NAME, name: device.into() })?;
+        let addr = self.address_of(&iface);
+        let ip = addr.unwrap_or(if self.config.ipv6 {
+            IpAddr::from([0u16; 8])
+        } else {
+            IpAddr::from([0u8; 4])
+        });
+        let port = PortAttr {
+            port_num: 1,
+            state: if iface.up && addr.is_some() { PortState::Active } else { PortState::Down },
+            addr: NodeAddr::Ip(ip),
+            max_msg_size: self.max_msg_size(&iface, ip)?,
+            pkeys: vec![0xffff],
+            link_layer: if ip.is_ipv6() { "udp/ipv6" } else { "udp/ipv4" },
+        };
+        let info = DeviceInfo {
+            name: iface.name.clone(),
+            provider: NAME,
+            port_count: 1,
+            attr: device_attr(),
+        };
+        Ok(UdpContext {
+            verbs: Verbs::new(info, vec![port]),
+            ip,
+            config: self.config.clone(),
+            gso: self.config.gso,
+            polls: 0,
+            drop_scratch: vec![0u8; MAX_UDP_PAYLOAD_V6 + GRH_LEN].into_boxed_slice(),
+        })
+    }
+}
+
+/// A queue pair's socket.
+#[derive(Debug)]
+pub(crate) struct UdpQp {
+    socket: Socket,
+    /// A receive was posted at least once: the queue pair receives, so an
+    /// empty receive queue must drop arrivals promptly.
+    receives: bool,
+}
+
+/// An opened `udp` device.
+#[derive(Debug)]
+pub struct UdpContext {
+    verbs: Verbs<UdpQp, IpAddr>,
+    ip: IpAddr,
+    config: UdpConfig,
+    /// GSO is used until the kernel refuses it once.
+    gso: bool,
+    polls: u32,
+    /// Where datagrams that no receive was posted for are read and discarded.
+    drop_scratch: Box<[u8]>,
+}
+
+impl UdpContext {
+    /// The address queue pairs bind to.
+    pub const fn ip(&self) -> IpAddr {
+        self.ip
+    }
+
+    /// The full address of a queue pair, as peers would address it.
+    ///
+    /// # Errors
+    /// Bad handle.
+    pub fn qp_addr(&self, qp: QpHandle) -> Result<QpAddr> {
+        let entry = self.verbs.qp(qp)?;
+        Ok(QpAddr { node: NodeAddr::Ip(self.ip), qpn: entry.qp_num })
+    }
+
+    fn open_socket(&self) -> Result<Socket> {
+        let io = |operation| move |source| FabricError::Io { operation, source };
+        let domain = if self.ip.is_ipv6() { Domain::IPV6 } else { Domain::IPV4 };
+        let socket =
+            Socket::new(domain, Type::DGRAM, Some(Protocol::UDP)).map_err(io("socket"))?;
+        if self.ip.is_ipv6() {
+            socket.set_only_v6(true).map_err(io("setsockopt(IPV6_V6ONLY)"))?;
+        }
+        socket.set_nonblocking(true).map_err(io("fcntl(O_NONBLOCK)"))?;
+        socket.bind(&SocketAddr::new(self.ip, 0).into()).map_err(io("bind"))?;
+        size_buffer(&socket, false, self.config.send_buffer);
+        size_buffer(&socket, true, self.config.recv_buffer);
+        Ok(socket)
+    }
+
+    /// Pulls datagrams for every receiving queue pair on `cq` into it.
+    fn receive(&mut self, cq: CqHandle, budget: usize) -> Result<()> {
+        self.polls = self.polls.wrapping_add(1);
+        let idle_drain = self.polls % IDLE_DRAIN_INTERVAL == 0;
+        let handles: [Option<QpHandle>; 8] = {
+            let mut out = [None; 8];
+            let mut n = 0;
+            for (handle, qp) in self.verbs.qps.iter() {
+                if qp.recv_cq == cq && qp.can_receive() && n < out.len() {
+                    let empty = qp.recv_queue.is_empty();
+                    if !empty || qp.transport.receives || idle_drain {
+                        out[n] = Some(QpHandle(handle));
+                        n += 1;
+                    }
+                }
+            }
+            out
+        };
+        let mut budget = budget;
+        for qp in handles.into_iter().flatten() {
+            budget = budget.min(self.verbs.cq_room(cq));
+            if budget == 0 {
+                break;
+            }
+            budget -= self.receive_on(qp, budget)?;
+        }
+        Ok(())
+    }
+
+    /// Receives up to `budget` datagrams on one queue pair and returns how
+    /// many completions it queued.
+    fn receive_on(&mut self, qp: QpHandle, budget: usize) -> Result<usize> {
+        let mut queued = 0;
+        loop {
+            let entry = self.verbs.qp(qp)?;
+            let Some(first) = entry.recv_queue.front().copied() else {
+                self.discard_unbuffered(qp)?;
+                return Ok(queued);
+            };
+            // One batch reads into one registration: posted buffers normally
+            // all come from a single receive slab.
+            let mut wrs = [RecvWr { wr_id: 0, sge: first.sge }; sys::MAX_BATCH];
+            let mut targets = [(0usize, 0usize); sys::MAX_BATCH];
+            let limit = (budget - queued).min(sys::MAX_BATCH);
+            let mut count = 0;
+            for wr in entry.recv_queue.iter().take(limit) {
+                if wr.sge.lkey != first.sge.lkey {
+                    break;
+                }
+                wrs[count] = *wr;
+                targets[count] = (wr.sge.offset, wr.sge.len);
+                count += 1;
+            }
+            let mr = self.verbs.owned_range(first.sge, entry.pd)?;
+            let mut meta = [sys::RecvMeta::EMPTY; sys::MAX_BATCH];
+            let received = {
+                let Verbs { mrs, qps, .. } = &mut self.verbs;
+                let socket = &qps.get(qp.0).ok_or(FabricError::InvalidHandle { kind: "queue pair" })?.transport.socket;
+                let region = match mrs.get_mut(mr.0).map(|m| &mut m.memory) {
+                    Some(crate::verbs::Memory::Owned(bytes)) => &mut bytes[..],
+                    _ => return Err(FabricError::ProtectionError { lkey: first.sge.lkey }),
+                };
+                sys::recv_batch(socket.as_fd(), region, &targets[..count], &mut meta)
+                    .map_err(|source| FabricError::Io { operation: "recvmmsg", source })?
+            };
+            if received == 0 {
+                return Ok(queued);
+            }
+            queued += self.complete_receives(qp, &wrs[..received], &meta[..received])?;
+            if received < count || queued >= budget {
+                return Ok(queued);
+            }
+        }
+    }
+
+    /// Turns received datagrams into completions. A datagram that is
+    /// malformed or carries the wrong keys leaves its buffer posted.
+    fn complete_receives(
+        &mut self,
+        qp: QpHandle,
+        wrs: &[RecvWr],
+        meta: &[sys::RecvMeta],
+    ) -> Result<usize> {
+        let mut consumed = [false; sys::MAX_BATCH];
+        let mut completions = [(WorkCompletion::EMPTY, false); sys::MAX_BATCH];
+        let entry = self.verbs.qps.get(qp.0).ok_or(FabricError::InvalidHandle { kind: "queue pair" })?;
+        let stats = &mut self.verbs.stats;
+        for (i, (wr, meta)) in wrs.iter().zip(meta).enumerate() {
+            let Some(repr) = parse_header(meta) else {
+                stats.rx_malformed += 1;
+                continue;
+            };
+            if !entry.admit(repr.pkey, repr.qkey, stats) {
+                continue;
+            }
+            let payload = meta.len - ud::HEADER_LEN;
+            let status = if meta.truncated {
+                stats.rx_too_long += 1;
+                WcStatus::LocalLengthError
+            } else {
+                stats.rx_datagrams += 1;
+                stats.rx_bytes += payload as u64;
+                WcStatus::Success
+            };
+            consumed[i] = true;
+            completions[i] = (
+                WorkCompletion {
+                    wr_id: wr.wr_id,
+                    status,
+                    opcode: WcOpcode::Recv,
+                    byte_len: if status == WcStatus::Success { (GRH_LEN + payload) as u32 } else { 0 },
+                    qp_num: entry.qp_num,
+                    src: meta.source.map(|s| QpAddr { node: NodeAddr::Ip(s.ip()), qpn: u32::from(s.port()) }),
+                    imm: repr.imm,
+                },
+                true,
+            );
+        }
+        let cq = entry.recv_cq;
+        // Remove the consumed buffers from the front of the receive queue,
+        // keeping the others posted in their order.
+        let entry = self.verbs.qp_mut(qp)?;
+        let mut kept = [RecvWr { wr_id: 0, sge: wrs[0].sge }; sys::MAX_BATCH];
+        let mut kept_count = 0;
+        for consumed in consumed.iter().take(wrs.len()) {
+            let Some(wr) = entry.recv_queue.pop_front() else { break };
+            if !consumed {
+                kept[kept_count] = wr;
+                kept_count += 1;
+            }
+        }
+        for wr in kept[..kept_count].iter().rev() {
+            entry.recv_queue.push_front(*wr);
+        }
+        let mut queued = 0;
+        for (wc, present) in completions.iter().take(wrs.len()) {
+            if *present {
+                self.verbs.push_completion(cq, qp, *wc);
+                queued += 1;
+            }
+        }
+        Ok(queued)
+    }
+
+    /// Reads and discards what arrived for a queue pair with no receive
+    /// posted: UD drops such datagrams.
+    fn discard_unbuffered(&mut self, qp: QpHandle) -> Result<()> {
+        let socket = &self.verbs.qp(qp)?.transport.socket;
+        // Every datagram lands at offset 0 of the scratch buffer: only the
+        // header is looked at, to tell a dropped datagram from garbage.
+        let targets = [(0, self.drop_scratch.len()); sys::MAX_BATCH];
+        let mut meta = [sys::RecvMeta::EMPTY; sys::MAX_BATCH];
+        let (mut dropped, mut malformed) = (0, 0);
+        for _ in 0..2 {
+            let n = sys::recv_batch(socket.as_fd(), &mut self.drop_scratch, &targets, &mut meta)
+                .map_err(|source| FabricError::Io { operation: "recvmmsg", source })?;
+            for m in &meta[..n] {
+                if parse_header(m).is_some() {
+                    dropped += 1;
+                } else {
+                    malformed += 1;
+                }
+            }
+            if n < sys::MAX_BATCH {
+                break;
+            }
+        }
+        self.verbs.stats.rx_no_buffer += dropped;
+        self.verbs.stats.rx_malformed += malformed;
+        Ok(())
+    }
+
+    /// Sends a run of accepted work requests, `chunk`, whose lengths are
+    /// `lens`, as one `sendmmsg` batch, and completes them.
+    fn transmit(&mut self, qp: QpHandle, chunk: &[SendWr<'_>], lens: &[usize]) -> Result<()> {
+        let mut outcome = [Outcome::Sent; sys::MAX_BATCH];
+        let trains = {
+            let entry = self.verbs.qp(qp)?;
+            let (qp_qkey, pkey) = (entry.qkey, entry.pkey);
+            let mut headers = [[0u8; ud::HEADER_LEN]; sys::MAX_BATCH];
+            let mut dests = [SocketAddr::from(([0, 0, 0, 0], 0)); sys::MAX_BATCH];
+            for (i, wr) in chunk.iter().enumerate() {
+                let qkey = if wr.remote_qkey & 0x8000_0000 != 0 { qp_qkey } else { wr.remote_qkey };
+                headers[i] = ud::Repr { pkey, qkey, imm: wr.imm }.to_bytes();
+                let ip = self.verbs.ah(wr.ah)?.route;
+                dests[i] = SocketAddr::new(ip, wr.remote_qpn as u16);
+            }
+            let empty: &[u8] = &[];
+            let mut iov = [IoSlice::new(empty); sys::MAX_SEND_IOV];
+            let mut spans = [(0usize, 0usize); sys::MAX_BATCH];
+            let mut used = 0;
+            for (i, wr) in chunk.iter().enumerate() {
+                let start = used;
+                iov[used] = IoSlice::new(&headers[i]);
+                used += 1;
+                for gather in wr.sg_list {
+                    iov[used] = IoSlice::new(self.verbs.gather_bytes(gather));
+                    used += 1;
+                }
+                spans[i] = (start, used);
+            }
+            // Group datagrams into messages: a GSO train is a run to one
+            // destination where every datagram but the last has the same size.
+            let mut msgs = [sys::OutMsg { dest: dests[0], iov: &[], segment_size: None }; sys::MAX_BATCH];
+            let mut members = [(0usize, 0usize); sys::MAX_BATCH];
+            let mut msg_count = 0;
+            let mut i = 0;
+            while i < chunk.len() {
+                let size = lens[i] + ud::HEADER_LEN;
+                let mut end = i + 1;
+                if self.gso {
+                    let mut total = size;
+                    while end < chunk.len()
+                        && end - i < MAX_GSO_SEGMENTS
+                        && dests[end] == dests[i]
+                        && lens[end - 1] == lens[i]
+                        && lens[end] <= lens[i]
+                        && lens[end] > 0
+                        && total + lens[end] + ud::HEADER_LEN <= MAX_UDP_PAYLOAD_V4
+                    {
+                        total += lens[end] + ud::HEADER_LEN;
+                        end += 1;
+                    }
+                }
+                msgs[msg_count] = sys::OutMsg {
+                    dest: dests[i],
+                    iov: &iov[spans[i].0..spans[end - 1].1],
+                    segment_size: (end - i > 1).then_some(size as u16),
+                };
+                members[msg_count] = (i, end);
+                msg_count += 1;
+                i = end;
+            }
+            let socket = &entry.transport.socket;
+            let mut next = 0;
+            while next < msg_count {
+                match sys::send_batch(socket.as_fd(), &msgs[next..msg_count]) {
+                    Ok(0) => break,
+                    Ok(sent) => next += sent,
+                    Err(err) => {
+                        let (first, end) = members[next];
+                        let verdict = classify_send_error(&err, msgs[next].segment_size.is_some());
+                        if verdict == Outcome::GsoRefused {
+                            // Resend this train one datagram at a time.
+                            self.gso = false;
+                            for j in first..end {
+                                let single = sys::OutMsg {
+                                    dest: dests[j],
+                                    iov: &iov[spans[j].0..spans[j].1],
+                                    segment_size: None,
+                                };
+                                outcome[j] = match sys::send_batch(socket.as_fd(), &[single]) {
+                                    Ok(_) => Outcome::Sent,
+                                    Err(err) => classify_send_error(&err, false),
+                                };
+                            }
+                            tracing::warn!(%err, "UDP GSO refused by the kernel; sending datagrams singly");
+                        } else {
+                            tracing::trace!(%err, "datagram refused by the kernel");
+                            outcome[first..end].fill(verdict);
+                        }
+                        next += 1;
+                    }
+                }
+            }
+            msgs[..msg_count].iter().filter(|m| m.segment_size.is_some()).count()
+        };
+        self.verbs.stats.tx_gso_trains += trains as u64;
+        for (i, wr) in chunk.iter().enumerate() {
+            match outcome[i] {
+                Outcome::Sent => {}
+                Outcome::Lost => self.verbs.stats.tx_kernel_drops += 1,
+                Outcome::Failed | Outcome::GsoRefused => {
+                    self.complete_failed_send(qp, wr);
+                    continue;
+                }
+            }
+            self.verbs.complete_send(qp, wr, lens[i]);
+        }
+        Ok(())
+    }
+
+    fn complete_failed_send(&mut self, qp: QpHandle, wr: &SendWr<'_>) {
+        if !wr.flags.contains(crate::SendFlags::SIGNALED) {
+            return;
+        }
+        let Ok(entry) = self.verbs.qp_mut(qp) else { return };
+        entry.sends_outstanding += 1;
+        let (cq, qp_num) = (entry.send_cq, entry.qp_num);
+        self.verbs.push_completion(
+            cq,
+            qp,
+            WorkCompletion {
+                wr_id: wr.wr_id,
+                status: WcStatus::GeneralError,
+                opcode: WcOpcode::Send,
+                byte_len: 0,
+                qp_num,
+                src: None,
+                imm: None,
+            },
+        );
+    }
+}
+
+/// The encapsulation header of a received datagram, if it has a valid one.
+fn parse_header(meta: &sys::RecvMeta) -> Option<ud::Repr> {
+    let header = meta.header.get(..meta.len.min(ud::HEADER_LEN))?;
+    ud::Packet::new_checked(header).and_then(|p| ud::Repr::parse(&p)).ok()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Sent,
+    /// Dropped by the kernel: to the peer it is a lost datagram.
+    Lost,
+    /// The kernel refused a GSO train; resend singly.
+    GsoRefused,
+    /// A local failure that is not a loss.
+    Failed,
+}
+
+fn classify_send_error(err: &io::Error, gso: bool) -> Outcome {
+    match err.raw_os_error() {
+        Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT) if gso => Outcome::GsoRefused,
+        Some(
+            libc::EAGAIN
+            | libc::ENOBUFS
+            | libc::ENOMEM
+            | libc::EPERM
+            | libc::EACCES
+            | libc::ECONNREFUSED
+            | libc::EHOSTUNREACH
+            | libc::ENETUNREACH
+            | libc::ENETDOWN
+            | libc::EHOSTDOWN
+            | libc::EMSGSIZE,
+        ) => Outcome::Lost,
+        _ => Outcome::Failed,
+    }
+}
+
+/// Sets a socket buffer size, forcing past the sysctl cap where the process
+/// may, and warns when the kernel grants less than asked.
+fn size_buffer(socket: &Socket, receive: bool, bytes: usize) {
+    let name = if receive { "SO_RCVBUF" } else { "SO_SNDBUF" };
+    let set = if receive { socket.set_recv_buffer_size(bytes) } else { socket.set_send_buffer_size(bytes) };
+    if let Err(err) = set {
+        tracing::warn!(%err, option = name, bytes, "could not size socket buffer");
+    }
+    let granted = || if receive { socket.recv_buffer_size() } else { socket.send_buffer_size() };
+    // Linux reports double the requested size to account for bookkeeping.
+    if granted().is_ok_and(|got| got < bytes) {
+        let _ = sys::force_buffer(socket.as_fd(), receive, bytes);
+        match granted() {
+            Ok(got) if got < bytes => tracing::warn!(
+                option = name,
+                requested = bytes,
+                granted = got / 2,
+                "kernel capped the socket buffer (raise net.core.{}_max)",
+                if receive { "rmem" } else { "wmem" }
+            ),
+            _ => {}
+        }
+    }
+}
+
+impl Context for UdpContext {
+    fn device(&self) -> &DeviceInfo {
+        &self.verbs.device
+    }
+
+    fn query_port(&self, port: u8) -> Result<PortAttr> {
+        self.verbs.port(port).cloned()
+    }
+
+    fn alloc_pd(&mut self) -> Result<PdHandle> {
+        Ok(self.verbs.alloc_pd())
+    }
+
+    fn dealloc_pd(&mut self, pd: PdHandle) -> Result<()> {
+        self.verbs.dealloc_pd(pd)
+    }
+
+    fn reg_mr(&mut self, pd: PdHandle, len: usize) -> Result<Mr> {
+        self.verbs.reg_mr(pd, len)
+    }
+
+    fn reg_user_mr(&mut self, pd: PdHandle, region: &[u8]) -> Result<Mr> {
+        self.verbs.reg_user_mr(pd, region)
+    }
+
+    fn dereg_mr(&mut self, mr: MrHandle) -> Result<()> {
+        self.verbs.dereg_mr(mr)
+    }
+
+    fn mr_bytes(&self, mr: MrHandle) -> Result<&[u8]> {
+        self.verbs.mr_bytes(mr)
+    }
+
+    fn mr_bytes_mut(&mut self, mr: MrHandle) -> Result<&mut [u8]> {
+        self.verbs.mr_bytes_mut(mr)
+    }
+
+    fn create_cq(&mut self, depth: u32) -> Result<CqHandle> {
+        self.verbs.create_cq(depth)
+    }
+
+    fn destroy_cq(&mut self, cq: CqHandle) -> Result<()> {
+        self.verbs.destroy_cq(cq)
+    }
+
+    fn create_qp(&mut self, pd: PdHandle, attr: &QpInitAttr) -> Result<QpInfo> {
+        let cap = self.verbs.check_qp_init(pd, attr)?;
+        let socket = self.open_socket()?;
+        let port = socket
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .map(|a| a.port())
+            .ok_or_else(|| FabricError::Io { operation: "getsockname", source: io::Error::other("no local address") })?;
+        self.verbs.insert_qp(pd, attr, cap, u32::from(port), UdpQp { socket, receives: false })
+    }
+
+    fn modify_qp(&mut self, qp: QpHandle, transition: &QpTransition) -> Result<()> {
+        self.verbs.modify_qp(qp, transition)
+    }
+
+    fn qp_state(&self, qp: QpHandle) -> Result<QpState> {
+        Ok(self.verbs.qp(qp)?.state)
+    }
+
+    fn destroy_qp(&mut self, qp: QpHandle) -> Result<()> {
+        self.verbs.remove_qp(qp).map(drop)
+    }
+
+    fn create_ah(&mut self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle> {
+        let NodeAddr::Ip(ip) = attr.dest else {
+            return Err(FabricError::InvalidArgument {
+                what: "address handle",
+                detail: format!("{} is not an IP address", attr.dest),
+            });
+        };
+        if ip.is_ipv6() != self.ip.is_ipv6() {
+            return Err(FabricError::InvalidArgument {
+                what: "address handle",
+                detail: format!("{ip} is not reachable from a socket bound to {}", self.ip),
+            });
+        }
+        self.verbs.insert_ah(pd, attr, ip)
+    }
+
+    fn destroy_ah(&mut self, ah: AhHandle) -> Result<()> {
+        self.verbs.destroy_ah(ah)
+    }
+
+    fn post_recv(&mut self, qp: QpHandle, wrs: &[RecvWr]) -> Result<(), PostError> {
+        self.verbs.post_recv(qp, wrs)?;
+        if let Ok(entry) = self.verbs.qp_mut(qp) {
+            entry.transport.receives = true;
+        }
+        Ok(())
+    }
+
+    fn post_send(&mut self, qp: QpHandle, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+        let mut posted = 0;
+        while posted < wrs.len() {
+            let mut lens = [0usize; sys::MAX_BATCH];
+            let mut accepted = 0;
+            let mut refusal = None;
+            {
+                let entry = self.verbs.qp(qp).map_err(|error| PostError { posted, error })?;
+                for wr in wrs[posted..].iter().take(sys::MAX_BATCH) {
+                    let checked = self.verbs.check_send(entry, wr).and_then(|len| {
+                        if wr.remote_qpn == 0 || wr.remote_qpn > u32::from(u16::MAX) {
+                            Err(FabricError::InvalidArgument {
+                                what: "remote queue pair number",
+                                detail: format!("{} is not a UDP port", wr.remote_qpn),
+                            })
+                        } else {
+                            Ok(len)
+                        }
+                    });
+                    match checked {
+                        Ok(len) => {
+                            lens[accepted] = len;
+                            accepted += 1;
+                        }
+                        Err(error) => {
+                            refusal = Some(error);
+                            break;
+                        }
+                    }
+                }
+                // Signaled sends of this batch must fit the send queue and
+                // completion queue together, not only one by one.
+                let signaled = wrs[posted..posted + accepted]
+                    .iter()
+                    .filter(|wr| wr.flags.contains(crate::SendFlags::SIGNALED))
+                    .count();
+                let sq_room = (entry.cap.max_send_wr - entry.sends_outstanding.min(entry.cap.max_send_wr)) as usize;
+                let room = sq_room.min(self.verbs.cq_room(entry.send_cq));
+                if signaled > room {
+                    let mut seen = 0;
+                    let cut = wrs[posted..posted + accepted]
+                        .iter()
+                        .position(|wr| {
+                            seen += usize::from(wr.flags.contains(crate::SendFlags::SIGNALED));
+                            seen > room
+                        })
+                        .unwrap_or(accepted);
+                    accepted = cut;
+                    refusal = Some(FabricError::QueueFull {
+                        queue: if sq_room <= room { "send queue" } else { "completion queue" },
+                        capacity: entry.cap.max_send_wr as usize,
+                    });
+                }
+            }
+            if accepted > 0 {
+                self.transmit(qp, &wrs[posted..posted + accepted], &lens[..accepted])
+                    .map_err(|error| PostError { posted, error })?;
+                posted += accepted;
+            }
+            if let Some(error) = refusal {
+                return Err(PostError { posted, error });
+            }
+        }
+        Ok(())
+    }
+
+    fn poll_cq(&mut self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize> {
+        let queued = self.verbs.cqs.get(cq.0).map(crate::verbs::CqEntry::queued).ok_or(FabricError::InvalidHandle { kind: "completion queue" })?;
+        if queued < out.len() {
+            self.receive(cq, out.len() - queued)?;
+        }
+        self.verbs.drain_completions(cq, out)
+    }
+
+    fn stats(&self) -> FabricStats {
+        self.verbs.stats
+    }
+
+    fn resources(&self) -> ResourceCounts {
+        self.verbs.resources()
+    }
+}

@@ -1,0 +1,113 @@
+//! Shared set-up for provider tests: one queue pair with a slab of posted
+//! receive buffers, the way the BTL builds its modules.
+#![allow(dead_code, unreachable_pub)]
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use udbtl_fabric::*;
+
+pub const QKEY: u32 = 0x0133_0133;
+pub const BUF_LEN: usize = 2048 + GRH_LEN;
+
+/// A queue pair in RTS with `slots` receive buffers posted.
+pub struct Endpoint<C: Context> {
+    pub ctx: C,
+    pub pd: PdHandle,
+    pub cq: CqHandle,
+    pub qp: QpInfo,
+    pub recv_mr: Mr,
+    pub send_mr: Mr,
+    pub slots: usize,
+    pub buf_len: usize,
+}
+
+impl<C: Context> Endpoint<C> {
+    pub fn new(ctx: C, slots: usize, qkey: u32) -> Self {
+        Self::with_buffers(ctx, slots, BUF_LEN, qkey)
+    }
+
+    pub fn with_buffers(mut ctx: C, slots: usize, buf_len: usize, qkey: u32) -> Self {
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq((slots + 256) as u32).unwrap();
+        let cap = QpCap { max_send_wr: 128, max_recv_wr: slots as u32, max_send_sge: 2, max_inline_data: 128 };
+        let qp = ctx.create_qp(pd, &QpInitAttr { send_cq: cq, recv_cq: cq, cap }).unwrap();
+        ctx.modify_qp(qp.handle, &QpTransition::Init { pkey_index: 0, qkey, port: 1 }).unwrap();
+        ctx.modify_qp(qp.handle, &QpTransition::Rtr).unwrap();
+        ctx.modify_qp(qp.handle, &QpTransition::Rts { sq_psn: 0 }).unwrap();
+        let recv_mr = ctx.reg_mr(pd, slots * buf_len).unwrap();
+        let send_mr = ctx.reg_mr(pd, 256 * 1024).unwrap();
+        let mut ep = Self { ctx, pd, cq, qp, recv_mr, send_mr, slots, buf_len };
+        for slot in 0..slots {
+            ep.post_slot(slot);
+        }
+        ep
+    }
+
+    pub fn post_slot(&mut self, slot: usize) {
+        let sge = Sge { lkey: self.recv_mr.lkey, offset: slot * self.buf_len, len: self.buf_len };
+        self.ctx.post_recv(self.qp.handle, &[RecvWr { wr_id: slot as u64, sge }]).unwrap();
+    }
+
+    pub fn ah(&mut self, dest: NodeAddr) -> AhHandle {
+        self.ctx.create_ah(self.pd, &AhAttr { dest, service_level: 0, src_path_bits: 0, port: 1 }).unwrap()
+    }
+
+    /// Sends `payload` (copied into the send slab at `offset`).
+    pub fn send(&mut self, ah: AhHandle, qpn: u32, qkey: u32, payload: &[u8], wr_id: u64) -> Result<(), PostError> {
+        let offset = (wr_id as usize % 64) * 4096;
+        self.ctx.mr_bytes_mut(self.send_mr.handle).unwrap()[offset..offset + payload.len()].copy_from_slice(payload);
+        let sg = [Gather::Registered(Sge { lkey: self.send_mr.lkey, offset, len: payload.len() })];
+        let wr = SendWr { wr_id, sg_list: &sg, ah, remote_qpn: qpn, remote_qkey: qkey, imm: None, flags: SendFlags::SIGNALED };
+        self.ctx.post_send(self.qp.handle, &[wr])
+    }
+
+    /// Polls until `n` completions arrived or `timeout` passed.
+    pub fn poll_for(&mut self, n: usize, timeout: Duration) -> Vec<WorkCompletion> {
+        let deadline = Instant::now() + timeout;
+        let mut out = Vec::new();
+        let mut wcs = [WorkCompletion::EMPTY; 64];
+        while out.len() < n && Instant::now() < deadline {
+            let got = self.ctx.poll_cq(self.cq, &mut wcs).unwrap();
+            out.extend_from_slice(&wcs[..got]);
+        }
+        out
+    }
+
+    /// Polls for `duration`, collecting everything.
+    pub fn poll_during(&mut self, duration: Duration) -> Vec<WorkCompletion> {
+        self.poll_for(usize::MAX, duration)
+    }
+
+    pub fn payload(&self, wc: &WorkCompletion) -> Vec<u8> {
+        let offset = wc.wr_id as usize * self.buf_len + GRH_LEN;
+        self.ctx.mr_bytes(self.recv_mr.handle).unwrap()[offset..offset + wc.payload_len()].to_vec()
+    }
+
+    pub fn teardown(mut self, ahs: &[AhHandle]) -> C {
+        for ah in ahs {
+            self.ctx.destroy_ah(*ah).unwrap();
+        }
+        self.ctx.destroy_qp(self.qp.handle).unwrap();
+        self.ctx.destroy_cq(self.cq).unwrap();
+        self.ctx.dereg_mr(self.recv_mr.handle).unwrap();
+        self.ctx.dereg_mr(self.send_mr.handle).unwrap();
+        self.ctx.dealloc_pd(self.pd).unwrap();
+        assert!(self.ctx.resources().is_empty(), "leaked {:?}", self.ctx.resources());
+        self.ctx
+    }
+}
+
+/// Runs the `#[ignore]`d test `name` of this test binary as a child process,
+/// with `env` set and stdout piped.
+pub fn spawn_child(name: &str, env: &[(&str, String)]) -> Child {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = Command::new(exe);
+    cmd.args([name, "--exact", "--ignored", "--nocapture", "--test-threads=1", "-q"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    for (key, value) in env {
+        cmd.env(key, value);
+    }
+    cmd.spawn().unwrap()
+}
