@@ -49,6 +49,11 @@ impl CqEntry {
         self.depth.saturating_sub(self.queue.len())
     }
 
+    /// Queues a completion. Callers check [`CqEntry::room`] first.
+    pub(crate) fn push(&mut self, wc: WorkCompletion, qp: QpHandle) {
+        self.queue.push_back((wc, qp));
+    }
+
     /// Completions waiting to be polled.
     pub(crate) fn queued(&self) -> usize {
         self.queue.len()
@@ -274,7 +279,7 @@ impl<Q, A> Verbs<Q, A> {
     /// Queues a completion. Callers check [`CqEntry::room`] first.
     pub(crate) fn push_completion(&mut self, cq: CqHandle, qp: QpHandle, wc: WorkCompletion) {
         if let Some(entry) = self.cqs.get_mut(cq.0) {
-            entry.queue.push_back((wc, qp));
+            entry.push(wc, qp);
         }
     }
 

@@ -26,7 +26,7 @@ use std::os::fd::AsFd;
 use socket2::{Domain, Protocol, Socket, Type};
 use udbtl_wire::ud;
 
-use crate::verbs::Verbs;
+use crate::verbs::{Memory, Verbs};
 use crate::{
     AhAttr, AhHandle, Context, CqHandle, DeviceAttr, DeviceInfo, FabricError, FabricStats,
     MrHandle, Mr, NodeAddr, PdHandle, PortAttr, PortState, PostError, Provider, QpAddr,
@@ -217,6 +217,10 @@ impl Provider for UdpProvider {
             gso: self.config.gso,
             polls: 0,
             drop_scratch: vec![0u8; MAX_UDP_PAYLOAD_V6 + GRH_LEN].into_boxed_slice(),
+            scratch: Box::new(RecvScratch {
+                targets: [(0, 0); sys::MAX_BATCH],
+                meta: [sys::RecvMeta::EMPTY; sys::MAX_BATCH],
+            }),
         })
     }
 }
@@ -228,6 +232,13 @@ pub(crate) struct UdpQp {
     /// A receive was posted at least once: the queue pair receives, so an
     /// empty receive queue must drop arrivals promptly.
     receives: bool,
+    /// How many datagrams the next receive batch asks for. It doubles while
+    /// consecutive polls keep finding full batches and halves on an empty
+    /// poll, so a ping-pong reads with one `recvfrom` per poll and a stream
+    /// grows to full `recvmmsg` batches within a few polls.
+    batch_hint: usize,
+    /// Consecutive polls that found data.
+    busy_polls: u32,
 }
 
 /// An opened `udp` device.
@@ -241,7 +252,18 @@ pub struct UdpContext {
     polls: u32,
     /// Where datagrams that no receive was posted for are read and discarded.
     drop_scratch: Box<[u8]>,
+    /// Per-batch receive bookkeeping, kept here so a poll prepares nothing.
+    scratch: Box<RecvScratch>,
 }
+
+/// What one `recvmmsg` batch needs besides the buffers themselves.
+#[derive(Debug)]
+struct RecvScratch {
+    targets: [(usize, usize); sys::MAX_BATCH],
+    meta: [sys::RecvMeta; sys::MAX_BATCH],
+}
+
+const INVALID_QP: FabricError = FabricError::InvalidHandle { kind: "queue pair" };
 
 impl UdpContext {
     /// The address queue pairs bind to.
@@ -314,105 +336,95 @@ impl UdpContext {
             };
             // One batch reads into one registration: posted buffers normally
             // all come from a single receive slab.
-            let mut wrs = [RecvWr { wr_id: 0, sge: first.sge }; sys::MAX_BATCH];
-            let mut targets = [(0usize, 0usize); sys::MAX_BATCH];
-            let limit = (budget - queued).min(sys::MAX_BATCH);
+            let scratch = &mut *self.scratch;
+            let limit = (budget - queued).min(entry.transport.batch_hint);
             let mut count = 0;
             for wr in entry.recv_queue.iter().take(limit) {
                 if wr.sge.lkey != first.sge.lkey {
                     break;
                 }
-                wrs[count] = *wr;
-                targets[count] = (wr.sge.offset, wr.sge.len);
+                scratch.targets[count] = (wr.sge.offset, wr.sge.len);
                 count += 1;
             }
             let mr = self.verbs.owned_range(first.sge, entry.pd)?;
-            let mut meta = [sys::RecvMeta::EMPTY; sys::MAX_BATCH];
             let received = {
                 let Verbs { mrs, qps, .. } = &mut self.verbs;
-                let socket = &qps.get(qp.0).ok_or(FabricError::InvalidHandle { kind: "queue pair" })?.transport.socket;
+                let socket = &qps.get(qp.0).ok_or(INVALID_QP)?.transport.socket;
                 let region = match mrs.get_mut(mr.0).map(|m| &mut m.memory) {
-                    Some(crate::verbs::Memory::Owned(bytes)) => &mut bytes[..],
+                    Some(Memory::Owned(bytes)) => &mut bytes[..],
                     _ => return Err(FabricError::ProtectionError { lkey: first.sge.lkey }),
                 };
-                sys::recv_batch(socket.as_fd(), region, &targets[..count], &mut meta)
+                sys::recv_batch(socket.as_fd(), region, &scratch.targets[..count], &mut scratch.meta)
                     .map_err(|source| FabricError::Io { operation: "recvmmsg", source })?
             };
+            let transport = &mut self.verbs.qp_mut(qp)?.transport;
             if received == 0 {
+                if queued == 0 {
+                    transport.busy_polls = 0;
+                    transport.batch_hint = (transport.batch_hint / 2).max(1);
+                }
                 return Ok(queued);
             }
-            queued += self.complete_receives(qp, &wrs[..received], &meta[..received])?;
-            if received < count || queued >= budget {
+            if queued == 0 {
+                transport.busy_polls = transport.busy_polls.saturating_add(1);
+            }
+            let full = received == count;
+            if full && transport.busy_polls >= 2 {
+                transport.batch_hint = (count * 2).min(sys::MAX_BATCH);
+            }
+            queued += self.complete_receives(qp, received)?;
+            // A full batch of more than one suggests more are waiting.
+            if !full || count == 1 || queued >= budget {
                 return Ok(queued);
             }
         }
     }
 
-    /// Turns received datagrams into completions. A datagram that is
+    /// Turns the `received` datagrams in the scratch space, which landed in
+    /// the first posted buffers of `qp`, into completions. A datagram that is
     /// malformed or carries the wrong keys leaves its buffer posted.
-    fn complete_receives(
-        &mut self,
-        qp: QpHandle,
-        wrs: &[RecvWr],
-        meta: &[sys::RecvMeta],
-    ) -> Result<usize> {
-        let mut consumed = [false; sys::MAX_BATCH];
-        let mut completions = [(WorkCompletion::EMPTY, false); sys::MAX_BATCH];
-        let entry = self.verbs.qps.get(qp.0).ok_or(FabricError::InvalidHandle { kind: "queue pair" })?;
-        let stats = &mut self.verbs.stats;
-        for (i, (wr, meta)) in wrs.iter().zip(meta).enumerate() {
+    fn complete_receives(&mut self, qp: QpHandle, received: usize) -> Result<usize> {
+        let Verbs { qps, cqs, stats, .. } = &mut self.verbs;
+        let entry = qps.get_mut(qp.0).ok_or(INVALID_QP)?;
+        let cq = cqs.get_mut(entry.recv_cq.0).ok_or(FabricError::InvalidHandle { kind: "completion queue" })?;
+        let mut kept = [None; sys::MAX_BATCH];
+        let mut queued = 0;
+        for (slot, meta) in kept.iter_mut().zip(&self.scratch.meta[..received]) {
+            let Some(wr) = entry.recv_queue.pop_front() else { break };
             let Some(repr) = parse_header(meta) else {
                 stats.rx_malformed += 1;
+                *slot = Some(wr);
                 continue;
             };
             if !entry.admit(repr.pkey, repr.qkey, stats) {
+                *slot = Some(wr);
                 continue;
             }
             let payload = meta.len - ud::HEADER_LEN;
-            let status = if meta.truncated {
+            let (status, byte_len) = if meta.truncated {
                 stats.rx_too_long += 1;
-                WcStatus::LocalLengthError
+                (WcStatus::LocalLengthError, 0)
             } else {
                 stats.rx_datagrams += 1;
                 stats.rx_bytes += payload as u64;
-                WcStatus::Success
+                (WcStatus::Success, (GRH_LEN + payload) as u32)
             };
-            consumed[i] = true;
-            completions[i] = (
-                WorkCompletion {
-                    wr_id: wr.wr_id,
-                    status,
-                    opcode: WcOpcode::Recv,
-                    byte_len: if status == WcStatus::Success { (GRH_LEN + payload) as u32 } else { 0 },
-                    qp_num: entry.qp_num,
-                    src: meta.source.map(|s| QpAddr { node: NodeAddr::Ip(s.ip()), qpn: u32::from(s.port()) }),
-                    imm: repr.imm,
-                },
-                true,
-            );
+            let src = meta.source.map(|s| QpAddr { node: NodeAddr::Ip(s.ip()), qpn: u32::from(s.port()) });
+            let wc = WorkCompletion {
+                wr_id: wr.wr_id,
+                status,
+                opcode: WcOpcode::Recv,
+                byte_len,
+                qp_num: entry.qp_num,
+                src,
+                imm: repr.imm,
+            };
+            cq.push(wc, qp);
+            queued += 1;
         }
-        let cq = entry.recv_cq;
-        // Remove the consumed buffers from the front of the receive queue,
-        // keeping the others posted in their order.
-        let entry = self.verbs.qp_mut(qp)?;
-        let mut kept = [RecvWr { wr_id: 0, sge: wrs[0].sge }; sys::MAX_BATCH];
-        let mut kept_count = 0;
-        for consumed in consumed.iter().take(wrs.len()) {
-            let Some(wr) = entry.recv_queue.pop_front() else { break };
-            if !consumed {
-                kept[kept_count] = wr;
-                kept_count += 1;
-            }
-        }
-        for wr in kept[..kept_count].iter().rev() {
+        // Buffers whose datagram was dropped stay posted, in their order.
+        for wr in kept.iter().rev().flatten() {
             entry.recv_queue.push_front(*wr);
-        }
-        let mut queued = 0;
-        for (wc, present) in completions.iter().take(wrs.len()) {
-            if *present {
-                self.verbs.push_completion(cq, qp, *wc);
-                queued += 1;
-            }
         }
         Ok(queued)
     }
@@ -424,10 +436,10 @@ impl UdpContext {
         // Every datagram lands at offset 0 of the scratch buffer: only the
         // header is looked at, to tell a dropped datagram from garbage.
         let targets = [(0, self.drop_scratch.len()); sys::MAX_BATCH];
-        let mut meta = [sys::RecvMeta::EMPTY; sys::MAX_BATCH];
+        let meta = &mut self.scratch.meta;
         let (mut dropped, mut malformed) = (0, 0);
         for _ in 0..2 {
-            let n = sys::recv_batch(socket.as_fd(), &mut self.drop_scratch, &targets, &mut meta)
+            let n = sys::recv_batch(socket.as_fd(), &mut self.drop_scratch, &targets, meta)
                 .map_err(|source| FabricError::Io { operation: "recvmmsg", source })?;
             for m in &meta[..n] {
                 if parse_header(m).is_some() {
@@ -447,13 +459,22 @@ impl UdpContext {
 
     /// Sends a run of accepted work requests, `chunk`, whose lengths are
     /// `lens`, as one `sendmmsg` batch, and completes them.
-    fn transmit(&mut self, qp: QpHandle, chunk: &[SendWr<'_>], lens: &[usize]) -> Result<()> {
-        let mut outcome = [Outcome::Sent; sys::MAX_BATCH];
+    ///
+    /// `N` bounds the batch and `IOV` its gather entries (`N` times one header
+    /// plus [`MAX_SEND_SGE`]); the caller picks small bounds for a single
+    /// send, so the fast path prepares one message, not a full batch.
+    fn transmit<const N: usize, const IOV: usize>(
+        &mut self,
+        qp: QpHandle,
+        chunk: &[SendWr<'_>],
+        lens: &[usize],
+    ) -> Result<()> {
+        let mut outcome = [Outcome::Sent; N];
         let trains = {
             let entry = self.verbs.qp(qp)?;
             let (qp_qkey, pkey) = (entry.qkey, entry.pkey);
-            let mut headers = [[0u8; ud::HEADER_LEN]; sys::MAX_BATCH];
-            let mut dests = [SocketAddr::from(([0, 0, 0, 0], 0)); sys::MAX_BATCH];
+            let mut headers = [[0u8; ud::HEADER_LEN]; N];
+            let mut dests = [SocketAddr::from(([0, 0, 0, 0], 0)); N];
             for (i, wr) in chunk.iter().enumerate() {
                 let qkey = if wr.remote_qkey & 0x8000_0000 != 0 { qp_qkey } else { wr.remote_qkey };
                 headers[i] = ud::Repr { pkey, qkey, imm: wr.imm }.to_bytes();
@@ -461,8 +482,8 @@ impl UdpContext {
                 dests[i] = SocketAddr::new(ip, wr.remote_qpn as u16);
             }
             let empty: &[u8] = &[];
-            let mut iov = [IoSlice::new(empty); sys::MAX_SEND_IOV];
-            let mut spans = [(0usize, 0usize); sys::MAX_BATCH];
+            let mut iov = [IoSlice::new(empty); IOV];
+            let mut spans = [(0usize, 0usize); N];
             let mut used = 0;
             for (i, wr) in chunk.iter().enumerate() {
                 let start = used;
@@ -476,8 +497,8 @@ impl UdpContext {
             }
             // Group datagrams into messages: a GSO train is a run to one
             // destination where every datagram but the last has the same size.
-            let mut msgs = [sys::OutMsg { dest: dests[0], iov: &[], segment_size: None }; sys::MAX_BATCH];
-            let mut members = [(0usize, 0usize); sys::MAX_BATCH];
+            let mut msgs = [sys::OutMsg { dest: dests[0], iov: &[], segment_size: None }; N];
+            let mut members = [(0usize, 0usize); N];
             let mut msg_count = 0;
             let mut i = 0;
             while i < chunk.len() {
@@ -509,7 +530,7 @@ impl UdpContext {
             let socket = &entry.transport.socket;
             let mut next = 0;
             while next < msg_count {
-                match sys::send_batch(socket.as_fd(), &msgs[next..msg_count]) {
+                match sys::send_batch::<N>(socket.as_fd(), &msgs[next..msg_count]) {
                     Ok(0) => break,
                     Ok(sent) => next += sent,
                     Err(err) => {
@@ -524,7 +545,7 @@ impl UdpContext {
                                     iov: &iov[spans[j].0..spans[j].1],
                                     segment_size: None,
                                 };
-                                outcome[j] = match sys::send_batch(socket.as_fd(), &[single]) {
+                                outcome[j] = match sys::send_batch::<1>(socket.as_fd(), &[single]) {
                                     Ok(_) => Outcome::Sent,
                                     Err(err) => classify_send_error(&err, false),
                                 };
@@ -694,7 +715,7 @@ impl Context for UdpContext {
             .and_then(|a| a.as_socket())
             .map(|a| a.port())
             .ok_or_else(|| FabricError::Io { operation: "getsockname", source: io::Error::other("no local address") })?;
-        self.verbs.insert_qp(pd, attr, cap, u32::from(port), UdpQp { socket, receives: false })
+        self.verbs.insert_qp(pd, attr, cap, u32::from(port), UdpQp { socket, receives: false, batch_hint: 1, busy_polls: 0 })
     }
 
     fn modify_qp(&mut self, qp: QpHandle, transition: &QpTransition) -> Result<()> {
@@ -792,8 +813,15 @@ impl Context for UdpContext {
                 }
             }
             if accepted > 0 {
-                self.transmit(qp, &wrs[posted..posted + accepted], &lens[..accepted])
-                    .map_err(|error| PostError { posted, error })?;
+                const SINGLE_IOV: usize = 1 + MAX_SEND_SGE as usize;
+                const BATCH_IOV: usize = sys::MAX_BATCH * SINGLE_IOV;
+                let chunk = &wrs[posted..posted + accepted];
+                if accepted == 1 {
+                    self.transmit::<1, SINGLE_IOV>(qp, chunk, &lens[..1])
+                } else {
+                    self.transmit::<{ sys::MAX_BATCH }, BATCH_IOV>(qp, chunk, &lens[..accepted])
+                }
+                .map_err(|error| PostError { posted, error })?;
                 posted += accepted;
             }
             if let Some(error) = refusal {

@@ -19,8 +19,6 @@ use crate::types::GRH_LEN;
 
 /// Most datagrams moved by one `recvmmsg`/`sendmmsg`.
 pub(crate) const MAX_BATCH: usize = 32;
-/// Most iovecs one `sendmmsg` call may reference in total.
-pub(crate) const MAX_SEND_IOV: usize = MAX_BATCH * 9;
 
 /// What the kernel reported about one received datagram.
 #[derive(Debug, Clone, Copy)]
@@ -45,10 +43,13 @@ fn is_interrupted(err: &io::Error) -> bool {
     err.kind() == io::ErrorKind::Interrupted
 }
 
-/// Receives up to `targets.len()` datagrams without blocking. Datagram `i`
-/// goes to `meta[i].header` (its first [`ud::HEADER_LEN`] bytes) and to
-/// `region[offset + GRH_LEN .. offset + len]` for `targets[i] = (offset, len)`
-/// (the rest), leaving the GRH bytes of the buffer untouched.
+/// Receives up to `targets.len()` datagrams without blocking.
+///
+/// For `targets[i] = (offset, len)`, datagram `i` lands whole at
+/// `region[offset + GRH_LEN - ud::HEADER_LEN .. offset + len]`: its UD
+/// header fills the last bytes of the buffer's GRH area and its payload
+/// starts at `offset + GRH_LEN`, as verbs would place it, with one iovec per
+/// datagram. The header is also copied into `meta[i].header`.
 ///
 /// Returns how many datagrams arrived; 0 when the socket is empty. Targets
 /// that lie outside `region` or cannot hold a GRH end the batch early.
@@ -58,6 +59,7 @@ pub(crate) fn recv_batch(
     targets: &[(usize, usize)],
     meta: &mut [RecvMeta],
 ) -> io::Result<usize> {
+    const SKIP: usize = GRH_LEN - ud::HEADER_LEN;
     let count = targets
         .iter()
         .take(MAX_BATCH.min(meta.len()))
@@ -70,45 +72,69 @@ pub(crate) fn recv_batch(
     }
     // One base pointer for the whole region: every iovec below is derived
     // from it, so no Rust reference to the region is created or used while
-    // the kernel holds these pointers.
+    // the kernel holds these pointers. Only the first `count` entries of the
+    // arrays are initialised: a poll that finds nothing costs no memset.
     let base = region.as_mut_ptr();
-    let mut iovecs = [[libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; 2]; MAX_BATCH];
-    // SAFETY: sockaddr_storage is plain old data; all-zero is a valid value.
-    let mut names: [libc::sockaddr_storage; MAX_BATCH] = unsafe { mem::zeroed() };
-    // SAFETY: mmsghdr is plain old data; all-zero is a valid (empty) value.
-    let mut msgs: [libc::mmsghdr; MAX_BATCH] = unsafe { mem::zeroed() };
+    let mut iovecs = [const { MaybeUninit::<libc::iovec>::uninit() }; MAX_BATCH];
+    let mut names = [const { MaybeUninit::<libc::sockaddr_in6>::uninit() }; MAX_BATCH];
+    let mut msgs = [const { MaybeUninit::<libc::mmsghdr>::uninit() }; MAX_BATCH];
     for i in 0..count {
         let (offset, len) = targets[i];
-        iovecs[i][0] = libc::iovec {
-            iov_base: meta[i].header.as_mut_ptr().cast(),
-            iov_len: ud::HEADER_LEN,
-        };
-        iovecs[i][1] = libc::iovec {
-            iov_base: base.wrapping_add(offset + GRH_LEN).cast(),
-            iov_len: len - GRH_LEN,
-        };
-        let hdr = &mut msgs[i].msg_hdr;
-        hdr.msg_name = (&raw mut names[i]).cast();
-        hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-        hdr.msg_iov = iovecs[i].as_mut_ptr();
-        hdr.msg_iovlen = 2;
+        let iov = iovecs[i].write(libc::iovec {
+            iov_base: base.wrapping_add(offset + SKIP).cast(),
+            iov_len: len - SKIP,
+        });
+        // SAFETY: sockaddr_in6 and mmsghdr are plain old data, for which
+        // all-zero is a valid value.
+        let name = names[i].write(unsafe { mem::zeroed() });
+        // SAFETY: as above.
+        let msg = msgs[i].write(unsafe { mem::zeroed() });
+        msg.msg_hdr.msg_name = (name as *mut libc::sockaddr_in6).cast();
+        msg.msg_hdr.msg_namelen = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+        msg.msg_hdr.msg_iov = iov;
+        msg.msg_hdr.msg_iovlen = 1;
     }
     let received = loop {
-        // SAFETY: `msgs[..count]` point at `iovecs`, `names` and `meta`
-        // headers, all alive on this frame or borrowed mutably for the whole
-        // call; the payload iovecs were bounds-checked against `region`, which
-        // is borrowed mutably for the call. MSG_DONTWAIT keeps it nonblocking.
+        // SAFETY: `msgs[..count]` are initialised and point at `iovecs` and
+        // `names`, alive on this frame; the iovecs were bounds-checked against
+        // `region`, which is borrowed mutably for the call. MSG_DONTWAIT keeps
+        // the call nonblocking. A batch of one uses recvfrom, the cheapest
+        // receive the kernel offers; MSG_TRUNC makes it report the datagram's
+        // real length so truncation is seen.
         let rc = unsafe {
-            libc::recvmmsg(
-                fd.as_raw_fd(),
-                msgs.as_mut_ptr(),
-                count as libc::c_uint,
-                libc::MSG_DONTWAIT,
-                std::ptr::null_mut(),
-            )
+            if count == 1 {
+                let msg = msgs[0].assume_init_mut();
+                let iov = iovecs[0].assume_init_ref();
+                let rc = libc::recvfrom(
+                    fd.as_raw_fd(),
+                    iov.iov_base,
+                    iov.iov_len,
+                    libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                    msg.msg_hdr.msg_name.cast(),
+                    &raw mut msg.msg_hdr.msg_namelen,
+                );
+                if rc >= 0 {
+                    let full = rc as usize;
+                    msg.msg_len = full.min(iov.iov_len) as libc::c_uint;
+                    if full > iov.iov_len {
+                        msg.msg_hdr.msg_flags = libc::MSG_TRUNC;
+                    }
+                    1
+                } else {
+                    -1
+                }
+            } else {
+                libc::recvmmsg(
+                    fd.as_raw_fd(),
+                    msgs.as_mut_ptr().cast(),
+                    count as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                )
+            }
         };
         if rc >= 0 {
-            break rc as usize;
+            break (rc as usize).min(count);
         }
         let err = io::Error::last_os_error();
         match err.kind() {
@@ -121,26 +147,33 @@ pub(crate) fn recv_batch(
         }
     };
     for i in 0..received {
-        meta[i].len = msgs[i].msg_len as usize;
-        meta[i].truncated = msgs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
-        meta[i].source = socket_addr(&names[i], msgs[i].msg_hdr.msg_namelen);
+        // SAFETY: entries below `count` were initialised above and the
+        // kernel only updated fields in place.
+        let (msg, name) = unsafe { (msgs[i].assume_init_ref(), names[i].assume_init_ref()) };
+        let (offset, _) = targets[i];
+        let start = offset + SKIP;
+        meta[i].len = msg.msg_len as usize;
+        meta[i].truncated = msg.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+        meta[i].source = socket_addr(name, msg.msg_hdr.msg_namelen);
+        meta[i].header = [0; ud::HEADER_LEN];
+        let header_len = meta[i].len.min(ud::HEADER_LEN);
+        meta[i].header[..header_len].copy_from_slice(&region[start..start + header_len]);
     }
     Ok(received)
 }
 
-fn socket_addr(storage: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
+fn socket_addr(storage: &libc::sockaddr_in6, len: libc::socklen_t) -> Option<SocketAddr> {
     let len = len as usize;
-    match i32::from(storage.ss_family) {
+    match i32::from(storage.sin6_family) {
         libc::AF_INET if len >= size_of::<libc::sockaddr_in>() => {
             // SAFETY: the family is AF_INET and the kernel wrote a whole
-            // sockaddr_in; sockaddr_storage is larger and suitably aligned.
+            // sockaddr_in; sockaddr_in6 is larger and at least as aligned.
             let sin = unsafe { &*(&raw const *storage).cast::<libc::sockaddr_in>() };
             let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
             Some(SocketAddr::new(IpAddr::V4(ip), u16::from_be(sin.sin_port)))
         }
         libc::AF_INET6 if len >= size_of::<libc::sockaddr_in6>() => {
-            // SAFETY: as above, for AF_INET6 and sockaddr_in6.
-            let sin6 = unsafe { &*(&raw const *storage).cast::<libc::sockaddr_in6>() };
+            let sin6 = storage;
             let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
             Some(SocketAddr::new(IpAddr::V6(ip), u16::from_be(sin6.sin6_port)))
         }
@@ -163,35 +196,46 @@ struct CmsgBuf([u8; 32]);
 
 /// Sends `msgs` with `sendmmsg`, retrying on EINTR. Returns how many were
 /// accepted from the front; an error means the first message was refused
-/// and none were sent.
-pub(crate) fn send_batch(fd: BorrowedFd<'_>, msgs: &[OutMsg<'_>]) -> io::Result<usize> {
-    let count = msgs.len().min(MAX_BATCH);
+/// and none were sent. At most `N` messages are looked at: callers pick `N`
+/// to fit their batch, so a single send prepares a single header.
+pub(crate) fn send_batch<const N: usize>(
+    fd: BorrowedFd<'_>,
+    msgs: &[OutMsg<'_>],
+) -> io::Result<usize> {
+    let count = msgs.len().min(N);
     if count == 0 {
         return Ok(0);
     }
-    let names: [SockAddr; MAX_BATCH] = std::array::from_fn(|i| {
-        SockAddr::from(msgs.get(i).map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |m| m.dest))
-    });
-    let mut cmsgs: [CmsgBuf; MAX_BATCH] = std::array::from_fn(|_| CmsgBuf([0; 32]));
-    // SAFETY: mmsghdr is plain old data; all-zero is a valid (empty) value.
-    let mut hdrs: [libc::mmsghdr; MAX_BATCH] = unsafe { mem::zeroed() };
+    let mut names = [const { MaybeUninit::<SockAddr>::uninit() }; N];
+    let mut cmsgs = [const { MaybeUninit::<CmsgBuf>::uninit() }; N];
+    let mut hdrs = [const { MaybeUninit::<libc::mmsghdr>::uninit() }; N];
     for (i, msg) in msgs.iter().take(count).enumerate() {
-        let hdr = &mut hdrs[i].msg_hdr;
-        hdr.msg_name = names[i].as_ptr().cast_mut().cast();
-        hdr.msg_namelen = names[i].len();
+        let name = names[i].write(SockAddr::from(msg.dest));
+        // SAFETY: mmsghdr is plain old data; all-zero is a valid value.
+        let hdr = &mut hdrs[i].write(unsafe { mem::zeroed() }).msg_hdr;
+        hdr.msg_name = name.as_ptr().cast_mut().cast();
+        hdr.msg_namelen = name.len();
         // IoSlice is guaranteed ABI-compatible with iovec on Unix; the kernel
         // only reads through it.
         hdr.msg_iov = msg.iov.as_ptr().cast_mut().cast();
         hdr.msg_iovlen = msg.iov.len() as _;
         if let Some(segment) = msg.segment_size {
-            write_segment_cmsg(hdr, &mut cmsgs[i], segment);
+            write_segment_cmsg(hdr, cmsgs[i].write(CmsgBuf([0; 32])), segment);
         }
     }
     loop {
-        // SAFETY: every pointer in `hdrs[..count]` refers to `names`, `cmsgs`
-        // (alive on this frame) or to the caller's slices, borrowed for the
-        // call; the kernel only reads them.
-        let rc = unsafe { libc::sendmmsg(fd.as_raw_fd(), hdrs.as_mut_ptr(), count as _, 0) };
+        // SAFETY: `hdrs[..count]` are initialised; their pointers refer to
+        // `names` and `cmsgs` (alive on this frame) or to the caller's slices,
+        // borrowed for the call. The kernel only reads them. One message goes
+        // out with sendmsg, which costs less than a batch of one.
+        let rc = unsafe {
+            if count == 1 {
+                let sent = libc::sendmsg(fd.as_raw_fd(), &raw const hdrs[0].assume_init_ref().msg_hdr, 0);
+                if sent >= 0 { 1 } else { -1 }
+            } else {
+                libc::sendmmsg(fd.as_raw_fd(), hdrs.as_mut_ptr().cast(), count as _, 0)
+            }
+        };
         if rc >= 0 {
             return Ok(rc as usize);
         }
