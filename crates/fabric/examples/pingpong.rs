@@ -38,6 +38,15 @@ struct Args {
     /// Rounds of (raw, fabric) measurements.
     #[arg(long, default_value_t = 5)]
     rounds: u32,
+    /// Datagram size of the bandwidth test (0 skips it).
+    #[arg(long, default_value_t = 65_000)]
+    bw_size: usize,
+    /// Datagrams per bandwidth window.
+    #[arg(long, default_value_t = 64)]
+    window: u32,
+    /// Timed windows of the bandwidth test per round.
+    #[arg(long, default_value_t = 200)]
+    windows: u32,
     /// Use IPv6 loopback.
     #[arg(long)]
     ipv6: bool,
@@ -59,6 +68,8 @@ struct Fabric {
     ah: Option<AhHandle>,
     pd: PdHandle,
     wcs: [WorkCompletion; 16],
+    /// The count carried by the last 4-byte datagram (a bandwidth ack).
+    last_ack: Option<u32>,
 }
 
 impl Fabric {
@@ -80,7 +91,7 @@ impl Fabric {
             .map(|i| RecvWr { wr_id: i as u64, sge: Sge { lkey: recv.lkey, offset: i * slot, len: slot } })
             .collect();
         ctx.post_recv(qp.handle, &wrs).expect("post_recv");
-        Self { ctx, cq, qp, recv, send, ah: None, pd, wcs: [WorkCompletion::EMPTY; 16] }
+        Self { ctx, cq, qp, recv, send, ah: None, pd, wcs: [WorkCompletion::EMPTY; 16], last_ack: None }
     }
 
     fn connect(&mut self) {
@@ -100,27 +111,38 @@ impl Fabric {
             imm: None,
             flags: SendFlags::SIGNALED,
         };
-        self.ctx.post_send(self.qp.handle, &[wr]).expect("post_send");
+        // The send queue holds 128: reap completions until there is room.
+        while let Err(err) = self.ctx.post_send(self.qp.handle, &[wr]) {
+            assert!(matches!(err.error, FabricError::QueueFull { .. }), "post_send: {err}");
+            self.poll();
+        }
     }
 
-    /// Busy-polls until one datagram arrived; reposts its buffer.
-    fn recv(&mut self) {
-        loop {
-            let n = self.ctx.poll_cq(self.cq, &mut self.wcs).expect("poll_cq");
-            let mut got = false;
-            for i in 0..n {
-                let wc = self.wcs[i];
-                if wc.opcode == WcOpcode::Recv {
-                    let slot = self.recv.len / SLOTS;
-                    let sge = Sge { lkey: self.recv.lkey, offset: wc.wr_id as usize * slot, len: slot };
-                    self.ctx.post_recv(self.qp.handle, &[RecvWr { wr_id: wc.wr_id, sge }]).expect("repost");
-                    got = true;
+    /// Polls once; reposts receive buffers and returns how many datagrams
+    /// arrived.
+    fn poll(&mut self) -> usize {
+        let n = self.ctx.poll_cq(self.cq, &mut self.wcs).expect("poll_cq");
+        let mut got = 0;
+        for i in 0..n {
+            let wc = self.wcs[i];
+            if wc.opcode == WcOpcode::Recv {
+                let slot = self.recv.len / SLOTS;
+                if wc.payload_len() == 4 {
+                    let at = wc.wr_id as usize * slot + GRH_LEN;
+                    let bytes = &self.ctx.mr_bytes(self.recv.handle).expect("recv mr")[at..at + 4];
+                    self.last_ack = Some(u32::from_le_bytes(bytes.try_into().expect("4 bytes")));
                 }
-            }
-            if got {
-                return;
+                let sge = Sge { lkey: self.recv.lkey, offset: wc.wr_id as usize * slot, len: slot };
+                self.ctx.post_recv(self.qp.handle, &[RecvWr { wr_id: wc.wr_id, sge }]).expect("repost");
+                got += 1;
             }
         }
+        got
+    }
+
+    /// Busy-polls until one datagram arrived.
+    fn recv(&mut self) {
+        while self.poll() == 0 {}
     }
 }
 
@@ -128,6 +150,12 @@ fn raw_socket(ipv6: bool) -> UdpSocket {
     let socket = UdpSocket::bind(if ipv6 { "[::1]:0" } else { "127.0.0.1:0" }).expect("bind");
     socket.set_nonblocking(true).expect("nonblocking");
     socket
+}
+
+fn set_raw_buffers(socket: &UdpSocket) {
+    let sock = socket2::SockRef::from(socket);
+    sock.set_recv_buffer_size(4 << 20).expect("SO_RCVBUF");
+    sock.set_send_buffer_size(4 << 20).expect("SO_SNDBUF");
 }
 
 fn raw_recv(socket: &UdpSocket, buf: &mut [u8]) {
@@ -140,9 +168,27 @@ fn raw_recv(socket: &UdpSocket, buf: &mut [u8]) {
     }
 }
 
+/// Counts datagrams of one bandwidth window: until `window` arrived or the
+/// line went quiet (UD may lose some).
+fn count_window(window: u32, mut poll: impl FnMut() -> usize) -> u32 {
+    let mut got = 0;
+    let mut last = Instant::now();
+    while got < window as usize && last.elapsed() < IDLE {
+        let n = poll();
+        if n > 0 {
+            got += n;
+            last = Instant::now();
+        }
+    }
+    got as u32
+}
+
+const IDLE: std::time::Duration = std::time::Duration::from_millis(20);
+
 fn peer(args: &Args) {
     let raw = raw_socket(args.ipv6);
-    let mut fabric = Fabric::new(args.ipv6, args.size);
+    set_raw_buffers(&raw);
+    let mut fabric = Fabric::new(args.ipv6, args.size.max(args.bw_size));
     fabric.connect();
     println!("ADDR {} {}", raw.local_addr().expect("addr").port(), fabric.qp.qp_num);
     std::io::stdout().flush().expect("flush");
@@ -163,6 +209,25 @@ fn peer(args: &Args) {
                 for _ in 0..n.parse::<u32>().expect("count") {
                     fabric.recv();
                     fabric.send(qpn, args.size);
+                }
+            }
+            ["RAWBW", port, n, window] => {
+                let dest = SocketAddr::new(loopback(args.ipv6), port.parse().expect("port"));
+                let window = window.parse().expect("window");
+                let mut big = vec![0u8; 65_536];
+                for _ in 0..n.parse::<u32>().expect("count") {
+                    let got = count_window(window, || usize::from(raw.recv(&mut big).is_ok()));
+                    raw.send_to(&got.to_le_bytes(), dest).expect("send_to");
+                }
+            }
+            ["UDBW", qpn, n, window] => {
+                let qpn = qpn.parse().expect("qpn");
+                let window = window.parse().expect("window");
+                for _ in 0..n.parse::<u32>().expect("count") {
+                    let got = count_window(window, || fabric.poll());
+                    let at = fabric.ctx.mr_bytes_mut(fabric.send.handle).expect("send mr");
+                    at[..4].copy_from_slice(&got.to_le_bytes());
+                    fabric.send(qpn, 4);
                 }
             }
             ["QUIT"] => return,
@@ -210,8 +275,9 @@ fn main() {
         _ => panic!("bad peer line {addr_line:?}"),
     };
     let raw = raw_socket(args.ipv6);
+    set_raw_buffers(&raw);
     let raw_dest = SocketAddr::new(loopback(args.ipv6), peer_port);
-    let mut fabric = Fabric::new(args.ipv6, args.size);
+    let mut fabric = Fabric::new(args.ipv6, args.size.max(args.bw_size));
     fabric.connect();
     let mut buf = vec![0u8; args.size.max(1)];
     let total = args.warmup + args.iters;
@@ -250,6 +316,48 @@ fn main() {
             }
         }
     }
+    let mut raw_bw = Vec::new();
+    let mut ud_bw = Vec::new();
+    if args.bw_size > 0 {
+        let big = vec![0u8; args.bw_size];
+        for _ in 0..args.rounds {
+            for kind in ["RAWBW", "UDBW"] {
+                let target = if kind == "RAWBW" { u32::from(raw.local_addr().expect("addr").port()) } else { fabric.qp.qp_num };
+                writeln!(to_peer, "{kind} {target} {} {}", args.windows + 2, args.window).expect("command");
+                let mut bytes = 0u64;
+                let mut start = Instant::now();
+                for w in 0..args.windows + 2 {
+                    if w == 2 {
+                        // Two untimed windows warm the buffers up.
+                        start = Instant::now();
+                        bytes = 0;
+                    }
+                    let got = if kind == "RAWBW" {
+                        for _ in 0..args.window {
+                            // A full socket buffer is a lost datagram, as on UD.
+                            let _ = raw.send_to(&big, raw_dest);
+                        }
+                        let mut ack = [0u8; 4];
+                        raw_recv(&raw, &mut ack);
+                        u32::from_le_bytes(ack)
+                    } else {
+                        for _ in 0..args.window {
+                            fabric.send(peer_qpn, args.bw_size);
+                        }
+                        fabric.last_ack = None;
+                        while fabric.last_ack.is_none() {
+                            fabric.poll();
+                        }
+                        fabric.last_ack.unwrap_or(0)
+                    };
+                    bytes += u64::from(got) * args.bw_size as u64;
+                }
+                let mbps = bytes as f64 / start.elapsed().as_secs_f64() / 1e6;
+                if kind == "RAWBW" { raw_bw.push(mbps) } else { ud_bw.push(mbps) }
+                assert_eq!(from_peer.next().expect("peer done").expect("read"), "DONE");
+            }
+        }
+    }
     writeln!(to_peer, "QUIT").expect("quit");
     let _ = child.wait();
 
@@ -264,4 +372,11 @@ fn main() {
         println!("{name:<24} {median:>8.2} {:>8.2} {:>8.2} {:>8.2}", pct(hist, 0.5), pct(hist, 0.99), hist.min() as f64 / 2000.0);
     }
     println!("ratio fabric/raw (median of round medians): {:.3}", ud_median / raw_median);
+    if !raw_bw.is_empty() {
+        let (raw_bw, ud_bw) = (median(&mut raw_bw), median(&mut ud_bw));
+        println!("# bandwidth, {} B datagrams, windows of {}, MB/s (1e6 B/s) of datagrams received", args.bw_size, args.window);
+        println!("{:<24} {:>10.0}", "std UdpSocket", raw_bw);
+        println!("{:<24} {:>10.0}", "udbtl fabric (udp)", ud_bw);
+        println!("ratio fabric/raw: {:.3}", ud_bw / raw_bw);
+    }
 }
