@@ -30,6 +30,8 @@
 
 mod error;
 pub(crate) mod field;
+pub mod btl;
+pub mod modex;
 pub mod seq;
 pub mod ud;
 

@@ -1,0 +1,328 @@
+//! The address a BTL module publishes for its peers (the "modex" entry).
+//!
+//! A process publishes one blob: a 4-byte preamble followed by one 40-byte
+//! entry per module. Every field is big-endian, so the blob means the same on
+//! hosts of either byte order (the original component published host-order
+//! structs).
+//!
+//! ```text
+//! preamble:  0..2 magic 0x5541 ("UA") | 2 version | 3 entry count
+//! entry:     0 kind | 1 port | 2..4 LID | 4..8 QPN | 8..24 address
+//!            24..28 max message size | 28..32 reserved | 32..40 network id
+//! ```
+//!
+//! `kind` says how to read the 16-byte address field: an IPv4 address in its
+//! first four bytes, an IPv6 address, a simulated port id in its first four
+//! bytes, or an InfiniBand GID (with the LID field). The network id names the
+//! network the port is attached to: a local module only pairs with a peer
+//! address on the same network.
+
+use crate::field::{Field, read_u16, read_u32, write_u16, write_u32};
+use crate::{Error, Result};
+
+/// Length of the blob preamble.
+pub const PREAMBLE_LEN: usize = 4;
+/// Length of one entry.
+pub const ENTRY_LEN: usize = 40;
+/// Magic number of a blob.
+pub const MAGIC: u16 = 0x5541;
+/// The only version this crate understands.
+pub const VERSION: u8 = 1;
+/// Most entries one blob can carry.
+pub const MAX_ENTRIES: usize = u8::MAX as usize;
+
+mod field {
+    use super::Field;
+    pub(super) const KIND: usize = 0;
+    pub(super) const PORT: usize = 1;
+    pub(super) const LID: Field = 2..4;
+    pub(super) const QPN: Field = 4..8;
+    pub(super) const ADDRESS: Field = 8..24;
+    pub(super) const MAX_MSG: Field = 24..28;
+    pub(super) const RESERVED: Field = 28..32;
+    pub(super) const NETWORK_HI: Field = 32..36;
+    pub(super) const NETWORK_LO: Field = 36..40;
+}
+
+/// Where a published port lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Location {
+    /// An IPv4 address.
+    Ipv4([u8; 4]),
+    /// An IPv6 address.
+    Ipv6([u8; 16]),
+    /// A port of the simulated fabric.
+    Sim(u32),
+    /// An InfiniBand port.
+    Ib {
+        /// Local identifier.
+        lid: u16,
+        /// Global identifier.
+        gid: [u8; 16],
+    },
+}
+
+/// A view over one entry.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Entry<T> {
+    /// Wraps a buffer without checking its length.
+    pub const fn new_unchecked(buffer: T) -> Self {
+        Self { buffer }
+    }
+
+    /// Wraps a buffer after checking it holds a whole entry.
+    ///
+    /// # Errors
+    /// [`Error`] if the buffer is shorter than [`ENTRY_LEN`].
+    pub fn new_checked(buffer: T) -> Result<Self> {
+        let entry = Self::new_unchecked(buffer);
+        if entry.buffer.as_ref().len() < ENTRY_LEN { Err(Error) } else { Ok(entry) }
+    }
+
+    fn byte(&self, index: usize) -> u8 {
+        self.buffer.as_ref().get(index).copied().unwrap_or(0)
+    }
+
+    /// The address kind byte.
+    pub fn kind(&self) -> u8 {
+        self.byte(field::KIND)
+    }
+
+    /// The port number.
+    pub fn port(&self) -> u8 {
+        self.byte(field::PORT)
+    }
+
+    /// The LID field.
+    pub fn lid(&self) -> u16 {
+        read_u16(self.buffer.as_ref(), field::LID)
+    }
+
+    /// The queue pair number.
+    pub fn qpn(&self) -> u32 {
+        read_u32(self.buffer.as_ref(), field::QPN)
+    }
+
+    /// The 16-byte address field.
+    pub fn address(&self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        if let Some(bytes) = self.buffer.as_ref().get(field::ADDRESS) {
+            out.copy_from_slice(bytes);
+        }
+        out
+    }
+
+    /// The largest payload the port accepts.
+    pub fn max_msg_size(&self) -> u32 {
+        read_u32(self.buffer.as_ref(), field::MAX_MSG)
+    }
+
+    /// The reserved field.
+    pub fn reserved(&self) -> u32 {
+        read_u32(self.buffer.as_ref(), field::RESERVED)
+    }
+
+    /// The network id.
+    pub fn network(&self) -> u64 {
+        let bytes = self.buffer.as_ref();
+        (u64::from(read_u32(bytes, field::NETWORK_HI)) << 32)
+            | u64::from(read_u32(bytes, field::NETWORK_LO))
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Entry<T> {
+    fn set_byte(&mut self, index: usize, value: u8) {
+        if let Some(b) = self.buffer.as_mut().get_mut(index) {
+            *b = value;
+        }
+    }
+
+    /// Sets every field from `address`.
+    fn fill(&mut self, address: &Address) {
+        let (kind, lid, bytes) = match address.location {
+            Location::Ipv4(ip) => {
+                let mut bytes = [0u8; 16];
+                bytes[..4].copy_from_slice(&ip);
+                (1, 0, bytes)
+            }
+            Location::Ipv6(ip) => (2, 0, ip),
+            Location::Sim(id) => {
+                let mut bytes = [0u8; 16];
+                bytes[..4].copy_from_slice(&id.to_be_bytes());
+                (3, 0, bytes)
+            }
+            Location::Ib { lid, gid } => (4, lid, gid),
+        };
+        self.set_byte(field::KIND, kind);
+        self.set_byte(field::PORT, address.port);
+        let buffer = self.buffer.as_mut();
+        write_u16(buffer, field::LID, lid);
+        write_u32(buffer, field::QPN, address.qpn);
+        if let Some(dst) = buffer.get_mut(field::ADDRESS) {
+            dst.copy_from_slice(&bytes);
+        }
+        write_u32(buffer, field::MAX_MSG, address.max_msg_size);
+        write_u32(buffer, field::RESERVED, 0);
+        write_u32(buffer, field::NETWORK_HI, (address.network >> 32) as u32);
+        write_u32(buffer, field::NETWORK_LO, address.network as u32);
+    }
+}
+
+/// The validated contents of one entry: how to reach one module of a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Address {
+    /// Where the port is.
+    pub location: Location,
+    /// The port number on its device.
+    pub port: u8,
+    /// The queue pair that receives.
+    pub qpn: u32,
+    /// The largest payload the port accepts.
+    pub max_msg_size: u32,
+    /// The network the port is attached to.
+    pub network: u64,
+}
+
+impl Address {
+    /// Parses a checked entry.
+    ///
+    /// # Errors
+    /// [`Error`] on an unknown kind, a non-zero reserved field, or padding
+    /// bytes that should be zero.
+    pub fn parse<T: AsRef<[u8]>>(entry: &Entry<T>) -> Result<Self> {
+        let bytes = entry.address();
+        let four = [bytes[0], bytes[1], bytes[2], bytes[3]];
+        let tail_clear = bytes[4..].iter().all(|b| *b == 0);
+        let location = match entry.kind() {
+            1 if tail_clear && entry.lid() == 0 => Location::Ipv4(four),
+            2 if entry.lid() == 0 => Location::Ipv6(bytes),
+            3 if tail_clear && entry.lid() == 0 => Location::Sim(u32::from_be_bytes(four)),
+            4 => Location::Ib { lid: entry.lid(), gid: bytes },
+            _ => return Err(Error),
+        };
+        if entry.reserved() != 0 {
+            return Err(Error);
+        }
+        Ok(Self {
+            location,
+            port: entry.port(),
+            qpn: entry.qpn(),
+            max_msg_size: entry.max_msg_size(),
+            network: entry.network(),
+        })
+    }
+
+    /// Writes the entry into the first [`ENTRY_LEN`] bytes of `entry`.
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, entry: &mut Entry<T>) {
+        entry.fill(self);
+    }
+}
+
+/// Serializes a process's addresses into one blob.
+///
+/// # Errors
+/// [`Error`] if there are more than [`MAX_ENTRIES`] addresses.
+pub fn emit_blob(addresses: &[Address]) -> Result<Vec<u8>> {
+    let count = u8::try_from(addresses.len()).map_err(|_| Error)?;
+    let mut blob = vec![0u8; PREAMBLE_LEN + ENTRY_LEN * addresses.len()];
+    blob[..2].copy_from_slice(&MAGIC.to_be_bytes());
+    blob[2] = VERSION;
+    blob[3] = count;
+    for (address, chunk) in addresses.iter().zip(blob[PREAMBLE_LEN..].chunks_exact_mut(ENTRY_LEN)) {
+        address.emit(&mut Entry::new_unchecked(chunk));
+    }
+    Ok(blob)
+}
+
+/// Parses a blob into its addresses.
+///
+/// # Errors
+/// [`Error`] on a wrong magic or version, a length that disagrees with the
+/// entry count, or any malformed entry.
+pub fn parse_blob(blob: &[u8]) -> Result<Vec<Address>> {
+    if blob.len() < PREAMBLE_LEN
+        || read_u16(blob, 0..2) != MAGIC
+        || blob[2] != VERSION
+        || blob.len() != PREAMBLE_LEN + ENTRY_LEN * usize::from(blob[3])
+    {
+        return Err(Error);
+    }
+    blob[PREAMBLE_LEN..]
+        .chunks_exact(ENTRY_LEN)
+        .map(|chunk| Address::parse(&Entry::new_checked(chunk)?))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[rustfmt::skip]
+    static ONE_IPV4: [u8; 44] = [
+        0x55, 0x41, 0x01, 0x01,
+        0x01, 0x01, 0x00, 0x00, 0x00, 0x00, 0xc3, 0x50,
+        127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        0x00, 0x00, 0xff, 0xcb, 0, 0, 0, 0,
+        0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08,
+    ];
+
+    fn ipv4() -> Address {
+        Address {
+            location: Location::Ipv4([127, 0, 0, 1]),
+            port: 1,
+            qpn: 50_000,
+            max_msg_size: 65_483,
+            network: 0x0102_0304_0506_0708,
+        }
+    }
+
+    #[test]
+    fn fixture_round_trip() {
+        assert_eq!(parse_blob(&ONE_IPV4).unwrap(), vec![ipv4()]);
+        assert_eq!(emit_blob(&[ipv4()]).unwrap(), ONE_IPV4);
+        assert_eq!(parse_blob(&emit_blob(&[]).unwrap()).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn malformed_blobs_are_errors() {
+        assert!(parse_blob(&ONE_IPV4[..43]).is_err());
+        assert!(parse_blob(&[]).is_err());
+        for (index, value) in [(0, 0), (2, 9), (3, 2), (4, 9), (17, 1), (32, 1)] {
+            let mut bad = ONE_IPV4;
+            bad[index] = value;
+            assert!(parse_blob(&bad).is_err(), "byte {index}");
+        }
+    }
+
+    fn location() -> impl Strategy<Value = Location> {
+        prop_oneof![
+            any::<[u8; 4]>().prop_map(Location::Ipv4),
+            any::<[u8; 16]>().prop_map(Location::Ipv6),
+            any::<u32>().prop_map(Location::Sim),
+            (any::<u16>(), any::<[u8; 16]>()).prop_map(|(lid, gid)| Location::Ib { lid, gid }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn emit_then_parse(entries in proptest::collection::vec(
+            (location(), any::<u8>(), any::<u32>(), any::<u32>(), any::<u64>()), 0..8)
+        ) {
+            let addresses: Vec<Address> = entries
+                .into_iter()
+                .map(|(location, port, qpn, max_msg_size, network)| Address { location, port, qpn, max_msg_size, network })
+                .collect();
+            prop_assert_eq!(parse_blob(&emit_blob(&addresses).unwrap()).unwrap(), addresses);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..128)) {
+            let _ = parse_blob(&bytes);
+        }
+    }
+}
