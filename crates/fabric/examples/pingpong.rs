@@ -74,34 +74,86 @@ struct Fabric {
 
 impl Fabric {
     fn new(ipv6: bool, size: usize) -> Self {
-        let provider = UdpProvider::new(UdpConfig { ipv6, ..UdpConfig::default() });
+        let provider = UdpProvider::new(UdpConfig {
+            ipv6,
+            ..UdpConfig::default()
+        });
         let device = provider.devices().expect("devices").remove(0);
         let mut ctx = provider.open(&device.name).expect("open");
         let pd = ctx.alloc_pd().expect("pd");
         let cq = ctx.create_cq(1024).expect("cq");
-        let cap = QpCap { max_send_wr: 128, max_recv_wr: SLOTS as u32, max_send_sge: 1, max_inline_data: 0 };
-        let qp = ctx.create_qp(pd, &QpInitAttr { send_cq: cq, recv_cq: cq, cap }).expect("qp");
-        ctx.modify_qp(qp.handle, &QpTransition::Init { pkey_index: 0, qkey: QKEY, port: 1 }).expect("init");
+        let cap = QpCap {
+            max_send_wr: 128,
+            max_recv_wr: SLOTS as u32,
+            max_send_sge: 1,
+            max_inline_data: 0,
+        };
+        let qp = ctx
+            .create_qp(
+                pd,
+                &QpInitAttr {
+                    send_cq: cq,
+                    recv_cq: cq,
+                    cap,
+                },
+            )
+            .expect("qp");
+        ctx.modify_qp(
+            qp.handle,
+            &QpTransition::Init {
+                pkey_index: 0,
+                qkey: QKEY,
+                port: 1,
+            },
+        )
+        .expect("init");
         ctx.modify_qp(qp.handle, &QpTransition::Rtr).expect("rtr");
-        ctx.modify_qp(qp.handle, &QpTransition::Rts { sq_psn: 0 }).expect("rts");
+        ctx.modify_qp(qp.handle, &QpTransition::Rts { sq_psn: 0 })
+            .expect("rts");
         let slot = GRH_LEN + size;
         let recv = ctx.reg_mr(pd, SLOTS * slot).expect("recv mr");
         let send = ctx.reg_mr(pd, size.max(1)).expect("send mr");
         let wrs: Vec<RecvWr> = (0..SLOTS)
-            .map(|i| RecvWr { wr_id: i as u64, sge: Sge { lkey: recv.lkey, offset: i * slot, len: slot } })
+            .map(|i| RecvWr {
+                wr_id: i as u64,
+                sge: Sge {
+                    lkey: recv.lkey,
+                    offset: i * slot,
+                    len: slot,
+                },
+            })
             .collect();
         ctx.post_recv(qp.handle, &wrs).expect("post_recv");
-        Self { ctx, cq, qp, recv, send, ah: None, pd, wcs: [WorkCompletion::EMPTY; 16], last_ack: None }
+        Self {
+            ctx,
+            cq,
+            qp,
+            recv,
+            send,
+            ah: None,
+            pd,
+            wcs: [WorkCompletion::EMPTY; 16],
+            last_ack: None,
+        }
     }
 
     fn connect(&mut self) {
         let dest = NodeAddr::Ip(self.ctx.ip());
-        let attr = AhAttr { dest, service_level: 0, src_path_bits: 0, port: 1 };
+        let attr = AhAttr {
+            dest,
+            service_level: 0,
+            src_path_bits: 0,
+            port: 1,
+        };
         self.ah = Some(self.ctx.create_ah(self.pd, &attr).expect("ah"));
     }
 
     fn send(&mut self, qpn: u32, size: usize) {
-        let sg = [Gather::Registered(Sge { lkey: self.send.lkey, offset: 0, len: size })];
+        let sg = [Gather::Registered(Sge {
+            lkey: self.send.lkey,
+            offset: 0,
+            len: size,
+        })];
         let wr = SendWr {
             wr_id: 0,
             sg_list: &sg,
@@ -113,7 +165,10 @@ impl Fabric {
         };
         // The send queue holds 128: reap completions until there is room.
         while let Err(err) = self.ctx.post_send(self.qp.handle, &[wr]) {
-            assert!(matches!(err.error, FabricError::QueueFull { .. }), "post_send: {err}");
+            assert!(
+                matches!(err.error, FabricError::QueueFull { .. }),
+                "post_send: {err}"
+            );
             self.poll();
         }
     }
@@ -132,8 +187,20 @@ impl Fabric {
                     let bytes = &self.ctx.mr_bytes(self.recv.handle).expect("recv mr")[at..at + 4];
                     self.last_ack = Some(u32::from_le_bytes(bytes.try_into().expect("4 bytes")));
                 }
-                let sge = Sge { lkey: self.recv.lkey, offset: wc.wr_id as usize * slot, len: slot };
-                self.ctx.post_recv(self.qp.handle, &[RecvWr { wr_id: wc.wr_id, sge }]).expect("repost");
+                let sge = Sge {
+                    lkey: self.recv.lkey,
+                    offset: wc.wr_id as usize * slot,
+                    len: slot,
+                };
+                self.ctx
+                    .post_recv(
+                        self.qp.handle,
+                        &[RecvWr {
+                            wr_id: wc.wr_id,
+                            sge,
+                        }],
+                    )
+                    .expect("repost");
                 got += 1;
             }
         }
@@ -190,7 +257,11 @@ fn peer(args: &Args) {
     set_raw_buffers(&raw);
     let mut fabric = Fabric::new(args.ipv6, args.size.max(args.bw_size));
     fabric.connect();
-    println!("ADDR {} {}", raw.local_addr().expect("addr").port(), fabric.qp.qp_num);
+    println!(
+        "ADDR {} {}",
+        raw.local_addr().expect("addr").port(),
+        fabric.qp.qp_num
+    );
     std::io::stdout().flush().expect("flush");
     let mut buf = vec![0u8; args.size.max(1)];
     for line in std::io::stdin().lines() {
@@ -225,7 +296,10 @@ fn peer(args: &Args) {
                 let window = window.parse().expect("window");
                 for _ in 0..n.parse::<u32>().expect("count") {
                     let got = count_window(window, || fabric.poll());
-                    let at = fabric.ctx.mr_bytes_mut(fabric.send.handle).expect("send mr");
+                    let at = fabric
+                        .ctx
+                        .mr_bytes_mut(fabric.send.handle)
+                        .expect("send mr");
                     at[..4].copy_from_slice(&got.to_le_bytes());
                     fabric.send(qpn, 4);
                 }
@@ -239,7 +313,11 @@ fn peer(args: &Args) {
 }
 
 fn loopback(ipv6: bool) -> IpAddr {
-    if ipv6 { IpAddr::from([0, 0, 0, 0, 0, 0, 0, 1u16]) } else { IpAddr::from([127, 0, 0, 1]) }
+    if ipv6 {
+        IpAddr::from([0, 0, 0, 0, 0, 0, 0, 1u16])
+    } else {
+        IpAddr::from([127, 0, 0, 1])
+    }
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -265,7 +343,12 @@ fn main() {
     } else {
         Command::new(&exe)
     };
-    let mut child = command.args(&peer_args).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("spawn peer");
+    let mut child = command
+        .args(&peer_args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn peer");
     let mut to_peer = child.stdin.take().expect("stdin");
     let mut from_peer = BufReader::new(child.stdout.take().expect("stdout")).lines();
     let addr_line = from_peer.next().expect("peer address").expect("read");
@@ -288,7 +371,11 @@ fn main() {
     let mut ud_hist = Histogram::<u64>::new(3).expect("histogram");
     for _ in 0..args.rounds {
         for kind in ["RAW", "UD"] {
-            let target = if kind == "RAW" { u32::from(raw.local_addr().expect("addr").port()) } else { fabric.qp.qp_num };
+            let target = if kind == "RAW" {
+                u32::from(raw.local_addr().expect("addr").port())
+            } else {
+                fabric.qp.qp_num
+            };
             writeln!(to_peer, "{kind} {target} {total}").expect("command");
             let mut round = Histogram::<u64>::new(3).expect("histogram");
             for i in 0..total {
@@ -301,7 +388,9 @@ fn main() {
                     fabric.recv();
                 }
                 if i >= args.warmup {
-                    round.record(start.elapsed().as_nanos() as u64).expect("record");
+                    round
+                        .record(start.elapsed().as_nanos() as u64)
+                        .expect("record");
                 }
             }
             let done = from_peer.next().expect("peer done").expect("read");
@@ -322,8 +411,18 @@ fn main() {
         let big = vec![0u8; args.bw_size];
         for _ in 0..args.rounds {
             for kind in ["RAWBW", "UDBW"] {
-                let target = if kind == "RAWBW" { u32::from(raw.local_addr().expect("addr").port()) } else { fabric.qp.qp_num };
-                writeln!(to_peer, "{kind} {target} {} {}", args.windows + 2, args.window).expect("command");
+                let target = if kind == "RAWBW" {
+                    u32::from(raw.local_addr().expect("addr").port())
+                } else {
+                    fabric.qp.qp_num
+                };
+                writeln!(
+                    to_peer,
+                    "{kind} {target} {} {}",
+                    args.windows + 2,
+                    args.window
+                )
+                .expect("command");
                 let mut bytes = 0u64;
                 let mut start = Instant::now();
                 for w in 0..args.windows + 2 {
@@ -353,7 +452,11 @@ fn main() {
                     bytes += u64::from(got) * args.bw_size as u64;
                 }
                 let mbps = bytes as f64 / start.elapsed().as_secs_f64() / 1e6;
-                if kind == "RAWBW" { raw_bw.push(mbps) } else { ud_bw.push(mbps) }
+                if kind == "RAWBW" {
+                    raw_bw.push(mbps)
+                } else {
+                    ud_bw.push(mbps)
+                }
                 assert_eq!(from_peer.next().expect("peer done").expect("read"), "DONE");
             }
         }
@@ -364,17 +467,43 @@ fn main() {
     let raw_median = median(&mut raw_medians);
     let ud_median = median(&mut ud_medians);
     let pct = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 2000.0;
-    println!("# fabric ping-pong, {} B, {} rounds x {} iterations, peer {}", args.size, args.rounds, args.iters,
-        if pinned { format!("pinned to CPU {}", args.peer_cpu) } else { "unpinned".into() });
+    println!(
+        "# fabric ping-pong, {} B, {} rounds x {} iterations, peer {}",
+        args.size,
+        args.rounds,
+        args.iters,
+        if pinned {
+            format!("pinned to CPU {}", args.peer_cpu)
+        } else {
+            "unpinned".into()
+        }
+    );
     println!("# one-way latency (half RTT), microseconds");
-    println!("{:<24} {:>8} {:>8} {:>8} {:>8}", "transport", "median", "p50", "p99", "min");
-    for (name, median, hist) in [("std UdpSocket", raw_median, &raw_hist), ("udbtl fabric (udp)", ud_median, &ud_hist)] {
-        println!("{name:<24} {median:>8.2} {:>8.2} {:>8.2} {:>8.2}", pct(hist, 0.5), pct(hist, 0.99), hist.min() as f64 / 2000.0);
+    println!(
+        "{:<24} {:>8} {:>8} {:>8} {:>8}",
+        "transport", "median", "p50", "p99", "min"
+    );
+    for (name, median, hist) in [
+        ("std UdpSocket", raw_median, &raw_hist),
+        ("udbtl fabric (udp)", ud_median, &ud_hist),
+    ] {
+        println!(
+            "{name:<24} {median:>8.2} {:>8.2} {:>8.2} {:>8.2}",
+            pct(hist, 0.5),
+            pct(hist, 0.99),
+            hist.min() as f64 / 2000.0
+        );
     }
-    println!("ratio fabric/raw (median of round medians): {:.3}", ud_median / raw_median);
+    println!(
+        "ratio fabric/raw (median of round medians): {:.3}",
+        ud_median / raw_median
+    );
     if !raw_bw.is_empty() {
         let (raw_bw, ud_bw) = (median(&mut raw_bw), median(&mut ud_bw));
-        println!("# bandwidth, {} B datagrams, windows of {}, MB/s (1e6 B/s) of datagrams received", args.bw_size, args.window);
+        println!(
+            "# bandwidth, {} B datagrams, windows of {}, MB/s (1e6 B/s) of datagrams received",
+            args.bw_size, args.window
+        );
         println!("{:<24} {:>10.0}", "std UdpSocket", raw_bw);
         println!("{:<24} {:>10.0}", "udbtl fabric (udp)", ud_bw);
         println!("ratio fabric/raw: {:.3}", ud_bw / raw_bw);

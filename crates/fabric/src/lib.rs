@@ -42,9 +42,9 @@ mod error;
 pub mod faulty;
 pub mod sim;
 mod table;
-mod verbs;
 mod types;
 pub mod udp;
+mod verbs;
 
 pub use error::{FabricError, PostError, Result};
 pub use table::{Handle, Table};

@@ -42,7 +42,11 @@ pub struct Table<T> {
 
 impl<T> Default for Table<T> {
     fn default() -> Self {
-        Self { slots: Vec::new(), free: Vec::new(), len: 0 }
+        Self {
+            slots: Vec::new(),
+            free: Vec::new(),
+            len: 0,
+        }
     }
 }
 
@@ -53,12 +57,21 @@ impl<T> Table<T> {
         if let Some(index) = self.free.pop() {
             if let Some(slot) = self.slots.get_mut(index as usize) {
                 slot.value = Some(value);
-                return Handle { index, generation: slot.generation };
+                return Handle {
+                    index,
+                    generation: slot.generation,
+                };
             }
         }
         let index = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
-        self.slots.push(Slot { generation: 0, value: Some(value) });
-        Handle { index, generation: 0 }
+        self.slots.push(Slot {
+            generation: 0,
+            value: Some(value),
+        });
+        Handle {
+            index,
+            generation: 0,
+        }
     }
 
     /// The entry named by `handle`, if it is still alive.
@@ -93,7 +106,10 @@ impl<T> Table<T> {
     /// The handle of the live entry at `index`, if any.
     pub fn handle_at(&self, index: u32) -> Option<Handle> {
         let slot = self.slots.get(index as usize)?;
-        slot.value.as_ref().map(|_| Handle { index, generation: slot.generation })
+        slot.value.as_ref().map(|_| Handle {
+            index,
+            generation: slot.generation,
+        })
     }
 
     /// Number of live entries.
@@ -109,17 +125,26 @@ impl<T> Table<T> {
     /// Iterates over live entries with their handles.
     pub fn iter(&self) -> impl Iterator<Item = (Handle, &T)> {
         self.slots.iter().enumerate().filter_map(|(index, slot)| {
-            let handle = Handle { index: index as u32, generation: slot.generation };
+            let handle = Handle {
+                index: index as u32,
+                generation: slot.generation,
+            };
             slot.value.as_ref().map(|value| (handle, value))
         })
     }
 
     /// Iterates mutably over live entries with their handles.
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (Handle, &mut T)> {
-        self.slots.iter_mut().enumerate().filter_map(|(index, slot)| {
-            let handle = Handle { index: index as u32, generation: slot.generation };
-            slot.value.as_mut().map(|value| (handle, value))
-        })
+        self.slots
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(index, slot)| {
+                let handle = Handle {
+                    index: index as u32,
+                    generation: slot.generation,
+                };
+                slot.value.as_mut().map(|value| (handle, value))
+            })
     }
 }
 

@@ -147,10 +147,13 @@ impl<Q, A> Verbs<Q, A> {
     }
 
     pub(crate) fn port(&self, port: u8) -> Result<&PortAttr> {
-        self.ports.iter().find(|p| p.port_num == port).ok_or_else(|| FabricError::NoSuchPort {
-            device: self.device.name.clone(),
-            port,
-        })
+        self.ports
+            .iter()
+            .find(|p| p.port_num == port)
+            .ok_or_else(|| FabricError::NoSuchPort {
+                device: self.device.name.clone(),
+                port,
+            })
     }
 
     pub(crate) fn resources(&self) -> ResourceCounts {
@@ -170,7 +173,10 @@ impl<Q, A> Verbs<Q, A> {
     }
 
     pub(crate) fn dealloc_pd(&mut self, pd: PdHandle) -> Result<()> {
-        let entry = self.pds.get(pd.0).ok_or_else(|| invalid("protection domain"))?;
+        let entry = self
+            .pds
+            .get(pd.0)
+            .ok_or_else(|| invalid("protection domain"))?;
         if entry.users > 0 {
             return Err(FabricError::Busy {
                 kind: "protection domain",
@@ -183,7 +189,10 @@ impl<Q, A> Verbs<Q, A> {
     }
 
     fn use_pd(&mut self, pd: PdHandle) -> Result<()> {
-        let entry = self.pds.get_mut(pd.0).ok_or_else(|| invalid("protection domain"))?;
+        let entry = self
+            .pds
+            .get_mut(pd.0)
+            .ok_or_else(|| invalid("protection domain"))?;
         entry.users += 1;
         Ok(())
     }
@@ -204,15 +213,26 @@ impl<Q, A> Verbs<Q, A> {
             });
         }
         if self.mrs.len() >= MAX_MR as usize {
-            return Err(FabricError::ResourceExhausted { what: "memory registrations", limit: MAX_MR });
+            return Err(FabricError::ResourceExhausted {
+                what: "memory registrations",
+                limit: MAX_MR,
+            });
         }
         self.use_pd(pd)?;
-        let handle = self.mrs.insert(MrEntry { pd, lkey: LKey(0), memory });
+        let handle = self.mrs.insert(MrEntry {
+            pd,
+            lkey: LKey(0),
+            memory,
+        });
         let lkey = lkey_of(handle);
         if let Some(entry) = self.mrs.get_mut(handle) {
             entry.lkey = lkey;
         }
-        Ok(Mr { handle: MrHandle(handle), lkey, len })
+        Ok(Mr {
+            handle: MrHandle(handle),
+            lkey,
+            len,
+        })
     }
 
     pub(crate) fn reg_mr(&mut self, pd: PdHandle, len: usize) -> Result<Mr> {
@@ -220,12 +240,18 @@ impl<Q, A> Verbs<Q, A> {
     }
 
     pub(crate) fn reg_user_mr(&mut self, pd: PdHandle, region: &[u8]) -> Result<Mr> {
-        let memory = Memory::User { start: region.as_ptr() as usize, len: region.len() };
+        let memory = Memory::User {
+            start: region.as_ptr() as usize,
+            len: region.len(),
+        };
         self.register(pd, memory, region.len())
     }
 
     pub(crate) fn dereg_mr(&mut self, mr: MrHandle) -> Result<()> {
-        let entry = self.mrs.remove(mr.0).ok_or_else(|| invalid("memory registration"))?;
+        let entry = self
+            .mrs
+            .remove(mr.0)
+            .ok_or_else(|| invalid("memory registration"))?;
         self.release_pd(entry.pd);
         Ok(())
     }
@@ -264,7 +290,10 @@ impl<Q, A> Verbs<Q, A> {
     }
 
     pub(crate) fn destroy_cq(&mut self, cq: CqHandle) -> Result<()> {
-        let entry = self.cqs.get(cq.0).ok_or_else(|| invalid("completion queue"))?;
+        let entry = self
+            .cqs
+            .get(cq.0)
+            .ok_or_else(|| invalid("completion queue"))?;
         if entry.attached > 0 {
             return Err(FabricError::Busy {
                 kind: "completion queue",
@@ -289,10 +318,15 @@ impl<Q, A> Verbs<Q, A> {
         cq: CqHandle,
         out: &mut [WorkCompletion],
     ) -> Result<usize> {
-        let entry = self.cqs.get_mut(cq.0).ok_or_else(|| invalid("completion queue"))?;
+        let entry = self
+            .cqs
+            .get_mut(cq.0)
+            .ok_or_else(|| invalid("completion queue"))?;
         let mut written = 0;
         while written < out.len() {
-            let Some((wc, qp)) = entry.queue.pop_front() else { break };
+            let Some((wc, qp)) = entry.queue.pop_front() else {
+                break;
+            };
             if wc.opcode == WcOpcode::Send {
                 if let Some(qp) = self.qps.get_mut(qp.0) {
                     qp.sends_outstanding = qp.sends_outstanding.saturating_sub(1);
@@ -347,9 +381,15 @@ impl<Q, A> Verbs<Q, A> {
                 limit: self.device.attr.max_qp,
             });
         }
-        self.pds.get(pd.0).ok_or_else(|| invalid("protection domain"))?;
-        self.cqs.get(attr.send_cq.0).ok_or_else(|| invalid("completion queue"))?;
-        self.cqs.get(attr.recv_cq.0).ok_or_else(|| invalid("completion queue"))?;
+        self.pds
+            .get(pd.0)
+            .ok_or_else(|| invalid("protection domain"))?;
+        self.cqs
+            .get(attr.send_cq.0)
+            .ok_or_else(|| invalid("completion queue"))?;
+        self.cqs
+            .get(attr.recv_cq.0)
+            .ok_or_else(|| invalid("completion queue"))?;
         self.grant_cap(attr.cap)
     }
 
@@ -382,7 +422,11 @@ impl<Q, A> Verbs<Q, A> {
             sends_outstanding: 0,
             transport,
         }));
-        Ok(QpInfo { handle, qp_num, cap })
+        Ok(QpInfo {
+            handle,
+            qp_num,
+            cap,
+        })
     }
 
     pub(crate) fn qp(&self, qp: QpHandle) -> Result<&QpEntry<Q>> {
@@ -399,17 +443,25 @@ impl<Q, A> Verbs<Q, A> {
             (entry.state, entry.qp_num)
         };
         let next = match (state, transition) {
-            (QpState::Reset, QpTransition::Init { pkey_index, qkey, port }) => {
+            (
+                QpState::Reset,
+                QpTransition::Init {
+                    pkey_index,
+                    qkey,
+                    port,
+                },
+            ) => {
                 let port_attr = self.port(*port)?;
-                let pkey = *port_attr.pkeys.get(usize::from(*pkey_index)).ok_or_else(|| {
-                    FabricError::InvalidArgument {
+                let pkey = *port_attr
+                    .pkeys
+                    .get(usize::from(*pkey_index))
+                    .ok_or_else(|| FabricError::InvalidArgument {
                         what: "partition key index",
                         detail: format!(
                             "{pkey_index} is outside the port's table of {}",
                             port_attr.pkeys.len()
                         ),
-                    }
-                })?;
+                    })?;
                 let entry = self.qp_mut(qp)?;
                 entry.qkey = *qkey;
                 entry.pkey = pkey;
@@ -463,7 +515,10 @@ impl<Q, A> Verbs<Q, A> {
     }
 
     pub(crate) fn destroy_ah(&mut self, ah: AhHandle) -> Result<()> {
-        let entry = self.ahs.remove(ah.0).ok_or_else(|| invalid("address handle"))?;
+        let entry = self
+            .ahs
+            .remove(ah.0)
+            .ok_or_else(|| invalid("address handle"))?;
         self.release_pd(entry.pd);
         Ok(())
     }
@@ -473,7 +528,8 @@ impl<Q, A> Verbs<Q, A> {
     /// Validates and queues receive requests.
     pub(crate) fn post_recv(&mut self, qp: QpHandle, wrs: &[RecvWr]) -> Result<(), PostError> {
         for (posted, wr) in wrs.iter().enumerate() {
-            self.check_recv(qp, wr).map_err(|error| PostError { posted, error })?;
+            self.check_recv(qp, wr)
+                .map_err(|error| PostError { posted, error })?;
             if let Some(entry) = self.qps.get_mut(qp.0) {
                 entry.recv_queue.push_back(*wr);
             }
@@ -512,7 +568,10 @@ impl<Q, A> Verbs<Q, A> {
             .handle_at(lkey.0 & 0xffff)
             .filter(|h| lkey_of(*h) == lkey)
             .ok_or(FabricError::ProtectionError { lkey })?;
-        let entry = self.mrs.get(handle).ok_or(FabricError::ProtectionError { lkey })?;
+        let entry = self
+            .mrs
+            .get(handle)
+            .ok_or(FabricError::ProtectionError { lkey })?;
         if entry.pd != pd {
             return Err(FabricError::ProtectionError { lkey });
         }
@@ -524,7 +583,10 @@ impl<Q, A> Verbs<Q, A> {
         let (handle, entry) = self.mr_by_lkey(sge.lkey, pd)?;
         match &entry.memory {
             Memory::Owned(bytes)
-                if sge.offset.checked_add(sge.len).is_some_and(|end| end <= bytes.len()) =>
+                if sge
+                    .offset
+                    .checked_add(sge.len)
+                    .is_some_and(|end| end <= bytes.len()) =>
             {
                 Ok(MrHandle(handle))
             }
@@ -577,9 +639,15 @@ impl<Q, A> Verbs<Q, A> {
                     capacity: qp.cap.max_send_wr as usize,
                 });
             }
-            let cq = self.cqs.get(qp.send_cq.0).ok_or_else(|| invalid("completion queue"))?;
+            let cq = self
+                .cqs
+                .get(qp.send_cq.0)
+                .ok_or_else(|| invalid("completion queue"))?;
             if cq.room() == 0 {
-                return Err(FabricError::QueueFull { queue: "completion queue", capacity: cq.depth });
+                return Err(FabricError::QueueFull {
+                    queue: "completion queue",
+                    capacity: cq.depth,
+                });
             }
         }
         Ok(len)
@@ -598,7 +666,11 @@ impl<Q, A> Verbs<Q, A> {
                     && begin
                         .checked_add(data.len())
                         .is_some_and(|end| end <= start.saturating_add(len));
-                if inside { Ok(()) } else { Err(FabricError::ProtectionError { lkey: *lkey }) }
+                if inside {
+                    Ok(())
+                } else {
+                    Err(FabricError::ProtectionError { lkey: *lkey })
+                }
             }
         }
     }
@@ -627,7 +699,9 @@ impl<Q, A> Verbs<Q, A> {
         if !wr.flags.contains(SendFlags::SIGNALED) {
             return;
         }
-        let Some(entry) = self.qps.get_mut(qp.0) else { return };
+        let Some(entry) = self.qps.get_mut(qp.0) else {
+            return;
+        };
         entry.sends_outstanding += 1;
         let (cq, qp_num) = (entry.send_cq, entry.qp_num);
         self.push_completion(
@@ -657,7 +731,9 @@ impl<Q, A> Verbs<Q, A> {
         imm: Option<u32>,
         payload: &[u8],
     ) {
-        let Some(entry) = self.qps.get_mut(qp.0) else { return };
+        let Some(entry) = self.qps.get_mut(qp.0) else {
+            return;
+        };
         if !entry.admit(pkey, qkey, &mut self.stats) {
             return;
         }
@@ -692,7 +768,11 @@ impl<Q, A> Verbs<Q, A> {
             self.stats.rx_too_long += 1;
             WcStatus::LocalLengthError
         };
-        let byte_len = if status == WcStatus::Success { (payload.len() + GRH_LEN) as u32 } else { 0 };
+        let byte_len = if status == WcStatus::Success {
+            (payload.len() + GRH_LEN) as u32
+        } else {
+            0
+        };
         self.push_completion(
             cq,
             qp,

@@ -2,6 +2,8 @@
 //! drop rules, and round trips between two real processes over IPv4 and IPv6
 //! loopback.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
@@ -15,7 +17,10 @@ use udbtl_fabric::*;
 const WAIT: Duration = Duration::from_secs(5);
 
 fn provider(ipv6: bool) -> UdpProvider {
-    UdpProvider::new(UdpConfig { ipv6, ..UdpConfig::default() })
+    UdpProvider::new(UdpConfig {
+        ipv6,
+        ..UdpConfig::default()
+    })
 }
 
 fn open(ipv6: bool) -> UdpContext {
@@ -35,21 +40,49 @@ fn discovery_offers_loopback_with_the_largest_datagram() {
         let ctx = open(ipv6);
         let port = ctx.query_port(1).unwrap();
         assert_eq!(port.state, PortState::Active);
-        assert_eq!(port.addr, NodeAddr::Ip(if ipv6 { Ipv6Addr::LOCALHOST.into() } else { Ipv4Addr::LOCALHOST.into() }));
+        assert_eq!(
+            port.addr,
+            NodeAddr::Ip(if ipv6 {
+                Ipv6Addr::LOCALHOST.into()
+            } else {
+                Ipv4Addr::LOCALHOST.into()
+            })
+        );
         let expected = if ipv6 { 65_527 } else { 65_507 } - 16;
         assert_eq!(port.max_msg_size, expected);
-        assert!(matches!(ctx.query_port(2), Err(FabricError::NoSuchPort { port: 2, .. })));
+        assert!(matches!(
+            ctx.query_port(2),
+            Err(FabricError::NoSuchPort { port: 2, .. })
+        ));
     }
-    assert!(matches!(provider(false).open("no-such-if0"), Err(FabricError::NoSuchDevice { .. })));
+    assert!(matches!(
+        provider(false).open("no-such-if0"),
+        Err(FabricError::NoSuchDevice { .. })
+    ));
 }
 
 #[test]
 fn configured_mtu_is_checked_and_applied() {
-    let p = UdpProvider::new(UdpConfig { mtu: Some(1400), ..UdpConfig::default() });
+    let p = UdpProvider::new(UdpConfig {
+        mtu: Some(1400),
+        ..UdpConfig::default()
+    });
     let dev = p.devices().unwrap()[0].name.clone();
-    assert_eq!(p.open(&dev).unwrap().query_port(1).unwrap().max_msg_size, 1400);
-    let too_big = UdpProvider::new(UdpConfig { mtu: Some(70_000), ..UdpConfig::default() });
-    assert!(matches!(too_big.open(&dev), Err(FabricError::InvalidArgument { what: "udp mtu", .. })));
+    assert_eq!(
+        p.open(&dev).unwrap().query_port(1).unwrap().max_msg_size,
+        1400
+    );
+    let too_big = UdpProvider::new(UdpConfig {
+        mtu: Some(70_000),
+        ..UdpConfig::default()
+    });
+    assert!(matches!(
+        too_big.open(&dev),
+        Err(FabricError::InvalidArgument {
+            what: "udp mtu",
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -58,19 +91,40 @@ fn round_trip_in_one_process_with_imm_and_source() {
     let mut b = Endpoint::new(open(false), 16, QKEY);
     let ah = a.ah(node(&b));
     a.ctx.mr_bytes_mut(a.send_mr.handle).unwrap()[..5].copy_from_slice(b"hello");
-    let sg = [Gather::Registered(Sge { lkey: a.send_mr.lkey, offset: 0, len: 5 })];
-    let wr = SendWr { wr_id: 77, sg_list: &sg, ah, remote_qpn: b.qp.qp_num, remote_qkey: QKEY, imm: Some(9), flags: SendFlags::SIGNALED };
+    let sg = [Gather::Registered(Sge {
+        lkey: a.send_mr.lkey,
+        offset: 0,
+        len: 5,
+    })];
+    let wr = SendWr {
+        wr_id: 77,
+        sg_list: &sg,
+        ah,
+        remote_qpn: b.qp.qp_num,
+        remote_qkey: QKEY,
+        imm: Some(9),
+        flags: SendFlags::SIGNALED,
+    };
     a.ctx.post_send(a.qp.handle, &[wr]).unwrap();
     let sent = a.poll_for(1, WAIT);
     assert_eq!(sent.len(), 1);
-    assert_eq!((sent[0].wr_id, sent[0].opcode, sent[0].status), (77, WcOpcode::Send, WcStatus::Success));
+    assert_eq!(
+        (sent[0].wr_id, sent[0].opcode, sent[0].status),
+        (77, WcOpcode::Send, WcStatus::Success)
+    );
     let got = b.poll_for(1, WAIT);
     assert_eq!(got.len(), 1);
     let wc = got[0];
     assert_eq!(wc.status, WcStatus::Success);
     assert_eq!(wc.byte_len as usize, GRH_LEN + 5);
     assert_eq!(wc.imm, Some(9));
-    assert_eq!(wc.src, Some(QpAddr { node: node(&a), qpn: a.qp.qp_num }));
+    assert_eq!(
+        wc.src,
+        Some(QpAddr {
+            node: node(&a),
+            qpn: a.qp.qp_num
+        })
+    );
     assert_eq!(b.payload(&wc), b"hello");
     assert_eq!(b.ctx.stats().rx_datagrams, 1);
     assert_eq!(a.ctx.stats().tx_datagrams, 1);
@@ -120,14 +174,23 @@ fn qkey_with_top_bit_uses_the_senders_own_key() {
 
 #[test]
 fn oversize_datagram_is_rejected_when_posted() {
-    let p = UdpProvider::new(UdpConfig { mtu: Some(1000), ..UdpConfig::default() });
+    let p = UdpProvider::new(UdpConfig {
+        mtu: Some(1000),
+        ..UdpConfig::default()
+    });
     let dev = p.devices().unwrap()[0].name.clone();
     let mut a = Endpoint::new(p.open(&dev).unwrap(), 4, QKEY);
     let ah = a.ah(node(&a));
     let qpn = a.qp.qp_num;
     let err = a.send(ah, qpn, QKEY, &[0u8; 1001], 0).unwrap_err();
     assert_eq!(err.posted, 0);
-    assert!(matches!(err.error, FabricError::MessageTooLong { len: 1001, max: 1000 }));
+    assert!(matches!(
+        err.error,
+        FabricError::MessageTooLong {
+            len: 1001,
+            max: 1000
+        }
+    ));
     assert_eq!(a.ctx.stats().tx_datagrams, 0);
     a.send(ah, qpn, QKEY, &[0u8; 1000], 1).unwrap();
 }
@@ -155,10 +218,21 @@ fn malformed_and_truncated_datagrams_are_counted_not_fatal() {
     raw.send_to(b"", dest).unwrap();
     raw.send_to(b"short", dest).unwrap();
     raw.send_to(&[0xAB; 64], dest).unwrap();
-    let mut bad_version = udbtl_wire::ud::Repr { pkey: 0xffff, qkey: QKEY, imm: None }.to_bytes();
+    let mut bad_version = udbtl_wire::ud::Repr {
+        pkey: 0xffff,
+        qkey: QKEY,
+        imm: None,
+    }
+    .to_bytes();
     bad_version[2] = 9;
     raw.send_to(&bad_version, dest).unwrap();
-    let mut good = udbtl_wire::ud::Repr { pkey: 0xffff, qkey: QKEY, imm: None }.to_bytes().to_vec();
+    let mut good = udbtl_wire::ud::Repr {
+        pkey: 0xffff,
+        qkey: QKEY,
+        imm: None,
+    }
+    .to_bytes()
+    .to_vec();
     good.extend_from_slice(b"ok");
     raw.send_to(&good, dest).unwrap();
     let got = b.poll_for(1, WAIT);
@@ -171,7 +245,11 @@ fn malformed_and_truncated_datagrams_are_counted_not_fatal() {
 #[test]
 fn batched_equal_sends_arrive_as_separate_datagrams() {
     for gso in [true, false] {
-        let p = UdpProvider::new(UdpConfig { gso, mtu: Some(1400), ..UdpConfig::default() });
+        let p = UdpProvider::new(UdpConfig {
+            gso,
+            mtu: Some(1400),
+            ..UdpConfig::default()
+        });
         let dev = p.devices().unwrap()[0].name.clone();
         let mut a = Endpoint::new(p.open(&dev).unwrap(), 4, QKEY);
         let mut b = Endpoint::new(p.open(&dev).unwrap(), 64, QKEY);
@@ -181,12 +259,26 @@ fn batched_equal_sends_arrive_as_separate_datagrams() {
             a.ctx.mr_bytes_mut(mr.handle).unwrap()[i * 1400..(i + 1) * 1400].fill(i as u8);
         }
         let sgs: Vec<[Gather<'_>; 1]> = (0..40)
-            .map(|i| [Gather::Registered(Sge { lkey: mr.lkey, offset: i * 1400, len: if i == 39 { 100 } else { 1400 } })])
+            .map(|i| {
+                [Gather::Registered(Sge {
+                    lkey: mr.lkey,
+                    offset: i * 1400,
+                    len: if i == 39 { 100 } else { 1400 },
+                })]
+            })
             .collect();
         let wrs: Vec<SendWr<'_>> = sgs
             .iter()
             .enumerate()
-            .map(|(i, sg)| SendWr { wr_id: i as u64, sg_list: sg, ah, remote_qpn: b.qp.qp_num, remote_qkey: QKEY, imm: None, flags: SendFlags::SIGNALED })
+            .map(|(i, sg)| SendWr {
+                wr_id: i as u64,
+                sg_list: sg,
+                ah,
+                remote_qpn: b.qp.qp_num,
+                remote_qkey: QKEY,
+                imm: None,
+                flags: SendFlags::SIGNALED,
+            })
             .collect();
         a.ctx.post_send(a.qp.handle, &wrs).unwrap();
         assert_eq!(a.poll_for(40, WAIT).len(), 40);
@@ -195,7 +287,10 @@ fn batched_equal_sends_arrive_as_separate_datagrams() {
         let mut seen: Vec<u8> = got.iter().map(|wc| b.payload(wc)[0]).collect();
         seen.sort_unstable();
         assert_eq!(seen, (0..40).collect::<Vec<u8>>());
-        assert!(got.iter().all(|wc| wc.payload_len() == if b.payload(wc)[0] == 39 { 100 } else { 1400 }));
+        assert!(
+            got.iter()
+                .all(|wc| wc.payload_len() == if b.payload(wc)[0] == 39 { 100 } else { 1400 })
+        );
         // A batch moves at most 32 datagrams: trains of 32 and of 8.
         assert_eq!(a.ctx.stats().tx_gso_trains, 2 * u64::from(gso));
     }
@@ -210,7 +305,13 @@ fn send_queue_fills_until_completions_are_polled() {
         a.send(ah, qpn, QKEY ^ 1, b"x", i).unwrap();
     }
     let err = a.send(ah, qpn, QKEY ^ 1, b"x", 128).unwrap_err();
-    assert!(matches!(err.error, FabricError::QueueFull { queue: "send queue", .. }));
+    assert!(matches!(
+        err.error,
+        FabricError::QueueFull {
+            queue: "send queue",
+            ..
+        }
+    ));
     assert_eq!(a.poll_for(128, WAIT).len(), 128);
     a.send(ah, qpn, QKEY ^ 1, b"x", 129).unwrap();
 }
@@ -221,27 +322,115 @@ fn memory_checks_follow_verbs() {
     let ah = a.ah(node(&a));
     let qpn = a.qp.qp_num;
     let send = |a: &mut Endpoint<UdpContext>, sg: &[Gather<'_>], flags| {
-        let wr = SendWr { wr_id: 1, sg_list: sg, ah, remote_qpn: qpn, remote_qkey: QKEY, imm: None, flags };
+        let wr = SendWr {
+            wr_id: 1,
+            sg_list: sg,
+            ah,
+            remote_qpn: qpn,
+            remote_qkey: QKEY,
+            imm: None,
+            flags,
+        };
         a.ctx.post_send(a.qp.handle, &[wr]).map_err(|e| e.error)
     };
     let user = vec![5u8; 4096];
     let other = vec![6u8; 16];
     // Unregistered caller memory, a forged key, a range past the end.
-    assert!(matches!(send(&mut a, &[Gather::User { lkey: LKey(0x4242), data: &user }], SendFlags::SIGNALED), Err(FabricError::ProtectionError { .. })));
+    assert!(matches!(
+        send(
+            &mut a,
+            &[Gather::User {
+                lkey: LKey(0x4242),
+                data: &user
+            }],
+            SendFlags::SIGNALED
+        ),
+        Err(FabricError::ProtectionError { .. })
+    ));
     let mr = a.ctx.reg_user_mr(a.pd, &user[..1024]).unwrap();
-    assert!(matches!(send(&mut a, &[Gather::User { lkey: mr.lkey, data: &user[..2048] }], SendFlags::SIGNALED), Err(FabricError::ProtectionError { .. })));
-    assert!(matches!(send(&mut a, &[Gather::User { lkey: mr.lkey, data: &other }], SendFlags::SIGNALED), Err(FabricError::ProtectionError { .. })));
-    let big = Sge { lkey: a.send_mr.lkey, offset: a.send_mr.len - 4, len: 8 };
-    assert!(matches!(send(&mut a, &[Gather::Registered(big)], SendFlags::SIGNALED), Err(FabricError::ProtectionError { .. })));
+    assert!(matches!(
+        send(
+            &mut a,
+            &[Gather::User {
+                lkey: mr.lkey,
+                data: &user[..2048]
+            }],
+            SendFlags::SIGNALED
+        ),
+        Err(FabricError::ProtectionError { .. })
+    ));
+    assert!(matches!(
+        send(
+            &mut a,
+            &[Gather::User {
+                lkey: mr.lkey,
+                data: &other
+            }],
+            SendFlags::SIGNALED
+        ),
+        Err(FabricError::ProtectionError { .. })
+    ));
+    let big = Sge {
+        lkey: a.send_mr.lkey,
+        offset: a.send_mr.len - 4,
+        len: 8,
+    };
+    assert!(matches!(
+        send(&mut a, &[Gather::Registered(big)], SendFlags::SIGNALED),
+        Err(FabricError::ProtectionError { .. })
+    ));
     // Inside the registration it works; inline skips the key check.
-    send(&mut a, &[Gather::User { lkey: mr.lkey, data: &user[100..600] }], SendFlags::SIGNALED).unwrap();
-    send(&mut a, &[Gather::User { lkey: LKey(0), data: &other }], SendFlags::SIGNALED | SendFlags::INLINE).unwrap();
-    assert!(matches!(send(&mut a, &[Gather::User { lkey: LKey(0), data: &user[..200] }], SendFlags::INLINE), Err(FabricError::InlineTooLong { len: 200, max: 128 })));
+    send(
+        &mut a,
+        &[Gather::User {
+            lkey: mr.lkey,
+            data: &user[100..600],
+        }],
+        SendFlags::SIGNALED,
+    )
+    .unwrap();
+    send(
+        &mut a,
+        &[Gather::User {
+            lkey: LKey(0),
+            data: &other,
+        }],
+        SendFlags::SIGNALED | SendFlags::INLINE,
+    )
+    .unwrap();
+    assert!(matches!(
+        send(
+            &mut a,
+            &[Gather::User {
+                lkey: LKey(0),
+                data: &user[..200]
+            }],
+            SendFlags::INLINE
+        ),
+        Err(FabricError::InlineTooLong { len: 200, max: 128 })
+    ));
     // A deregistered key is dead.
     a.ctx.dereg_mr(mr.handle).unwrap();
-    assert!(matches!(send(&mut a, &[Gather::User { lkey: mr.lkey, data: &user[..10] }], SendFlags::SIGNALED), Err(FabricError::ProtectionError { .. })));
+    assert!(matches!(
+        send(
+            &mut a,
+            &[Gather::User {
+                lkey: mr.lkey,
+                data: &user[..10]
+            }],
+            SendFlags::SIGNALED
+        ),
+        Err(FabricError::ProtectionError { .. })
+    ));
     // Receive buffers must be provider-owned and hold a GRH.
-    let tiny = RecvWr { wr_id: 0, sge: Sge { lkey: a.recv_mr.lkey, offset: 0, len: GRH_LEN - 1 } };
+    let tiny = RecvWr {
+        wr_id: 0,
+        sge: Sge {
+            lkey: a.recv_mr.lkey,
+            offset: 0,
+            len: GRH_LEN - 1,
+        },
+    };
     assert!(a.ctx.post_recv(a.qp.handle, &[tiny]).is_err());
 }
 
@@ -250,25 +439,115 @@ fn queue_pair_states_and_teardown_order() {
     let mut ctx = open(false);
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(16).unwrap();
-    let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_inline_data: 0 };
-    let qp = ctx.create_qp(pd, &QpInitAttr { send_cq: cq, recv_cq: cq, cap }).unwrap();
+    let cap = QpCap {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_inline_data: 0,
+    };
+    let qp = ctx
+        .create_qp(
+            pd,
+            &QpInitAttr {
+                send_cq: cq,
+                recv_cq: cq,
+                cap,
+            },
+        )
+        .unwrap();
     assert_eq!(ctx.qp_state(qp.handle).unwrap(), QpState::Reset);
-    assert!(matches!(ctx.modify_qp(qp.handle, &QpTransition::Rtr), Err(FabricError::InvalidState { state: QpState::Reset, .. })));
-    assert!(ctx.modify_qp(qp.handle, &QpTransition::Init { pkey_index: 1, qkey: QKEY, port: 1 }).is_err());
-    assert!(ctx.modify_qp(qp.handle, &QpTransition::Init { pkey_index: 0, qkey: QKEY, port: 2 }).is_err());
-    ctx.modify_qp(qp.handle, &QpTransition::Init { pkey_index: 0, qkey: QKEY, port: 1 }).unwrap();
+    assert!(matches!(
+        ctx.modify_qp(qp.handle, &QpTransition::Rtr),
+        Err(FabricError::InvalidState {
+            state: QpState::Reset,
+            ..
+        })
+    ));
+    assert!(
+        ctx.modify_qp(
+            qp.handle,
+            &QpTransition::Init {
+                pkey_index: 1,
+                qkey: QKEY,
+                port: 1
+            }
+        )
+        .is_err()
+    );
+    assert!(
+        ctx.modify_qp(
+            qp.handle,
+            &QpTransition::Init {
+                pkey_index: 0,
+                qkey: QKEY,
+                port: 2
+            }
+        )
+        .is_err()
+    );
+    ctx.modify_qp(
+        qp.handle,
+        &QpTransition::Init {
+            pkey_index: 0,
+            qkey: QKEY,
+            port: 1,
+        },
+    )
+    .unwrap();
     let mr = ctx.reg_mr(pd, 4096).unwrap();
-    let ah = ctx.create_ah(pd, &AhAttr { dest: NodeAddr::Ip(ctx.ip()), service_level: 0, src_path_bits: 0, port: 1 }).unwrap();
-    let sg = [Gather::Registered(Sge { lkey: mr.lkey, offset: 0, len: 4 })];
-    let wr = SendWr { wr_id: 0, sg_list: &sg, ah, remote_qpn: qp.qp_num, remote_qkey: QKEY, imm: None, flags: SendFlags::SIGNALED };
-    assert!(matches!(ctx.post_send(qp.handle, &[wr]).unwrap_err().error, FabricError::InvalidState { state: QpState::Init, .. }));
+    let ah = ctx
+        .create_ah(
+            pd,
+            &AhAttr {
+                dest: NodeAddr::Ip(ctx.ip()),
+                service_level: 0,
+                src_path_bits: 0,
+                port: 1,
+            },
+        )
+        .unwrap();
+    let sg = [Gather::Registered(Sge {
+        lkey: mr.lkey,
+        offset: 0,
+        len: 4,
+    })];
+    let wr = SendWr {
+        wr_id: 0,
+        sg_list: &sg,
+        ah,
+        remote_qpn: qp.qp_num,
+        remote_qkey: QKEY,
+        imm: None,
+        flags: SendFlags::SIGNALED,
+    };
+    assert!(matches!(
+        ctx.post_send(qp.handle, &[wr]).unwrap_err().error,
+        FabricError::InvalidState {
+            state: QpState::Init,
+            ..
+        }
+    ));
     // A v6 address cannot be reached from a v4 socket.
-    assert!(ctx.create_ah(pd, &AhAttr { dest: NodeAddr::Ip(Ipv6Addr::LOCALHOST.into()), service_level: 0, src_path_bits: 0, port: 1 }).is_err());
+    assert!(
+        ctx.create_ah(
+            pd,
+            &AhAttr {
+                dest: NodeAddr::Ip(Ipv6Addr::LOCALHOST.into()),
+                service_level: 0,
+                src_path_bits: 0,
+                port: 1
+            }
+        )
+        .is_err()
+    );
     assert!(matches!(ctx.dealloc_pd(pd), Err(FabricError::Busy { .. })));
     assert!(matches!(ctx.destroy_cq(cq), Err(FabricError::Busy { .. })));
     ctx.destroy_ah(ah).unwrap();
     ctx.destroy_qp(qp.handle).unwrap();
-    assert!(matches!(ctx.destroy_qp(qp.handle), Err(FabricError::InvalidHandle { .. })));
+    assert!(matches!(
+        ctx.destroy_qp(qp.handle),
+        Err(FabricError::InvalidHandle { .. })
+    ));
     ctx.destroy_cq(cq).unwrap();
     ctx.dereg_mr(mr.handle).unwrap();
     ctx.dealloc_pd(pd).unwrap();
@@ -280,10 +559,13 @@ fn queue_pair_states_and_teardown_order() {
 /// Round trips between this process and a child echo process.
 fn two_process_round_trip(ipv6: bool) {
     let mut parent = Endpoint::new(open(ipv6), 64, QKEY);
-    let mut child = spawn_child("echo_child", &[
-        ("UDBTL_TEST_IPV6", ipv6.to_string()),
-        ("UDBTL_TEST_PEER_QPN", parent.qp.qp_num.to_string()),
-    ]);
+    let mut child = spawn_child(
+        "echo_child",
+        &[
+            ("UDBTL_TEST_IPV6", ipv6.to_string()),
+            ("UDBTL_TEST_PEER_QPN", parent.qp.qp_num.to_string()),
+        ],
+    );
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let child_qpn: u32 = loop {
         let line = lines.next().expect("child exited early").unwrap();
@@ -294,11 +576,15 @@ fn two_process_round_trip(ipv6: bool) {
     let ah = parent.ah(node(&parent));
     let rounds = 200u32;
     for round in 0..rounds {
-        let payload: Vec<u8> = (0..(round as usize * 37) % 2000 + 1).map(|i| (i as u32 ^ round) as u8).collect();
+        let payload: Vec<u8> = (0..(round as usize * 37) % 2000 + 1)
+            .map(|i| (i as u32 ^ round) as u8)
+            .collect();
         // Retry: UD may lose a datagram even on loopback (socket buffer overrun).
         let mut echoed = None;
         for _attempt in 0..20 {
-            parent.send(ah, child_qpn, QKEY, &payload, u64::from(round)).unwrap();
+            parent
+                .send(ah, child_qpn, QKEY, &payload, u64::from(round))
+                .unwrap();
             let got = parent.poll_for(2, Duration::from_millis(500));
             if let Some(wc) = got.iter().find(|wc| wc.opcode == WcOpcode::Recv) {
                 assert_eq!(wc.src.unwrap().qpn, child_qpn);
@@ -328,7 +614,10 @@ fn round_trips_between_two_processes_ipv6() {
 #[ignore = "child process of the two-process tests"]
 fn echo_child() {
     let ipv6: bool = std::env::var("UDBTL_TEST_IPV6").unwrap().parse().unwrap();
-    let peer_qpn: u32 = std::env::var("UDBTL_TEST_PEER_QPN").unwrap().parse().unwrap();
+    let peer_qpn: u32 = std::env::var("UDBTL_TEST_PEER_QPN")
+        .unwrap()
+        .parse()
+        .unwrap();
     let mut ep = Endpoint::new(open(ipv6), 64, QKEY);
     let ah = ep.ah(node(&ep));
     println!("QPN {}", ep.qp.qp_num);
@@ -347,7 +636,14 @@ fn echo_child() {
                 return;
             }
             assert_eq!(wc.src.unwrap().qpn, peer_qpn);
-            assert_eq!(wc.src.unwrap().node, NodeAddr::Ip(if ipv6 { IpAddr::V6(Ipv6Addr::LOCALHOST) } else { IpAddr::V4(Ipv4Addr::LOCALHOST) }));
+            assert_eq!(
+                wc.src.unwrap().node,
+                NodeAddr::Ip(if ipv6 {
+                    IpAddr::V6(Ipv6Addr::LOCALHOST)
+                } else {
+                    IpAddr::V4(Ipv4Addr::LOCALHOST)
+                })
+            );
             ep.send(ah, peer_qpn, QKEY, &payload, wc.wr_id).unwrap();
         }
     }

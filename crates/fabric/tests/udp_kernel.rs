@@ -8,6 +8,8 @@
 //! * A random drop on the INPUT hook loses datagrams silently; the receiver
 //!   sees the rest.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::process::Command;
@@ -18,13 +20,20 @@ use udbtl_fabric::udp::{UdpConfig, UdpContext, UdpProvider};
 use udbtl_fabric::*;
 
 fn have(tool: &str) -> bool {
-    Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success())
+    Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(1) == Some("0")))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(1) == Some("0"))
+        })
         .unwrap_or(false)
 }
 
@@ -49,7 +58,13 @@ fn kernel_drops_are_counted_losses() {
     let status = Command::new("unshare")
         .arg("-n")
         .arg(exe)
-        .args(["netns_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            "netns_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .status()
         .unwrap();
     assert!(status.success());
@@ -67,20 +82,27 @@ fn netns_child() {
 
     // Output drops: every send to b fails with EPERM in the kernel.
     run("nft 'add chain inet udbtl_test out { type filter hook output priority 0; }'");
-    run(&format!("nft add rule inet udbtl_test out udp dport {port} drop"));
+    run(&format!(
+        "nft add rule inet udbtl_test out udp dport {port} drop"
+    ));
     for i in 0..50 {
         a.send(ah, port, QKEY, b"blocked", i).unwrap();
     }
     let sent = a.poll_for(50, Duration::from_secs(5));
     assert_eq!(sent.len(), 50);
-    assert!(sent.iter().all(|wc| wc.status == WcStatus::Success && wc.opcode == WcOpcode::Send));
+    assert!(
+        sent.iter()
+            .all(|wc| wc.status == WcStatus::Success && wc.opcode == WcOpcode::Send)
+    );
     assert_eq!(a.ctx.stats().tx_kernel_drops, 50);
     assert!(b.poll_during(Duration::from_millis(100)).is_empty());
     run("nft flush chain inet udbtl_test out");
 
     // Input drops: 20 % lost at random, the rest delivered intact.
     run("nft 'add chain inet udbtl_test in { type filter hook input priority 0; }'");
-    run(&format!("nft add rule inet udbtl_test in udp dport {port} numgen random mod 100 '<' 20 drop"));
+    run(&format!(
+        "nft add rule inet udbtl_test in udp dport {port} numgen random mod 100 '<' 20 drop"
+    ));
     let total = 2000u64;
     let mut received = 0u64;
     for i in 0..total {

@@ -59,12 +59,20 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// # Errors
     /// [`Error`] if the buffer is shorter than [`HEADER_LEN`].
     pub fn check_len(&self) -> Result<()> {
-        if self.buffer.as_ref().len() < HEADER_LEN { Err(Error) } else { Ok(()) }
+        if self.buffer.as_ref().len() < HEADER_LEN {
+            Err(Error)
+        } else {
+            Ok(())
+        }
     }
 
     /// The header version.
     pub fn version(&self) -> u8 {
-        self.buffer.as_ref().get(field::VERSION).copied().unwrap_or(0)
+        self.buffer
+            .as_ref()
+            .get(field::VERSION)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// The active-message tag.
@@ -133,7 +141,10 @@ impl Repr {
         if packet.version() != VERSION || packet.flags() & !KNOWN_FLAGS != 0 {
             return Err(Error);
         }
-        Ok(Self { tag: packet.tag(), job_key: packet.job_key() })
+        Ok(Self {
+            tag: packet.tag(),
+            job_key: packet.job_key(),
+        })
     }
 
     /// The number of bytes [`Repr::emit`] writes.
@@ -162,13 +173,23 @@ mod tests {
         let packet = Packet::new_checked(&BYTES[..]).unwrap();
         assert_eq!(packet.tag(), 0x41);
         assert_eq!(packet.payload(), &[0xaa, 0xbb]);
-        assert_eq!(Repr::parse(&packet).unwrap(), Repr { tag: 0x41, job_key: 0xcafe_f00d });
+        assert_eq!(
+            Repr::parse(&packet).unwrap(),
+            Repr {
+                tag: 0x41,
+                job_key: 0xcafe_f00d
+            }
+        );
     }
 
     #[test]
     fn construct() {
         let mut bytes = [0xffu8; HEADER_LEN];
-        Repr { tag: 0x41, job_key: 0xcafe_f00d }.emit(&mut Packet::new_unchecked(&mut bytes[..]));
+        Repr {
+            tag: 0x41,
+            job_key: 0xcafe_f00d,
+        }
+        .emit(&mut Packet::new_unchecked(&mut bytes[..]));
         assert_eq!(bytes, BYTES[..HEADER_LEN]);
     }
 

@@ -2,7 +2,7 @@
 //!
 //! Every header in this crate follows one contract, borrowed from smoltcp:
 //!
-//! * `Packet<T: AsRef<[u8]>>` is a *view* over a byte buffer. [`Packet::new_checked`]
+//! * `Packet<T: AsRef<[u8]>>` is a *view* over a byte buffer. `Packet::new_checked`
 //!   (one per header) verifies the buffer is long enough; after it succeeds no
 //!   accessor can panic, whatever the bytes contain. Bytes that came from the
 //!   network must always go through `new_checked`.
@@ -28,9 +28,9 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod btl;
 mod error;
 pub(crate) mod field;
-pub mod btl;
 pub mod modex;
 pub mod seq;
 pub mod ud;

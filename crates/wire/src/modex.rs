@@ -80,7 +80,11 @@ impl<T: AsRef<[u8]>> Entry<T> {
     /// [`Error`] if the buffer is shorter than [`ENTRY_LEN`].
     pub fn new_checked(buffer: T) -> Result<Self> {
         let entry = Self::new_unchecked(buffer);
-        if entry.buffer.as_ref().len() < ENTRY_LEN { Err(Error) } else { Ok(entry) }
+        if entry.buffer.as_ref().len() < ENTRY_LEN {
+            Err(Error)
+        } else {
+            Ok(entry)
+        }
     }
 
     fn byte(&self, index: usize) -> u8 {
@@ -201,7 +205,10 @@ impl Address {
             1 if tail_clear && entry.lid() == 0 => Location::Ipv4(four),
             2 if entry.lid() == 0 => Location::Ipv6(bytes),
             3 if tail_clear && entry.lid() == 0 => Location::Sim(u32::from_be_bytes(four)),
-            4 => Location::Ib { lid: entry.lid(), gid: bytes },
+            4 => Location::Ib {
+                lid: entry.lid(),
+                gid: bytes,
+            },
             _ => return Err(Error),
         };
         if entry.reserved() != 0 {
@@ -232,7 +239,10 @@ pub fn emit_blob(addresses: &[Address]) -> Result<Vec<u8>> {
     blob[..2].copy_from_slice(&MAGIC.to_be_bytes());
     blob[2] = VERSION;
     blob[3] = count;
-    for (address, chunk) in addresses.iter().zip(blob[PREAMBLE_LEN..].chunks_exact_mut(ENTRY_LEN)) {
+    for (address, chunk) in addresses
+        .iter()
+        .zip(blob[PREAMBLE_LEN..].chunks_exact_mut(ENTRY_LEN))
+    {
         address.emit(&mut Entry::new_unchecked(chunk));
     }
     Ok(blob)

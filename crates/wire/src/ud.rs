@@ -86,7 +86,11 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// The header version.
     pub fn version(&self) -> u8 {
-        self.buffer.as_ref().get(field::VERSION).copied().unwrap_or(0)
+        self.buffer
+            .as_ref()
+            .get(field::VERSION)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// The raw flag byte.
@@ -188,7 +192,11 @@ impl Repr {
             return Err(Error);
         }
         let imm = (packet.flags() & FLAG_IMM != 0).then(|| packet.imm());
-        Ok(Self { pkey: packet.pkey(), qkey: packet.qkey(), imm })
+        Ok(Self {
+            pkey: packet.pkey(),
+            qkey: packet.qkey(),
+            imm,
+        })
     }
 
     /// The number of bytes [`Repr::emit`] writes.
@@ -237,12 +245,23 @@ mod tests {
         assert_eq!(packet.imm(), 0xdead_beef);
         assert_eq!(packet.payload(), b"data");
         let repr = Repr::parse(&packet).unwrap();
-        assert_eq!(repr, Repr { pkey: 0xffff, qkey: 0x0133_0133, imm: Some(0xdead_beef) });
+        assert_eq!(
+            repr,
+            Repr {
+                pkey: 0xffff,
+                qkey: 0x0133_0133,
+                imm: Some(0xdead_beef)
+            }
+        );
     }
 
     #[test]
     fn construct() {
-        let repr = Repr { pkey: 0xffff, qkey: 0x0133_0133, imm: Some(0xdead_beef) };
+        let repr = Repr {
+            pkey: 0xffff,
+            qkey: 0x0133_0133,
+            imm: Some(0xdead_beef),
+        };
         assert_eq!(repr.to_bytes()[..], WITH_IMM[..HEADER_LEN]);
         let plain = Repr { imm: None, ..repr }.to_bytes();
         assert_eq!(plain[3], 0);
@@ -262,7 +281,11 @@ mod tests {
             let mut bytes = WITH_IMM;
             bytes[index] = value;
             let packet = Packet::new_checked(&bytes[..]).unwrap();
-            assert_eq!(Repr::parse(&packet), Err(Error), "byte {index} = {value:#x}");
+            assert_eq!(
+                Repr::parse(&packet),
+                Err(Error),
+                "byte {index} = {value:#x}"
+            );
         }
     }
 

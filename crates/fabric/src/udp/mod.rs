@@ -28,10 +28,10 @@ use udbtl_wire::ud;
 
 use crate::verbs::{Memory, Verbs};
 use crate::{
-    AhAttr, AhHandle, Context, CqHandle, DeviceAttr, DeviceInfo, FabricError, FabricStats,
-    MrHandle, Mr, NodeAddr, PdHandle, PortAttr, PortState, PostError, Provider, QpAddr,
-    QpHandle, QpInfo, QpInitAttr, QpState, QpTransition, RecvWr, ResourceCounts, Result,
-    SendWr, WcOpcode, WcStatus, WorkCompletion, GRH_LEN,
+    AhAttr, AhHandle, Context, CqHandle, DeviceAttr, DeviceInfo, FabricError, FabricStats, GRH_LEN,
+    Mr, MrHandle, NodeAddr, PdHandle, PortAttr, PortState, PostError, Provider, QpAddr, QpHandle,
+    QpInfo, QpInitAttr, QpState, QpTransition, RecvWr, ResourceCounts, Result, SendWr, WcOpcode,
+    WcStatus, WorkCompletion,
 };
 
 /// The provider's name.
@@ -104,8 +104,10 @@ impl UdpProvider {
     }
 
     fn selected_interfaces(&self) -> Result<Vec<sys::Interface>> {
-        let all = sys::interfaces()
-            .map_err(|source| FabricError::Io { operation: "getifaddrs", source })?;
+        let all = sys::interfaces().map_err(|source| FabricError::Io {
+            operation: "getifaddrs",
+            source,
+        })?;
         Ok(all
             .into_iter()
             .filter(|iface| match (&self.config.interface, self.config.bind) {
@@ -130,7 +132,11 @@ impl UdpProvider {
 
     fn max_msg_size(&self, iface: &sys::Interface, ip: IpAddr) -> Result<usize> {
         let limit = if iface.loopback {
-            if ip.is_ipv6() { MAX_UDP_PAYLOAD_V6 } else { MAX_UDP_PAYLOAD_V4 }
+            if ip.is_ipv6() {
+                MAX_UDP_PAYLOAD_V6
+            } else {
+                MAX_UDP_PAYLOAD_V4
+            }
         } else {
             let link_mtu = std::fs::read_to_string(format!("/sys/class/net/{}/mtu", iface.name))
                 .ok()
@@ -189,7 +195,10 @@ impl Provider for UdpProvider {
             .selected_interfaces()?
             .into_iter()
             .find(|iface| iface.name == device)
-            .ok_or_else(|| FabricError::NoSuchDevice { provider: NAME, name: device.into() })?;
+            .ok_or_else(|| FabricError::NoSuchDevice {
+                provider: NAME,
+                name: device.into(),
+            })?;
         let addr = self.address_of(&iface);
         let ip = addr.unwrap_or(if self.config.ipv6 {
             IpAddr::from([0u16; 8])
@@ -198,7 +207,11 @@ impl Provider for UdpProvider {
         });
         let port = PortAttr {
             port_num: 1,
-            state: if iface.up && addr.is_some() { PortState::Active } else { PortState::Down },
+            state: if iface.up && addr.is_some() {
+                PortState::Active
+            } else {
+                PortState::Down
+            },
             addr: NodeAddr::Ip(ip),
             max_msg_size: self.max_msg_size(&iface, ip)?,
             pkeys: vec![0xffff],
@@ -277,19 +290,31 @@ impl UdpContext {
     /// Bad handle.
     pub fn qp_addr(&self, qp: QpHandle) -> Result<QpAddr> {
         let entry = self.verbs.qp(qp)?;
-        Ok(QpAddr { node: NodeAddr::Ip(self.ip), qpn: entry.qp_num })
+        Ok(QpAddr {
+            node: NodeAddr::Ip(self.ip),
+            qpn: entry.qp_num,
+        })
     }
 
     fn open_socket(&self) -> Result<Socket> {
         let io = |operation| move |source| FabricError::Io { operation, source };
-        let domain = if self.ip.is_ipv6() { Domain::IPV6 } else { Domain::IPV4 };
-        let socket =
-            Socket::new(domain, Type::DGRAM, Some(Protocol::UDP)).map_err(io("socket"))?;
+        let domain = if self.ip.is_ipv6() {
+            Domain::IPV6
+        } else {
+            Domain::IPV4
+        };
+        let socket = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP)).map_err(io("socket"))?;
         if self.ip.is_ipv6() {
-            socket.set_only_v6(true).map_err(io("setsockopt(IPV6_V6ONLY)"))?;
+            socket
+                .set_only_v6(true)
+                .map_err(io("setsockopt(IPV6_V6ONLY)"))?;
         }
-        socket.set_nonblocking(true).map_err(io("fcntl(O_NONBLOCK)"))?;
-        socket.bind(&SocketAddr::new(self.ip, 0).into()).map_err(io("bind"))?;
+        socket
+            .set_nonblocking(true)
+            .map_err(io("fcntl(O_NONBLOCK)"))?;
+        socket
+            .bind(&SocketAddr::new(self.ip, 0).into())
+            .map_err(io("bind"))?;
         size_buffer(&socket, false, self.config.send_buffer);
         size_buffer(&socket, true, self.config.recv_buffer);
         Ok(socket)
@@ -352,10 +377,22 @@ impl UdpContext {
                 let socket = &qps.get(qp.0).ok_or(INVALID_QP)?.transport.socket;
                 let region = match mrs.get_mut(mr.0).map(|m| &mut m.memory) {
                     Some(Memory::Owned(bytes)) => &mut bytes[..],
-                    _ => return Err(FabricError::ProtectionError { lkey: first.sge.lkey }),
+                    _ => {
+                        return Err(FabricError::ProtectionError {
+                            lkey: first.sge.lkey,
+                        });
+                    }
                 };
-                sys::recv_batch(socket.as_fd(), region, &scratch.targets[..count], &mut scratch.meta)
-                    .map_err(|source| FabricError::Io { operation: "recvmmsg", source })?
+                sys::recv_batch(
+                    socket.as_fd(),
+                    region,
+                    &scratch.targets[..count],
+                    &mut scratch.meta,
+                )
+                .map_err(|source| FabricError::Io {
+                    operation: "recvmmsg",
+                    source,
+                })?
             };
             let transport = &mut self.verbs.qp_mut(qp)?.transport;
             if received == 0 {
@@ -384,13 +421,21 @@ impl UdpContext {
     /// the first posted buffers of `qp`, into completions. A datagram that is
     /// malformed or carries the wrong keys leaves its buffer posted.
     fn complete_receives(&mut self, qp: QpHandle, received: usize) -> Result<usize> {
-        let Verbs { qps, cqs, stats, .. } = &mut self.verbs;
+        let Verbs {
+            qps, cqs, stats, ..
+        } = &mut self.verbs;
         let entry = qps.get_mut(qp.0).ok_or(INVALID_QP)?;
-        let cq = cqs.get_mut(entry.recv_cq.0).ok_or(FabricError::InvalidHandle { kind: "completion queue" })?;
+        let cq = cqs
+            .get_mut(entry.recv_cq.0)
+            .ok_or(FabricError::InvalidHandle {
+                kind: "completion queue",
+            })?;
         let mut kept = [None; sys::MAX_BATCH];
         let mut queued = 0;
         for (slot, meta) in kept.iter_mut().zip(&self.scratch.meta[..received]) {
-            let Some(wr) = entry.recv_queue.pop_front() else { break };
+            let Some(wr) = entry.recv_queue.pop_front() else {
+                break;
+            };
             let Some(repr) = parse_header(meta) else {
                 stats.rx_malformed += 1;
                 *slot = Some(wr);
@@ -409,7 +454,10 @@ impl UdpContext {
                 stats.rx_bytes += payload as u64;
                 (WcStatus::Success, (GRH_LEN + payload) as u32)
             };
-            let src = meta.source.map(|s| QpAddr { node: NodeAddr::Ip(s.ip()), qpn: u32::from(s.port()) });
+            let src = meta.source.map(|s| QpAddr {
+                node: NodeAddr::Ip(s.ip()),
+                qpn: u32::from(s.port()),
+            });
             let wc = WorkCompletion {
                 wr_id: wr.wr_id,
                 status,
@@ -440,7 +488,10 @@ impl UdpContext {
         let (mut dropped, mut malformed) = (0, 0);
         for _ in 0..2 {
             let n = sys::recv_batch(socket.as_fd(), &mut self.drop_scratch, &targets, meta)
-                .map_err(|source| FabricError::Io { operation: "recvmmsg", source })?;
+                .map_err(|source| FabricError::Io {
+                    operation: "recvmmsg",
+                    source,
+                })?;
             for m in &meta[..n] {
                 if parse_header(m).is_some() {
                     dropped += 1;
@@ -476,8 +527,17 @@ impl UdpContext {
             let mut headers = [[0u8; ud::HEADER_LEN]; N];
             let mut dests = [SocketAddr::from(([0, 0, 0, 0], 0)); N];
             for (i, wr) in chunk.iter().enumerate() {
-                let qkey = if wr.remote_qkey & 0x8000_0000 != 0 { qp_qkey } else { wr.remote_qkey };
-                headers[i] = ud::Repr { pkey, qkey, imm: wr.imm }.to_bytes();
+                let qkey = if wr.remote_qkey & 0x8000_0000 != 0 {
+                    qp_qkey
+                } else {
+                    wr.remote_qkey
+                };
+                headers[i] = ud::Repr {
+                    pkey,
+                    qkey,
+                    imm: wr.imm,
+                }
+                .to_bytes();
                 let ip = self.verbs.ah(wr.ah)?.route;
                 dests[i] = SocketAddr::new(ip, wr.remote_qpn as u16);
             }
@@ -497,7 +557,11 @@ impl UdpContext {
             }
             // Group datagrams into messages: a GSO train is a run to one
             // destination where every datagram but the last has the same size.
-            let mut msgs = [sys::OutMsg { dest: dests[0], iov: &[], segment_size: None }; N];
+            let mut msgs = [sys::OutMsg {
+                dest: dests[0],
+                iov: &[],
+                segment_size: None,
+            }; N];
             let mut members = [(0usize, 0usize); N];
             let mut msg_count = 0;
             let mut i = 0;
@@ -559,7 +623,10 @@ impl UdpContext {
                     }
                 }
             }
-            msgs[..msg_count].iter().filter(|m| m.segment_size.is_some()).count()
+            msgs[..msg_count]
+                .iter()
+                .filter(|m| m.segment_size.is_some())
+                .count()
         };
         self.verbs.stats.tx_gso_trains += trains as u64;
         for (i, wr) in chunk.iter().enumerate() {
@@ -580,7 +647,9 @@ impl UdpContext {
         if !wr.flags.contains(crate::SendFlags::SIGNALED) {
             return;
         }
-        let Ok(entry) = self.verbs.qp_mut(qp) else { return };
+        let Ok(entry) = self.verbs.qp_mut(qp) else {
+            return;
+        };
         entry.sends_outstanding += 1;
         let (cq, qp_num) = (entry.send_cq, entry.qp_num);
         self.verbs.push_completion(
@@ -602,7 +671,9 @@ impl UdpContext {
 /// The encapsulation header of a received datagram, if it has a valid one.
 fn parse_header(meta: &sys::RecvMeta) -> Option<ud::Repr> {
     let header = meta.header.get(..meta.len.min(ud::HEADER_LEN))?;
-    ud::Packet::new_checked(header).and_then(|p| ud::Repr::parse(&p)).ok()
+    ud::Packet::new_checked(header)
+        .and_then(|p| ud::Repr::parse(&p))
+        .ok()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -640,11 +711,21 @@ fn classify_send_error(err: &io::Error, gso: bool) -> Outcome {
 /// may, and warns when the kernel grants less than asked.
 fn size_buffer(socket: &Socket, receive: bool, bytes: usize) {
     let name = if receive { "SO_RCVBUF" } else { "SO_SNDBUF" };
-    let set = if receive { socket.set_recv_buffer_size(bytes) } else { socket.set_send_buffer_size(bytes) };
+    let set = if receive {
+        socket.set_recv_buffer_size(bytes)
+    } else {
+        socket.set_send_buffer_size(bytes)
+    };
     if let Err(err) = set {
         tracing::warn!(%err, option = name, bytes, "could not size socket buffer");
     }
-    let granted = || if receive { socket.recv_buffer_size() } else { socket.send_buffer_size() };
+    let granted = || {
+        if receive {
+            socket.recv_buffer_size()
+        } else {
+            socket.send_buffer_size()
+        }
+    };
     // Linux reports double the requested size to account for bookkeeping.
     if granted().is_ok_and(|got| got < bytes) {
         let _ = sys::force_buffer(socket.as_fd(), receive, bytes);
@@ -714,8 +795,22 @@ impl Context for UdpContext {
             .ok()
             .and_then(|a| a.as_socket())
             .map(|a| a.port())
-            .ok_or_else(|| FabricError::Io { operation: "getsockname", source: io::Error::other("no local address") })?;
-        self.verbs.insert_qp(pd, attr, cap, u32::from(port), UdpQp { socket, receives: false, batch_hint: 1, busy_polls: 0 })
+            .ok_or_else(|| FabricError::Io {
+                operation: "getsockname",
+                source: io::Error::other("no local address"),
+            })?;
+        self.verbs.insert_qp(
+            pd,
+            attr,
+            cap,
+            u32::from(port),
+            UdpQp {
+                socket,
+                receives: false,
+                batch_hint: 1,
+                busy_polls: 0,
+            },
+        )
     }
 
     fn modify_qp(&mut self, qp: QpHandle, transition: &QpTransition) -> Result<()> {
@@ -765,7 +860,10 @@ impl Context for UdpContext {
             let mut accepted = 0;
             let mut refusal = None;
             {
-                let entry = self.verbs.qp(qp).map_err(|error| PostError { posted, error })?;
+                let entry = self
+                    .verbs
+                    .qp(qp)
+                    .map_err(|error| PostError { posted, error })?;
                 for wr in wrs[posted..].iter().take(sys::MAX_BATCH) {
                     let checked = self.verbs.check_send(entry, wr).and_then(|len| {
                         if wr.remote_qpn == 0 || wr.remote_qpn > u32::from(u16::MAX) {
@@ -794,7 +892,9 @@ impl Context for UdpContext {
                     .iter()
                     .filter(|wr| wr.flags.contains(crate::SendFlags::SIGNALED))
                     .count();
-                let sq_room = (entry.cap.max_send_wr - entry.sends_outstanding.min(entry.cap.max_send_wr)) as usize;
+                let sq_room = (entry.cap.max_send_wr
+                    - entry.sends_outstanding.min(entry.cap.max_send_wr))
+                    as usize;
                 let room = sq_room.min(self.verbs.cq_room(entry.send_cq));
                 if signaled > room {
                     let mut seen = 0;
@@ -807,7 +907,11 @@ impl Context for UdpContext {
                         .unwrap_or(accepted);
                     accepted = cut;
                     refusal = Some(FabricError::QueueFull {
-                        queue: if sq_room <= room { "send queue" } else { "completion queue" },
+                        queue: if sq_room <= room {
+                            "send queue"
+                        } else {
+                            "completion queue"
+                        },
                         capacity: entry.cap.max_send_wr as usize,
                     });
                 }
@@ -832,7 +936,14 @@ impl Context for UdpContext {
     }
 
     fn poll_cq(&mut self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize> {
-        let queued = self.verbs.cqs.get(cq.0).map(crate::verbs::CqEntry::queued).ok_or(FabricError::InvalidHandle { kind: "completion queue" })?;
+        let queued = self
+            .verbs
+            .cqs
+            .get(cq.0)
+            .map(crate::verbs::CqEntry::queued)
+            .ok_or(FabricError::InvalidHandle {
+                kind: "completion queue",
+            })?;
         if queued < out.len() {
             self.receive(cq, out.len() - queued)?;
         }

@@ -35,8 +35,12 @@ pub(crate) struct RecvMeta {
 }
 
 impl RecvMeta {
-    pub(crate) const EMPTY: Self =
-        Self { header: [0; ud::HEADER_LEN], len: 0, truncated: false, source: None };
+    pub(crate) const EMPTY: Self = Self {
+        header: [0; ud::HEADER_LEN],
+        len: 0,
+        truncated: false,
+        source: None,
+    };
 }
 
 fn is_interrupted(err: &io::Error) -> bool {
@@ -64,7 +68,10 @@ pub(crate) fn recv_batch(
         .iter()
         .take(MAX_BATCH.min(meta.len()))
         .take_while(|(offset, len)| {
-            *len >= GRH_LEN && offset.checked_add(*len).is_some_and(|end| end <= region.len())
+            *len >= GRH_LEN
+                && offset
+                    .checked_add(*len)
+                    .is_some_and(|end| end <= region.len())
         })
         .count();
     if count == 0 {
@@ -175,7 +182,10 @@ fn socket_addr(storage: &libc::sockaddr_in6, len: libc::socklen_t) -> Option<Soc
         libc::AF_INET6 if len >= size_of::<libc::sockaddr_in6>() => {
             let sin6 = storage;
             let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-            Some(SocketAddr::new(IpAddr::V6(ip), u16::from_be(sin6.sin6_port)))
+            Some(SocketAddr::new(
+                IpAddr::V6(ip),
+                u16::from_be(sin6.sin6_port),
+            ))
         }
         _ => None,
     }
@@ -230,7 +240,11 @@ pub(crate) fn send_batch<const N: usize>(
         // out with sendmsg, which costs less than a batch of one.
         let rc = unsafe {
             if count == 1 {
-                let sent = libc::sendmsg(fd.as_raw_fd(), &raw const hdrs[0].assume_init_ref().msg_hdr, 0);
+                let sent = libc::sendmsg(
+                    fd.as_raw_fd(),
+                    &raw const hdrs[0].assume_init_ref().msg_hdr,
+                    0,
+                );
                 if sent >= 0 { 1 } else { -1 }
             } else {
                 libc::sendmmsg(fd.as_raw_fd(), hdrs.as_mut_ptr().cast(), count as _, 0)
@@ -276,7 +290,11 @@ fn cmsg_space(len: usize) -> usize {
 /// Sets `SO_SNDBUFFORCE`/`SO_RCVBUFFORCE`, which exceed `wmem_max`/`rmem_max`
 /// when the process has CAP_NET_ADMIN.
 pub(crate) fn force_buffer(fd: BorrowedFd<'_>, receive: bool, bytes: usize) -> io::Result<()> {
-    let option = if receive { libc::SO_RCVBUFFORCE } else { libc::SO_SNDBUFFORCE };
+    let option = if receive {
+        libc::SO_RCVBUFFORCE
+    } else {
+        libc::SO_SNDBUFFORCE
+    };
     let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
     // SAFETY: `value` is a live c_int and its exact size is passed.
     let rc = unsafe {
@@ -288,7 +306,11 @@ pub(crate) fn force_buffer(fd: BorrowedFd<'_>, receive: bool, bytes: usize) -> i
             size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
-    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// A network interface and its addresses.
@@ -320,7 +342,9 @@ pub(crate) fn interfaces() -> io::Result<Vec<Interface>> {
             continue;
         }
         // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-        let name = unsafe { CStr::from_ptr(entry.ifa_name) }.to_string_lossy().into_owned();
+        let name = unsafe { CStr::from_ptr(entry.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
         let flags = entry.ifa_flags;
         let addr = ip_of(entry.ifa_addr);
         let index = match out.iter().position(|i| i.name == name) {
@@ -355,7 +379,9 @@ fn ip_of(addr: *const libc::sockaddr) -> Option<IpAddr> {
         libc::AF_INET => {
             // SAFETY: the family is AF_INET, so this is a sockaddr_in.
             let sin = unsafe { &*addr.cast::<libc::sockaddr_in>() };
-            Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))))
+            Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                sin.sin_addr.s_addr,
+            ))))
         }
         libc::AF_INET6 => {
             // SAFETY: the family is AF_INET6, so this is a sockaddr_in6.

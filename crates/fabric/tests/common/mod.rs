@@ -1,6 +1,7 @@
 //! Shared set-up for provider tests: one queue pair with a slab of posted
 //! receive buffers, the way the BTL builds its modules.
 #![allow(dead_code, unreachable_pub)]
+#![allow(clippy::unwrap_used)]
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -30,14 +31,46 @@ impl<C: Context> Endpoint<C> {
     pub fn with_buffers(mut ctx: C, slots: usize, buf_len: usize, qkey: u32) -> Self {
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq((slots + 256) as u32).unwrap();
-        let cap = QpCap { max_send_wr: 128, max_recv_wr: slots as u32, max_send_sge: 2, max_inline_data: 128 };
-        let qp = ctx.create_qp(pd, &QpInitAttr { send_cq: cq, recv_cq: cq, cap }).unwrap();
-        ctx.modify_qp(qp.handle, &QpTransition::Init { pkey_index: 0, qkey, port: 1 }).unwrap();
+        let cap = QpCap {
+            max_send_wr: 128,
+            max_recv_wr: slots as u32,
+            max_send_sge: 2,
+            max_inline_data: 128,
+        };
+        let qp = ctx
+            .create_qp(
+                pd,
+                &QpInitAttr {
+                    send_cq: cq,
+                    recv_cq: cq,
+                    cap,
+                },
+            )
+            .unwrap();
+        ctx.modify_qp(
+            qp.handle,
+            &QpTransition::Init {
+                pkey_index: 0,
+                qkey,
+                port: 1,
+            },
+        )
+        .unwrap();
         ctx.modify_qp(qp.handle, &QpTransition::Rtr).unwrap();
-        ctx.modify_qp(qp.handle, &QpTransition::Rts { sq_psn: 0 }).unwrap();
+        ctx.modify_qp(qp.handle, &QpTransition::Rts { sq_psn: 0 })
+            .unwrap();
         let recv_mr = ctx.reg_mr(pd, slots * buf_len).unwrap();
         let send_mr = ctx.reg_mr(pd, 256 * 1024).unwrap();
-        let mut ep = Self { ctx, pd, cq, qp, recv_mr, send_mr, slots, buf_len };
+        let mut ep = Self {
+            ctx,
+            pd,
+            cq,
+            qp,
+            recv_mr,
+            send_mr,
+            slots,
+            buf_len,
+        };
         for slot in 0..slots {
             ep.post_slot(slot);
         }
@@ -45,20 +78,62 @@ impl<C: Context> Endpoint<C> {
     }
 
     pub fn post_slot(&mut self, slot: usize) {
-        let sge = Sge { lkey: self.recv_mr.lkey, offset: slot * self.buf_len, len: self.buf_len };
-        self.ctx.post_recv(self.qp.handle, &[RecvWr { wr_id: slot as u64, sge }]).unwrap();
+        let sge = Sge {
+            lkey: self.recv_mr.lkey,
+            offset: slot * self.buf_len,
+            len: self.buf_len,
+        };
+        self.ctx
+            .post_recv(
+                self.qp.handle,
+                &[RecvWr {
+                    wr_id: slot as u64,
+                    sge,
+                }],
+            )
+            .unwrap();
     }
 
     pub fn ah(&mut self, dest: NodeAddr) -> AhHandle {
-        self.ctx.create_ah(self.pd, &AhAttr { dest, service_level: 0, src_path_bits: 0, port: 1 }).unwrap()
+        self.ctx
+            .create_ah(
+                self.pd,
+                &AhAttr {
+                    dest,
+                    service_level: 0,
+                    src_path_bits: 0,
+                    port: 1,
+                },
+            )
+            .unwrap()
     }
 
     /// Sends `payload` (copied into the send slab at `offset`).
-    pub fn send(&mut self, ah: AhHandle, qpn: u32, qkey: u32, payload: &[u8], wr_id: u64) -> Result<(), PostError> {
+    pub fn send(
+        &mut self,
+        ah: AhHandle,
+        qpn: u32,
+        qkey: u32,
+        payload: &[u8],
+        wr_id: u64,
+    ) -> Result<(), PostError> {
         let offset = (wr_id as usize % 64) * 4096;
-        self.ctx.mr_bytes_mut(self.send_mr.handle).unwrap()[offset..offset + payload.len()].copy_from_slice(payload);
-        let sg = [Gather::Registered(Sge { lkey: self.send_mr.lkey, offset, len: payload.len() })];
-        let wr = SendWr { wr_id, sg_list: &sg, ah, remote_qpn: qpn, remote_qkey: qkey, imm: None, flags: SendFlags::SIGNALED };
+        self.ctx.mr_bytes_mut(self.send_mr.handle).unwrap()[offset..offset + payload.len()]
+            .copy_from_slice(payload);
+        let sg = [Gather::Registered(Sge {
+            lkey: self.send_mr.lkey,
+            offset,
+            len: payload.len(),
+        })];
+        let wr = SendWr {
+            wr_id,
+            sg_list: &sg,
+            ah,
+            remote_qpn: qpn,
+            remote_qkey: qkey,
+            imm: None,
+            flags: SendFlags::SIGNALED,
+        };
         self.ctx.post_send(self.qp.handle, &[wr])
     }
 
@@ -93,7 +168,11 @@ impl<C: Context> Endpoint<C> {
         self.ctx.dereg_mr(self.recv_mr.handle).unwrap();
         self.ctx.dereg_mr(self.send_mr.handle).unwrap();
         self.ctx.dealloc_pd(self.pd).unwrap();
-        assert!(self.ctx.resources().is_empty(), "leaked {:?}", self.ctx.resources());
+        assert!(
+            self.ctx.resources().is_empty(),
+            "leaked {:?}",
+            self.ctx.resources()
+        );
         self.ctx
     }
 }
@@ -103,9 +182,16 @@ impl<C: Context> Endpoint<C> {
 pub fn spawn_child(name: &str, env: &[(&str, String)]) -> Child {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = Command::new(exe);
-    cmd.args([name, "--exact", "--ignored", "--nocapture", "--test-threads=1", "-q"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+    cmd.args([
+        name,
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+        "-q",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit());
     for (key, value) in env {
         cmd.env(key, value);
     }

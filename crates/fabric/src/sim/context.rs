@@ -1,0 +1,277 @@
+//! An opened simulated device.
+
+use std::mem;
+
+use super::network::{Datagram, SimDeviceSpec, SimNetwork};
+use super::{DEVICE_ATTR, sim_port};
+use crate::types::*;
+use crate::verbs::Verbs;
+use crate::{Context, FabricError, PostError, Result};
+
+/// Top bit of a queue key in a send request: "use the sending queue pair's
+/// own key instead", as in verbs.
+const QKEY_FROM_QP: u32 = 0x8000_0000;
+
+/// An opened simulated device: the verbs of [`Context`] over a
+/// [`SimNetwork`].
+///
+/// Queue pairs carry nothing of their own (`()`); an address handle resolves
+/// to the destination port id. Dropping the context forgets its queue pairs,
+/// and datagrams still in flight to them are dropped and counted by the
+/// network.
+#[derive(Debug)]
+pub struct SimContext {
+    net: SimNetwork,
+    /// Index of the device in the network.
+    device: usize,
+    /// Network-wide ids of the device's ports; port `n` is at index `n - 1`.
+    port_ids: Vec<u32>,
+    verbs: Verbs<(), u32>,
+    /// Reused by `poll_cq` for the queue pairs that receive into the polled
+    /// completion queue, so polling does not allocate.
+    scratch: Vec<(u32, QpHandle)>,
+}
+
+impl SimContext {
+    pub(crate) fn new(
+        net: SimNetwork,
+        device: usize,
+        info: DeviceInfo,
+        spec: &SimDeviceSpec,
+        port_ids: Vec<u32>,
+    ) -> Self {
+        let ports = port_ids
+            .iter()
+            .zip(1u8..)
+            .map(|(&id, port_num)| PortAttr {
+                port_num,
+                // Refreshed from the network on every query.
+                state: PortState::Active,
+                addr: NodeAddr::Sim(id),
+                max_msg_size: spec.max_msg_size,
+                pkeys: vec![0xffff],
+                link_layer: "sim",
+            })
+            .collect();
+        Self {
+            net,
+            device,
+            port_ids,
+            verbs: Verbs::new(info, ports),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// The network this context's device lives on.
+    pub const fn network(&self) -> &SimNetwork {
+        &self.net
+    }
+
+    /// The network-wide id of a port of this device.
+    ///
+    /// # Errors
+    /// [`FabricError::NoSuchPort`].
+    pub fn port_id(&self, port: u8) -> Result<u32> {
+        usize::from(port)
+            .checked_sub(1)
+            .and_then(|i| self.port_ids.get(i))
+            .copied()
+            .ok_or_else(|| FabricError::NoSuchPort {
+                device: self.verbs.device.name.clone(),
+                port,
+            })
+    }
+
+    /// Checks one send, copies its bytes and hands it to the network.
+    fn send_one(&mut self, qp: QpHandle, wr: &SendWr<'_>) -> Result<()> {
+        let entry = self.verbs.qp(qp)?;
+        let len = self.verbs.check_send(entry, wr)?;
+        let mut payload = Vec::with_capacity(len);
+        for gather in wr.sg_list {
+            payload.extend_from_slice(self.verbs.gather_bytes(gather));
+        }
+        let qkey = if wr.remote_qkey & QKEY_FROM_QP != 0 {
+            entry.qkey
+        } else {
+            wr.remote_qkey
+        };
+        let src_port = self.port_id(entry.port)?;
+        let datagram = Datagram {
+            src: QpAddr {
+                node: NodeAddr::Sim(src_port),
+                qpn: entry.qp_num,
+            },
+            pkey: entry.pkey,
+            qkey,
+            imm: wr.imm,
+            payload,
+        };
+        let dst_port = self.verbs.ah(wr.ah)?.route;
+        self.net
+            .lock()
+            .transmit(src_port, dst_port, wr.remote_qpn, datagram);
+        self.verbs.complete_send(qp, wr, len);
+        Ok(())
+    }
+}
+
+impl Drop for SimContext {
+    fn drop(&mut self) {
+        let mut net = self.net.lock();
+        for (_, qp) in self.verbs.qps.iter() {
+            net.unregister_qp(qp.qp_num);
+        }
+    }
+}
+
+impl Context for SimContext {
+    fn device(&self) -> &DeviceInfo {
+        &self.verbs.device
+    }
+
+    fn query_port(&self, port: u8) -> Result<PortAttr> {
+        let mut attr = self.verbs.port(port)?.clone();
+        attr.state = self.net.lock().port_state(self.port_id(port)?);
+        Ok(attr)
+    }
+
+    fn alloc_pd(&mut self) -> Result<PdHandle> {
+        Ok(self.verbs.alloc_pd())
+    }
+
+    fn dealloc_pd(&mut self, pd: PdHandle) -> Result<()> {
+        self.verbs.dealloc_pd(pd)
+    }
+
+    fn reg_mr(&mut self, pd: PdHandle, len: usize) -> Result<Mr> {
+        self.verbs.reg_mr(pd, len)
+    }
+
+    fn reg_user_mr(&mut self, pd: PdHandle, region: &[u8]) -> Result<Mr> {
+        self.verbs.reg_user_mr(pd, region)
+    }
+
+    fn dereg_mr(&mut self, mr: MrHandle) -> Result<()> {
+        self.verbs.dereg_mr(mr)
+    }
+
+    fn mr_bytes(&self, mr: MrHandle) -> Result<&[u8]> {
+        self.verbs.mr_bytes(mr)
+    }
+
+    fn mr_bytes_mut(&mut self, mr: MrHandle) -> Result<&mut [u8]> {
+        self.verbs.mr_bytes_mut(mr)
+    }
+
+    fn create_cq(&mut self, depth: u32) -> Result<CqHandle> {
+        if self.verbs.resources().cqs >= DEVICE_ATTR.max_cq as usize {
+            return Err(FabricError::ResourceExhausted {
+                what: "completion queues",
+                limit: DEVICE_ATTR.max_cq,
+            });
+        }
+        self.verbs.create_cq(depth)
+    }
+
+    fn destroy_cq(&mut self, cq: CqHandle) -> Result<()> {
+        self.verbs.destroy_cq(cq)
+    }
+
+    fn create_qp(&mut self, pd: PdHandle, attr: &QpInitAttr) -> Result<QpInfo> {
+        let cap = self.verbs.check_qp_init(pd, attr)?;
+        let qpn = self.net.lock().register_qp(self.device)?;
+        self.verbs
+            .insert_qp(pd, attr, cap, qpn, ())
+            .inspect_err(|_| {
+                self.net.lock().unregister_qp(qpn);
+            })
+    }
+
+    fn modify_qp(&mut self, qp: QpHandle, transition: &QpTransition) -> Result<()> {
+        self.verbs.modify_qp(qp, transition)
+    }
+
+    fn qp_state(&self, qp: QpHandle) -> Result<QpState> {
+        Ok(self.verbs.qp(qp)?.state)
+    }
+
+    fn destroy_qp(&mut self, qp: QpHandle) -> Result<()> {
+        let qpn = self.verbs.qp(qp)?.qp_num;
+        self.verbs.remove_qp(qp)?;
+        self.net.lock().unregister_qp(qpn);
+        Ok(())
+    }
+
+    fn create_ah(&mut self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle> {
+        // As on a real fabric, an address handle to a port that does not
+        // exist is accepted; what is sent on it is lost.
+        let dest = sim_port(attr.dest)?;
+        if self.verbs.resources().ahs >= DEVICE_ATTR.max_ah as usize {
+            return Err(FabricError::ResourceExhausted {
+                what: "address handles",
+                limit: DEVICE_ATTR.max_ah,
+            });
+        }
+        self.verbs.insert_ah(pd, attr, dest)
+    }
+
+    fn destroy_ah(&mut self, ah: AhHandle) -> Result<()> {
+        self.verbs.destroy_ah(ah)
+    }
+
+    fn post_recv(&mut self, qp: QpHandle, wrs: &[RecvWr]) -> Result<(), PostError> {
+        self.verbs.post_recv(qp, wrs)
+    }
+
+    fn post_send(&mut self, qp: QpHandle, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+        for (posted, wr) in wrs.iter().enumerate() {
+            self.send_one(qp, wr)
+                .map_err(|error| PostError { posted, error })?;
+        }
+        Ok(())
+    }
+
+    fn poll_cq(&mut self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize> {
+        let mut targets = mem::take(&mut self.scratch);
+        targets.clear();
+        targets.extend(
+            self.verbs
+                .qps
+                .iter()
+                .filter(|(_, qp)| qp.recv_cq == cq)
+                .map(|(handle, qp)| (qp.qp_num, QpHandle(handle))),
+        );
+        if !targets.is_empty() {
+            let mut net = self.net.lock();
+            // A delivery that the queue pair refuses (no buffer, bad key)
+            // takes no completion slot, so room is checked per datagram.
+            while self.verbs.cq_room(cq) > 0 {
+                let Some((qpn, datagram)) = net.pop_arrived(targets.iter().map(|(qpn, _)| *qpn))
+                else {
+                    break;
+                };
+                let Some(&(_, handle)) = targets.iter().find(|(n, _)| *n == qpn) else {
+                    break;
+                };
+                self.verbs.deliver(
+                    handle,
+                    datagram.src,
+                    datagram.pkey,
+                    datagram.qkey,
+                    datagram.imm,
+                    &datagram.payload,
+                );
+            }
+        }
+        self.scratch = targets;
+        self.verbs.drain_completions(cq, out)
+    }
+
+    fn stats(&self) -> FabricStats {
+        self.verbs.stats
+    }
+
+    fn resources(&self) -> ResourceCounts {
+        self.verbs.resources()
+    }
+}

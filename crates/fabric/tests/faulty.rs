@@ -1,0 +1,771 @@
+//! The `faulty` wrapper over the `sim` provider: realized fault rates, the
+//! checks it keeps, completion order, and its configuration parser.
+// Helpers outside `#[test]` functions unwrap too; clippy's
+// allow-unwrap-in-tests does not reach them, and a test should fail loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{HashMap, HashSet};
+
+use udbtl_fabric::faulty::{
+    ENV_DROP, ENV_DUPLICATE, ENV_REORDER, ENV_SEED, FaultConfig, FaultConfigError, FaultStats,
+    FaultyContext, FaultyProvider,
+};
+use udbtl_fabric::sim::{SimContext, SimNetwork};
+use udbtl_fabric::*;
+
+const QKEY: u32 = 0x0133_0133;
+const SLOT: usize = 128;
+
+/// One queue pair in RTS with `slots` posted receive slots (`wr_id` = slot).
+struct Ep<C: Context> {
+    ctx: C,
+    pd: PdHandle,
+    cq: CqHandle,
+    qp: QpInfo,
+    port_id: u32,
+    recv_mr: Mr,
+    send_mr: Mr,
+}
+
+impl<C: Context> Ep<C> {
+    fn new(mut ctx: C, slots: usize, max_send_wr: u32) -> Self {
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(4096).unwrap();
+        let cap = QpCap {
+            max_send_wr,
+            max_recv_wr: slots as u32,
+            max_send_sge: 2,
+            max_inline_data: 32,
+        };
+        let qp = ctx
+            .create_qp(
+                pd,
+                &QpInitAttr {
+                    send_cq: cq,
+                    recv_cq: cq,
+                    cap,
+                },
+            )
+            .unwrap();
+        ctx.modify_qp(
+            qp.handle,
+            &QpTransition::Init {
+                pkey_index: 0,
+                qkey: QKEY,
+                port: 1,
+            },
+        )
+        .unwrap();
+        ctx.modify_qp(qp.handle, &QpTransition::Rtr).unwrap();
+        ctx.modify_qp(qp.handle, &QpTransition::Rts { sq_psn: 0 })
+            .unwrap();
+        let recv_mr = ctx.reg_mr(pd, slots * SLOT).unwrap();
+        let send_mr = ctx.reg_mr(pd, 4096).unwrap();
+        let NodeAddr::Sim(port_id) = ctx.query_port(1).unwrap().addr else {
+            panic!("a sim port has a sim address")
+        };
+        let mut ep = Self {
+            ctx,
+            pd,
+            cq,
+            qp,
+            port_id,
+            recv_mr,
+            send_mr,
+        };
+        for slot in 0..slots {
+            ep.repost(slot);
+        }
+        ep
+    }
+
+    fn repost(&mut self, slot: usize) {
+        let sge = Sge {
+            lkey: self.recv_mr.lkey,
+            offset: slot * SLOT,
+            len: SLOT,
+        };
+        self.ctx
+            .post_recv(
+                self.qp.handle,
+                &[RecvWr {
+                    wr_id: slot as u64,
+                    sge,
+                }],
+            )
+            .unwrap();
+    }
+
+    fn ah_to(&mut self, port_id: u32) -> AhHandle {
+        let attr = AhAttr {
+            dest: NodeAddr::Sim(port_id),
+            service_level: 0,
+            src_path_bits: 0,
+            port: 1,
+        };
+        self.ctx.create_ah(self.pd, &attr).unwrap()
+    }
+
+    /// An unsignaled send without a gather list, to fill in.
+    fn wr(&self, ah: AhHandle, qpn: u32) -> SendWr<'static> {
+        SendWr {
+            wr_id: 0,
+            sg_list: &[],
+            ah,
+            remote_qpn: qpn,
+            remote_qkey: QKEY,
+            imm: None,
+            flags: SendFlags::NONE,
+        }
+    }
+
+    /// Copies `payload` into the send buffer and posts it.
+    fn send(
+        &mut self,
+        ah: AhHandle,
+        qpn: u32,
+        payload: &[u8],
+        wr_id: u64,
+        flags: SendFlags,
+    ) -> Result<(), PostError> {
+        self.ctx.mr_bytes_mut(self.send_mr.handle).unwrap()[..payload.len()]
+            .copy_from_slice(payload);
+        let sg = [Gather::Registered(Sge {
+            lkey: self.send_mr.lkey,
+            offset: 0,
+            len: payload.len(),
+        })];
+        let wr = SendWr {
+            wr_id,
+            sg_list: &sg,
+            ah,
+            remote_qpn: qpn,
+            remote_qkey: QKEY,
+            imm: Some(wr_id as u32),
+            flags,
+        };
+        self.ctx.post_send(self.qp.handle, &[wr])
+    }
+
+    fn poll(&mut self) -> Vec<WorkCompletion> {
+        let mut all = Vec::new();
+        let mut wcs = [WorkCompletion::EMPTY; 16];
+        loop {
+            let n = self.ctx.poll_cq(self.cq, &mut wcs).unwrap();
+            all.extend_from_slice(&wcs[..n]);
+            if n == 0 {
+                return all;
+            }
+        }
+    }
+
+    /// Receives everything that arrived: (imm, payload), reposting buffers.
+    fn receive(&mut self) -> Vec<(u32, Vec<u8>)> {
+        let mut got = Vec::new();
+        for wc in self.poll() {
+            assert_eq!(wc.status, WcStatus::Success);
+            assert_eq!(wc.opcode, WcOpcode::Recv);
+            let start = wc.wr_id as usize * SLOT + GRH_LEN;
+            let bytes = self.ctx.mr_bytes(self.recv_mr.handle).unwrap();
+            got.push((
+                wc.imm.unwrap(),
+                bytes[start..start + wc.payload_len()].to_vec(),
+            ));
+            self.repost(wc.wr_id as usize);
+        }
+        got
+    }
+}
+
+/// A faulty sender and a plain receiver on one lossless sim network.
+fn setup(
+    config: FaultConfig,
+    max_send_wr: u32,
+) -> (SimNetwork, Ep<FaultyContext<SimContext>>, Ep<SimContext>) {
+    let net = SimNetwork::new(1);
+    let faulty = FaultyProvider::new(net.add_device("hca0", 1).unwrap(), config).unwrap();
+    let plain = net.add_device("hca1", 1).unwrap();
+    assert_eq!(faulty.name(), "sim");
+    assert_eq!(faulty.devices().unwrap(), faulty.inner().devices().unwrap());
+    let a = Ep::new(faulty.open("hca0").unwrap(), 16, max_send_wr);
+    let b = Ep::new(plain.open("hca1").unwrap(), 512, 16);
+    (net, a, b)
+}
+
+fn pattern(seq: u32, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (seq as usize * 29 + i * 3) as u8)
+        .collect()
+}
+
+/// Asserts that `count` events in `n` trials fit a rate of `p` within four
+/// binomial standard deviations.
+fn assert_rate(what: &str, count: u64, n: u64, p: f64) {
+    let realized = count as f64 / n as f64;
+    let sigma = (p * (1.0 - p) / n as f64).sqrt();
+    eprintln!(
+        "{what}: {count}/{n} = {:.3}% (configured {:.3}%, tolerance ±{:.3} points)",
+        realized * 100.0,
+        p * 100.0,
+        4.0 * sigma * 100.0
+    );
+    assert!(
+        (realized - p).abs() <= 4.0 * sigma,
+        "{what}: realized {realized} is more than 4σ ({sigma}) from {p}"
+    );
+}
+
+#[test]
+fn realized_drop_duplicate_and_reorder_rates_match_the_configuration() {
+    const N: u32 = 20_000;
+    let config = FaultConfig {
+        drop: 0.05,
+        duplicate: 0.05,
+        reorder: 0.05,
+        seed: 2024,
+    };
+    let (net, mut a, mut b) = setup(config, 16);
+    let ah = a.ah_to(b.port_id);
+    let mut received = Vec::new();
+    for seq in 0..N {
+        // Unsignaled, and the sender does not poll: a held send then leaves
+        // right after the next one, which is the reordering measured.
+        let len = 1 + seq as usize % 64;
+        a.send(
+            ah,
+            b.qp.qp_num,
+            &pattern(seq, len),
+            u64::from(seq),
+            SendFlags::NONE,
+        )
+        .unwrap();
+        received.extend(b.receive());
+    }
+    assert!(a.poll().is_empty(), "no send was signaled");
+    received.extend(b.receive());
+    assert_eq!(net.in_flight(), 0);
+
+    let mut seen = HashSet::new();
+    let mut copies = 0u64;
+    let mut late = 0u64;
+    let mut max_seen = None;
+    for (seq, bytes) in &received {
+        assert_eq!(
+            *bytes,
+            pattern(*seq, 1 + *seq as usize % 64),
+            "datagram {seq} intact"
+        );
+        if !seen.insert(*seq) {
+            copies += 1;
+        } else if max_seen.is_some_and(|m| *seq < m) {
+            late += 1;
+        }
+        max_seen = max_seen.max(Some(*seq));
+    }
+    let lost = u64::from(N) - seen.len() as u64;
+    let stats = a.ctx.fault_stats();
+    assert_eq!(lost, stats.dropped);
+    assert_eq!(copies, stats.duplicated);
+    assert_eq!(stats.release_failures, 0);
+    // Only sends held when the sender finally polled can be on time.
+    assert!(
+        late <= stats.reordered && stats.reordered - late <= 2,
+        "{late} vs {stats:?}"
+    );
+    assert_rate("faulty drop", lost, u64::from(N), 0.05);
+    assert_rate("faulty duplication", copies, u64::from(N), 0.05);
+    assert_rate(
+        "faulty reordering (observed late arrivals)",
+        late,
+        u64::from(N),
+        0.05,
+    );
+    assert_eq!(b.ctx.stats().rx_dropped(), 0);
+    assert_eq!(net.stats().sent, u64::from(N) - lost + copies);
+}
+
+#[test]
+fn send_completions_keep_posting_order_whatever_the_fate() {
+    let config = FaultConfig {
+        drop: 0.3,
+        duplicate: 0.1,
+        reorder: 0.3,
+        seed: 5,
+    };
+    let (_net, mut a, mut b) = setup(config, 64);
+    let ah = a.ah_to(b.port_id);
+    let mut completions = Vec::new();
+    let mut next = 0u64;
+    while next < 2000 {
+        // Batches of up to 8, mixing signaled and unsignaled sends.
+        let payloads: Vec<Vec<u8>> = (0..8).map(|i| pattern((next + i) as u32, 10)).collect();
+        // Inline, so the bytes need no registration.
+        let sgs: Vec<[Gather<'_>; 1]> = payloads
+            .iter()
+            .map(|p| {
+                [Gather::User {
+                    lkey: LKey(0),
+                    data: p.as_slice(),
+                }]
+            })
+            .collect();
+        let wrs: Vec<SendWr<'_>> = sgs
+            .iter()
+            .enumerate()
+            .map(|(i, sg)| SendWr {
+                wr_id: next + i as u64,
+                sg_list: sg,
+                ah,
+                remote_qpn: b.qp.qp_num,
+                remote_qkey: QKEY,
+                imm: Some((next + i as u64) as u32),
+                flags: if (next + i as u64) % 3 == 0 {
+                    SendFlags::SIGNALED | SendFlags::INLINE
+                } else {
+                    SendFlags::INLINE
+                },
+            })
+            .collect();
+        a.ctx.post_send(a.qp.handle, &wrs).unwrap();
+        next += 8;
+        if next % 32 == 0 {
+            completions.extend(a.poll());
+            b.receive();
+        }
+    }
+    completions.extend(a.poll());
+    let ids: Vec<u64> = completions.iter().map(|wc| wc.wr_id).collect();
+    let expected: Vec<u64> = (0..next).filter(|id| id % 3 == 0).collect();
+    assert_eq!(ids, expected);
+    assert!(completions.iter().all(|wc| wc.opcode == WcOpcode::Send
+        && wc.status == WcStatus::Success
+        && wc.byte_len == 10
+        && wc.qp_num == a.qp.qp_num));
+    let stats = a.ctx.fault_stats();
+    assert!(
+        stats.dropped > 0 && stats.reordered > 0 && stats.duplicated > 0,
+        "{stats:?}"
+    );
+}
+
+#[test]
+fn dropped_and_held_sends_are_checked_like_any_other() {
+    for config in [
+        FaultConfig {
+            drop: 1.0,
+            ..FaultConfig::default()
+        },
+        FaultConfig {
+            reorder: 1.0,
+            ..FaultConfig::default()
+        },
+    ] {
+        let (net, mut a, b) = setup(config, 2);
+        let ah = a.ah_to(b.port_id);
+        let qpn = b.qp.qp_num;
+        let lkey = a.send_mr.lkey;
+        let region = [1u8; 64];
+        let user = a.ctx.reg_user_mr(a.pd, &region[..32]).unwrap();
+        let base = a.wr(ah, qpn);
+        let post = |a: &mut Ep<FaultyContext<SimContext>>, wr: SendWr<'_>| {
+            let err = a
+                .ctx
+                .post_send(a.qp.handle, &[wr])
+                .expect_err("must be refused");
+            assert_eq!(err.posted, 0);
+            err.error
+        };
+        let sg = [Gather::Registered(Sge {
+            lkey: LKey(0x1234_5678),
+            offset: 0,
+            len: 4,
+        })];
+        let err = post(
+            &mut a,
+            SendWr {
+                sg_list: &sg,
+                ..base
+            },
+        );
+        assert!(
+            matches!(err, FabricError::ProtectionError { .. }),
+            "unknown key: {err}"
+        );
+        let sg = [Gather::Registered(Sge {
+            lkey,
+            offset: 4090,
+            len: 10,
+        })];
+        let err = post(
+            &mut a,
+            SendWr {
+                sg_list: &sg,
+                ..base
+            },
+        );
+        assert!(
+            matches!(err, FabricError::ProtectionError { .. }),
+            "out of range: {err}"
+        );
+        let sg = [Gather::User {
+            lkey: user.lkey,
+            data: &region[20..40],
+        }];
+        let err = post(
+            &mut a,
+            SendWr {
+                sg_list: &sg,
+                ..base
+            },
+        );
+        assert!(
+            matches!(err, FabricError::ProtectionError { .. }),
+            "outside user range: {err}"
+        );
+        let sg = [Gather::Registered(Sge {
+            lkey: user.lkey,
+            offset: 0,
+            len: 4,
+        })];
+        let err = post(
+            &mut a,
+            SendWr {
+                sg_list: &sg,
+                ..base
+            },
+        );
+        assert!(
+            matches!(err, FabricError::ProtectionError { .. }),
+            "user key as owned: {err}"
+        );
+        let big = vec![0u8; 4097];
+        let sg = [Gather::User {
+            lkey: LKey(0),
+            data: &big,
+        }];
+        let err = post(
+            &mut a,
+            SendWr {
+                sg_list: &sg,
+                ..base
+            },
+        );
+        assert!(
+            matches!(
+                err,
+                FabricError::MessageTooLong {
+                    len: 4097,
+                    max: 4096
+                }
+            ),
+            "{err}"
+        );
+        let err = post(
+            &mut a,
+            SendWr {
+                sg_list: &sg,
+                flags: SendFlags::INLINE,
+                ..base
+            },
+        );
+        assert!(matches!(err, FabricError::MessageTooLong { .. }), "{err}");
+        let sg = [Gather::User {
+            lkey: LKey(0),
+            data: &big[..33],
+        }];
+        let err = post(
+            &mut a,
+            SendWr {
+                sg_list: &sg,
+                flags: SendFlags::INLINE,
+                ..base
+            },
+        );
+        assert!(
+            matches!(err, FabricError::InlineTooLong { len: 33, max: 32 }),
+            "{err}"
+        );
+        let sg = [Gather::Registered(Sge {
+            lkey,
+            offset: 0,
+            len: 1,
+        }); 3];
+        let err = post(
+            &mut a,
+            SendWr {
+                sg_list: &sg,
+                ..base
+            },
+        );
+        assert!(
+            matches!(err, FabricError::InvalidArgument { .. }),
+            "too many SGEs: {err}"
+        );
+
+        let gone = a.ah_to(b.port_id);
+        a.ctx.destroy_ah(gone).unwrap();
+        let sg = [Gather::Registered(Sge {
+            lkey,
+            offset: 0,
+            len: 4,
+        })];
+        let err = post(
+            &mut a,
+            SendWr {
+                sg_list: &sg,
+                ah: gone,
+                ..base
+            },
+        );
+        assert!(
+            matches!(err, FabricError::InvalidHandle { .. }),
+            "destroyed AH: {err}"
+        );
+
+        // Send queue room counts the sends the wrapper completed.
+        let signaled = SendWr {
+            sg_list: &sg,
+            flags: SendFlags::SIGNALED,
+            ..base
+        };
+        a.ctx.post_send(a.qp.handle, &[signaled, signaled]).unwrap();
+        let err = post(&mut a, signaled);
+        assert!(
+            matches!(err, FabricError::QueueFull { capacity: 2, .. }),
+            "{err}"
+        );
+
+        // A queue pair not in RTS.
+        let cap = QpCap {
+            max_send_wr: 2,
+            max_recv_wr: 2,
+            max_send_sge: 1,
+            max_inline_data: 0,
+        };
+        let qp = a
+            .ctx
+            .create_qp(
+                a.pd,
+                &QpInitAttr {
+                    send_cq: a.cq,
+                    recv_cq: a.cq,
+                    cap,
+                },
+            )
+            .unwrap();
+        a.ctx
+            .modify_qp(
+                qp.handle,
+                &QpTransition::Init {
+                    pkey_index: 0,
+                    qkey: QKEY,
+                    port: 1,
+                },
+            )
+            .unwrap();
+        let err = a
+            .ctx
+            .post_send(
+                qp.handle,
+                &[SendWr {
+                    sg_list: &sg,
+                    ..base
+                }],
+            )
+            .unwrap_err();
+        assert!(matches!(
+            err.error,
+            FabricError::InvalidState {
+                state: QpState::Init,
+                ..
+            }
+        ));
+
+        let wcs = a.poll();
+        assert_eq!(wcs.iter().map(|wc| wc.byte_len).collect::<Vec<_>>(), [4, 4]);
+        assert_eq!(
+            net.stats().sent,
+            if config.drop > 0.0 { 0 } else { 2 },
+            "{config:?}"
+        );
+        let expected = if config.drop > 0.0 {
+            FaultStats {
+                dropped: 2,
+                ..FaultStats::default()
+            }
+        } else {
+            FaultStats {
+                reordered: 2,
+                ..FaultStats::default()
+            }
+        };
+        assert_eq!(a.ctx.fault_stats(), expected);
+    }
+}
+
+#[test]
+fn held_sends_carry_their_bytes_and_leave_at_the_next_poll() {
+    let config = FaultConfig {
+        reorder: 1.0,
+        ..FaultConfig::default()
+    };
+    let (net, mut a, mut b) = setup(config, 16);
+    let ah = a.ah_to(b.port_id);
+    let before = a.ctx.resources();
+    for seq in 0..3u32 {
+        a.send(
+            ah,
+            b.qp.qp_num,
+            &pattern(seq, 40),
+            u64::from(seq),
+            SendFlags::NONE,
+        )
+        .unwrap();
+    }
+    // The bytes were copied: overwriting the send buffer changes nothing.
+    a.ctx.mr_bytes_mut(a.send_mr.handle).unwrap().fill(0xee);
+    a.send(ah, b.qp.qp_num, &[], 3, SendFlags::NONE).unwrap();
+    assert_eq!(net.stats().sent, 0, "everything is held");
+    assert!(b.receive().is_empty());
+    assert_eq!(
+        a.ctx.resources(),
+        before,
+        "the wrapper's copies are not the caller's"
+    );
+    assert_eq!(a.ctx.inner().resources().mrs, before.mrs + 3);
+
+    assert!(a.poll().is_empty());
+    let got = b.receive();
+    let expected: Vec<(u32, Vec<u8>)> = (0..3)
+        .map(|seq| (seq, pattern(seq, 40)))
+        .chain([(3, Vec::new())])
+        .collect();
+    assert_eq!(got, expected);
+    assert_eq!(
+        a.ctx.inner().resources(),
+        before,
+        "copies are freed once posted"
+    );
+
+    // Teardown with a send still held: it leaves, and nothing leaks.
+    a.send(ah, b.qp.qp_num, b"last", 4, SendFlags::NONE)
+        .unwrap();
+    let ctx = &mut a.ctx;
+    ctx.destroy_ah(ah).unwrap();
+    ctx.destroy_qp(a.qp.handle).unwrap();
+    assert_eq!(
+        ctx.fault_stats().release_failures,
+        1,
+        "its address handle was gone"
+    );
+    ctx.destroy_cq(a.cq).unwrap();
+    ctx.dereg_mr(a.recv_mr.handle).unwrap();
+    ctx.dereg_mr(a.send_mr.handle).unwrap();
+    ctx.dealloc_pd(a.pd).unwrap();
+    assert!(ctx.resources().is_empty(), "{:?}", ctx.resources());
+    assert!(
+        ctx.inner().resources().is_empty(),
+        "{:?}",
+        ctx.inner().resources()
+    );
+}
+
+#[test]
+fn an_inactive_configuration_passes_everything_through() {
+    let (net, mut a, mut b) = setup(FaultConfig::default(), 16);
+    let ah = a.ah_to(b.port_id);
+    for seq in 0..100u32 {
+        a.send(
+            ah,
+            b.qp.qp_num,
+            &pattern(seq, 8),
+            u64::from(seq),
+            SendFlags::SIGNALED,
+        )
+        .unwrap();
+        assert_eq!(a.poll().len(), 1);
+    }
+    let got = b.receive();
+    assert_eq!(got.len(), 100);
+    assert!(
+        got.iter()
+            .enumerate()
+            .all(|(i, (seq, _))| *seq as usize == i)
+    );
+    assert_eq!(a.ctx.fault_stats(), FaultStats::default());
+    assert_eq!(net.stats().sent, 100);
+}
+
+// ----- configuration ------------------------------------------------------
+
+fn lookup(vars: &[(&'static str, &'static str)]) -> Result<FaultConfig, FaultConfigError> {
+    let vars: HashMap<&str, &str> = vars.iter().copied().collect();
+    FaultConfig::from_lookup(|name| vars.get(name).map(|v| (*v).to_owned()))
+}
+
+#[test]
+fn the_configuration_parses_fractions_and_a_seed() {
+    let config = lookup(&[]).unwrap();
+    assert_eq!(config, FaultConfig::default());
+    assert!(!config.is_active());
+
+    let config = lookup(&[
+        (ENV_DROP, "0.05"),
+        (ENV_DUPLICATE, " 0.1 "),
+        (ENV_REORDER, ""),
+        (ENV_SEED, "1234"),
+    ])
+    .unwrap();
+    assert_eq!(
+        config,
+        FaultConfig {
+            drop: 0.05,
+            duplicate: 0.1,
+            reorder: 0.0,
+            seed: 1234
+        }
+    );
+    assert!(config.is_active());
+    assert_eq!(lookup(&[(ENV_DROP, "1")]).unwrap().drop, 1.0);
+}
+
+#[test]
+fn bad_configuration_values_are_errors_that_name_the_variable() {
+    let cases: [(&[(&str, &str)], &str); 8] = [
+        (&[(ENV_DROP, "abc")], ENV_DROP),
+        (&[(ENV_DUPLICATE, "1.5")], ENV_DUPLICATE),
+        (&[(ENV_REORDER, "-0.1")], ENV_REORDER),
+        (&[(ENV_DROP, "NaN")], ENV_DROP),
+        (&[(ENV_DROP, "5")], ENV_DROP),
+        (&[(ENV_REORDER, "5%")], ENV_REORDER),
+        (&[(ENV_SEED, "-1")], ENV_SEED),
+        (&[(ENV_SEED, "0x10")], ENV_SEED),
+    ];
+    for (vars, name) in cases {
+        let err = lookup(vars).expect_err("must be refused");
+        assert!(err.to_string().contains(name), "{err} should name {name}");
+    }
+    assert!(matches!(
+        lookup(&[(ENV_DROP, "abc")]),
+        Err(FaultConfigError::NotANumber { var: ENV_DROP, .. })
+    ));
+    assert!(matches!(
+        lookup(&[(ENV_DUPLICATE, "1.5")]),
+        Err(FaultConfigError::OutOfRange {
+            var: ENV_DUPLICATE,
+            ..
+        })
+    ));
+    let err = lookup(&[(ENV_DROP, "0.6"), (ENV_DUPLICATE, "0.6")]).unwrap_err();
+    assert!(
+        matches!(err, FaultConfigError::RatesExceedOne { .. }),
+        "{err}"
+    );
+
+    let net = SimNetwork::new(0);
+    let bad = FaultConfig {
+        drop: 2.0,
+        ..FaultConfig::default()
+    };
+    assert!(FaultyProvider::new(net.provider(), bad).is_err());
+}
