@@ -148,6 +148,10 @@ pub struct PortAttr {
     /// Largest payload of one datagram, excluding the GRH. A send larger than
     /// this is rejected when posted.
     pub max_msg_size: usize,
+    /// The network the port is attached to: ports with equal ids can reach
+    /// each other. The BTL pairs a local module with the peer address on its
+    /// own network, never by position.
+    pub network: u64,
     /// The partition key table; a queue pair selects an entry by index.
     pub pkeys: Vec<u16>,
     /// A name for the link layer, e.g. `udp/ipv4`.

@@ -49,6 +49,7 @@ impl SimContext {
                 state: PortState::Active,
                 addr: NodeAddr::Sim(id),
                 max_msg_size: spec.max_msg_size,
+                network: spec.network,
                 pkeys: vec![0xffff],
                 link_layer: "sim",
             })

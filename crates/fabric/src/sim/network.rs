@@ -28,6 +28,9 @@ pub struct SimDeviceSpec {
     pub ports: u8,
     /// Largest payload a port of the device accepts in one send.
     pub max_msg_size: usize,
+    /// The network its ports are attached to (see [`PortAttr::network`]
+    /// (crate::PortAttr::network)); 0 unless a test builds several.
+    pub network: u64,
 }
 
 impl SimDeviceSpec {
@@ -38,7 +41,15 @@ impl SimDeviceSpec {
             name: name.to_owned(),
             ports,
             max_msg_size: DEFAULT_MAX_MSG_SIZE,
+            network: 0,
         }
+    }
+
+    /// The same device attached to another network.
+    #[must_use]
+    pub const fn with_network(mut self, network: u64) -> Self {
+        self.network = network;
+        self
     }
 
     /// The same device with another maximum message size.

@@ -112,18 +112,19 @@ impl UdpProvider {
             .into_iter()
             .filter(|iface| match (&self.config.interface, self.config.bind) {
                 (Some(name), _) => &iface.name == name,
-                (None, Some(bind)) => iface.addrs.contains(&bind),
+                (None, Some(bind)) => iface.addrs.iter().any(|(ip, _)| *ip == bind),
                 (None, None) => iface.loopback,
             })
             .collect())
     }
 
-    fn address_of(&self, iface: &sys::Interface) -> Option<IpAddr> {
+    /// The address (and prefix length) queue pairs of `iface` bind to.
+    fn address_of(&self, iface: &sys::Interface) -> Option<(IpAddr, u8)> {
         if let Some(bind) = self.config.bind {
-            return iface.addrs.contains(&bind).then_some(bind);
+            return iface.addrs.iter().find(|(ip, _)| *ip == bind).copied();
         }
-        let family = |ip: &&IpAddr| ip.is_ipv6() == self.config.ipv6;
-        let usable = |ip: &&IpAddr| match ip {
+        let family = |(ip, _): &&(IpAddr, u8)| ip.is_ipv6() == self.config.ipv6;
+        let usable = |(ip, _): &&(IpAddr, u8)| match ip {
             IpAddr::V6(v6) => !v6.is_unicast_link_local(),
             IpAddr::V4(_) => true,
         };
@@ -154,6 +155,66 @@ impl UdpProvider {
                 detail: format!("{mtu} is outside 1..={limit} for {}", iface.name),
             }),
         }
+    }
+}
+
+/// Names the IP network a port is on: the subnet (address masked by its
+/// prefix) for a real interface. A loopback network exists once per host, so
+/// its id also folds in the host's identity: two hosts' `127.0.0.1` must
+/// never look like the same network.
+fn network_id(iface: &sys::Interface, ip: IpAddr, prefix: u8) -> u64 {
+    let mut hash = Fnv::default();
+    match ip {
+        IpAddr::V4(v4) => {
+            let mask = u32::MAX
+                .checked_shl(32 - u32::from(prefix.min(32)))
+                .unwrap_or(0);
+            hash.write(&[4, prefix]);
+            hash.write(&(u32::from(v4) & mask).to_be_bytes());
+        }
+        IpAddr::V6(v6) => {
+            let mask = u128::MAX
+                .checked_shl(128 - u32::from(prefix.min(128)))
+                .unwrap_or(0);
+            hash.write(&[6, prefix]);
+            hash.write(&(u128::from(v6) & mask).to_be_bytes());
+        }
+    }
+    if iface.loopback {
+        for file in [
+            "/proc/sys/kernel/hostname",
+            "/proc/sys/kernel/random/boot_id",
+        ] {
+            hash.write(
+                std::fs::read_to_string(file)
+                    .unwrap_or_default()
+                    .trim()
+                    .as_bytes(),
+            );
+        }
+    }
+    hash.finish()
+}
+
+/// FNV-1a: a stable hash, unlike `DefaultHasher`, whose output may change
+/// between Rust releases and so between the processes of one job.
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 = (self.0 ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    const fn finish(&self) -> u64 {
+        self.0
     }
 }
 
@@ -200,10 +261,10 @@ impl Provider for UdpProvider {
                 name: device.into(),
             })?;
         let addr = self.address_of(&iface);
-        let ip = addr.unwrap_or(if self.config.ipv6 {
-            IpAddr::from([0u16; 8])
+        let (ip, prefix) = addr.unwrap_or(if self.config.ipv6 {
+            (IpAddr::from([0u16; 8]), 0)
         } else {
-            IpAddr::from([0u8; 4])
+            (IpAddr::from([0u8; 4]), 0)
         });
         let port = PortAttr {
             port_num: 1,
@@ -214,6 +275,7 @@ impl Provider for UdpProvider {
             },
             addr: NodeAddr::Ip(ip),
             max_msg_size: self.max_msg_size(&iface, ip)?,
+            network: network_id(&iface, ip, prefix),
             pkeys: vec![0xffff],
             link_layer: if ip.is_ipv6() { "udp/ipv6" } else { "udp/ipv4" },
         };

@@ -319,7 +319,8 @@ pub(crate) struct Interface {
     pub(crate) name: String,
     pub(crate) up: bool,
     pub(crate) loopback: bool,
-    pub(crate) addrs: Vec<IpAddr>,
+    /// Addresses with their prefix lengths.
+    pub(crate) addrs: Vec<(IpAddr, u8)>,
 }
 
 /// Lists the host's interfaces with `getifaddrs`.
@@ -360,7 +361,11 @@ pub(crate) fn interfaces() -> io::Result<Vec<Interface>> {
             }
         };
         if let Some(addr) = addr {
-            out[index].addrs.push(addr);
+            let prefix = ip_of(entry.ifa_netmask).map_or(0, |mask| match mask {
+                IpAddr::V4(m) => u32::from(m).count_ones() as u8,
+                IpAddr::V6(m) => u128::from(m).count_ones() as u8,
+            });
+            out[index].addrs.push((addr, prefix));
         }
     }
     // SAFETY: `head` came from getifaddrs and is freed exactly once.
