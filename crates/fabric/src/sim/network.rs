@@ -28,8 +28,9 @@ pub struct SimDeviceSpec {
     pub ports: u8,
     /// Largest payload a port of the device accepts in one send.
     pub max_msg_size: usize,
-    /// The network its ports are attached to (see [`PortAttr::network`]
-    /// (crate::PortAttr::network)); 0 unless a test builds several.
+    /// The network its ports are attached to (see
+    /// [`PortAttr::network`](crate::PortAttr::network)); 0 unless a test
+    /// builds several.
     pub network: u64,
 }
 
