@@ -1,15 +1,20 @@
 //! The address a BTL module publishes for its peers (the "modex" entry).
 //!
-//! A process publishes one blob: a 4-byte preamble followed by one 40-byte
+//! A process publishes one blob: a 4-byte preamble followed by one 56-byte
 //! entry per module. Every field is big-endian, so the blob means the same on
 //! hosts of either byte order (the original component published host-order
 //! structs).
 //!
 //! ```text
 //! preamble:  0..2 magic 0x5541 ("UA") | 2 version | 3 entry count
-//! entry:     0 kind | 1 port | 2..4 LID | 4..8 QPN | 8..24 address
+//! entry:     0 kind | 1 port | 2..4 LID | 4..8 reserved | 8..24 address
 //!            24..28 max message size | 28..32 reserved | 32..40 network id
+//!            40..56 the module's four QPNs
 //! ```
+//!
+//! The first QPN receives. The module sends from all four (striping), and a
+//! receiver recognises a sender by whichever of them a datagram came from,
+//! so all four are published.
 //!
 //! `kind` says how to read the 16-byte address field: an IPv4 address in its
 //! first four bytes, an IPv6 address, a simulated port id in its first four
@@ -23,7 +28,9 @@ use crate::{Error, Result};
 /// Length of the blob preamble.
 pub const PREAMBLE_LEN: usize = 4;
 /// Length of one entry.
-pub const ENTRY_LEN: usize = 40;
+pub const ENTRY_LEN: usize = 56;
+/// Queue pairs published per entry.
+pub const QPNS: usize = 4;
 /// Magic number of a blob.
 pub const MAGIC: u16 = 0x5541;
 /// The only version this crate understands.
@@ -36,12 +43,13 @@ mod field {
     pub(super) const KIND: usize = 0;
     pub(super) const PORT: usize = 1;
     pub(super) const LID: Field = 2..4;
-    pub(super) const QPN: Field = 4..8;
+    pub(super) const RESERVED_A: Field = 4..8;
     pub(super) const ADDRESS: Field = 8..24;
     pub(super) const MAX_MSG: Field = 24..28;
     pub(super) const RESERVED: Field = 28..32;
     pub(super) const NETWORK_HI: Field = 32..36;
     pub(super) const NETWORK_LO: Field = 36..40;
+    pub(super) const QPNS: usize = 40;
 }
 
 /// Where a published port lives.
@@ -106,9 +114,12 @@ impl<T: AsRef<[u8]>> Entry<T> {
         read_u16(self.buffer.as_ref(), field::LID)
     }
 
-    /// The queue pair number.
-    pub fn qpn(&self) -> u32 {
-        read_u32(self.buffer.as_ref(), field::QPN)
+    /// The published queue pair numbers; the first receives.
+    pub fn qpns(&self) -> [u32; QPNS] {
+        core::array::from_fn(|i| {
+            let start = field::QPNS + 4 * i;
+            read_u32(self.buffer.as_ref(), start..start + 4)
+        })
     }
 
     /// The 16-byte address field.
@@ -125,9 +136,10 @@ impl<T: AsRef<[u8]>> Entry<T> {
         read_u32(self.buffer.as_ref(), field::MAX_MSG)
     }
 
-    /// The reserved field.
+    /// The reserved fields, or-ed (must be zero).
     pub fn reserved(&self) -> u32 {
         read_u32(self.buffer.as_ref(), field::RESERVED)
+            | read_u32(self.buffer.as_ref(), field::RESERVED_A)
     }
 
     /// The network id.
@@ -165,7 +177,11 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Entry<T> {
         self.set_byte(field::PORT, address.port);
         let buffer = self.buffer.as_mut();
         write_u16(buffer, field::LID, lid);
-        write_u32(buffer, field::QPN, address.qpn);
+        write_u32(buffer, field::RESERVED_A, 0);
+        for (i, qpn) in address.qpns.iter().enumerate() {
+            let start = field::QPNS + 4 * i;
+            write_u32(buffer, start..start + 4, *qpn);
+        }
         if let Some(dst) = buffer.get_mut(field::ADDRESS) {
             dst.copy_from_slice(&bytes);
         }
@@ -183,8 +199,8 @@ pub struct Address {
     pub location: Location,
     /// The port number on its device.
     pub port: u8,
-    /// The queue pair that receives.
-    pub qpn: u32,
+    /// The module's queue pairs; the first one receives.
+    pub qpns: [u32; QPNS],
     /// The largest payload the port accepts.
     pub max_msg_size: u32,
     /// The network the port is attached to.
@@ -217,7 +233,7 @@ impl Address {
         Ok(Self {
             location,
             port: entry.port(),
-            qpn: entry.qpn(),
+            qpns: entry.qpns(),
             max_msg_size: entry.max_msg_size(),
             network: entry.network(),
         })
@@ -273,19 +289,21 @@ mod tests {
     use proptest::prelude::*;
 
     #[rustfmt::skip]
-    static ONE_IPV4: [u8; 44] = [
+    static ONE_IPV4: [u8; 60] = [
         0x55, 0x41, 0x01, 0x01,
-        0x01, 0x01, 0x00, 0x00, 0x00, 0x00, 0xc3, 0x50,
+        0x01, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
         127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
         0x00, 0x00, 0xff, 0xcb, 0, 0, 0, 0,
         0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08,
+        0x00, 0x00, 0xc3, 0x50, 0x00, 0x00, 0xc3, 0x51,
+        0x00, 0x00, 0xc3, 0x52, 0x00, 0x00, 0xc3, 0x53,
     ];
 
     fn ipv4() -> Address {
         Address {
             location: Location::Ipv4([127, 0, 0, 1]),
             port: 1,
-            qpn: 50_000,
+            qpns: [50_000, 50_001, 50_002, 50_003],
             max_msg_size: 65_483,
             network: 0x0102_0304_0506_0708,
         }
@@ -300,9 +318,9 @@ mod tests {
 
     #[test]
     fn malformed_blobs_are_errors() {
-        assert!(parse_blob(&ONE_IPV4[..43]).is_err());
+        assert!(parse_blob(&ONE_IPV4[..59]).is_err());
         assert!(parse_blob(&[]).is_err());
-        for (index, value) in [(0, 0), (2, 9), (3, 2), (4, 9), (17, 1), (32, 1)] {
+        for (index, value) in [(0, 0), (2, 9), (3, 2), (4, 9), (9, 1), (17, 1), (32, 1)] {
             let mut bad = ONE_IPV4;
             bad[index] = value;
             assert!(parse_blob(&bad).is_err(), "byte {index}");
@@ -321,11 +339,11 @@ mod tests {
     proptest! {
         #[test]
         fn emit_then_parse(entries in proptest::collection::vec(
-            (location(), any::<u8>(), any::<u32>(), any::<u32>(), any::<u64>()), 0..8)
+            (location(), any::<u8>(), any::<[u32; QPNS]>(), any::<u32>(), any::<u64>()), 0..8)
         ) {
             let addresses: Vec<Address> = entries
                 .into_iter()
-                .map(|(location, port, qpn, max_msg_size, network)| Address { location, port, qpn, max_msg_size, network })
+                .map(|(location, port, qpns, max_msg_size, network)| Address { location, port, qpns, max_msg_size, network })
                 .collect();
             prop_assert_eq!(parse_blob(&emit_blob(&addresses).unwrap()).unwrap(), addresses);
         }

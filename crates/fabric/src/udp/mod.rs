@@ -55,9 +55,10 @@ const IDLE_DRAIN_INTERVAL: u32 = 64;
 pub struct UdpConfig {
     /// Address to bind queue pairs to. Selects the device that holds it.
     pub bind: Option<IpAddr>,
-    /// Interface to use (e.g. `eth0`). Without it, and without `bind`, only
-    /// loopback devices are offered, which suits single-host runs.
-    pub interface: Option<String>,
+    /// Interfaces to offer as devices (e.g. `eth0`). When empty, and `bind`
+    /// is unset, only loopback devices are offered, which suits single-host
+    /// runs.
+    pub interfaces: Vec<String>,
     /// Prefer IPv6 addresses when choosing a device's address.
     pub ipv6: bool,
     /// Largest payload per datagram. Defaults to the largest datagram on
@@ -76,7 +77,7 @@ impl Default for UdpConfig {
     fn default() -> Self {
         Self {
             bind: None,
-            interface: None,
+            interfaces: Vec::new(),
             ipv6: false,
             mtu: None,
             send_buffer: 4 << 20,
@@ -110,10 +111,14 @@ impl UdpProvider {
         })?;
         Ok(all
             .into_iter()
-            .filter(|iface| match (&self.config.interface, self.config.bind) {
-                (Some(name), _) => &iface.name == name,
-                (None, Some(bind)) => iface.addrs.iter().any(|(ip, _)| *ip == bind),
-                (None, None) => iface.loopback,
+            .filter(|iface| {
+                if !self.config.interfaces.is_empty() {
+                    self.config.interfaces.contains(&iface.name)
+                } else if let Some(bind) = self.config.bind {
+                    iface.addrs.iter().any(|(ip, _)| *ip == bind)
+                } else {
+                    iface.loopback
+                }
             })
             .collect())
     }
