@@ -1,0 +1,313 @@
+//! Fragments and their free lists.
+//!
+//! A fragment is the unit the BTL sends: the BTL header plus up to one
+//! datagram of payload. Send fragments carry their payload in registered
+//! memory the BTL owns; user fragments carry only the header (and the
+//! caller's reserved header bytes) there, and gather the payload straight
+//! from registered user memory. Fragments are named by [`Descriptor`]s: an
+//! index with a generation, never a pointer, so the same handle travels in
+//! `wr_id`, in the pending queue and in callbacks, and a stale one is caught.
+//!
+//! Free lists grow in chunks, each chunk one memory registration, up to a
+//! documented bound (`send_frags_max`, `user_frags_max`): the seed's bound of
+//! `sd_num << 2` hung alltoall, and its later unbounded lists let a runaway
+//! sender pin unbounded memory.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use udbtl_fabric::{Context, LKey, Mr, PdHandle, Sge};
+
+use crate::rcache::RegId;
+
+/// Descriptor flags, as in the BTL interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct DesFlags(u8);
+
+impl DesFlags {
+    /// No flags.
+    pub const NONE: Self = Self(0);
+    /// A hint that the fragment should go before others.
+    pub const PRIORITY: Self = Self(0x1);
+    /// The BTL frees the descriptor itself after the send callback.
+    pub const BTL_OWNERSHIP: Self = Self(0x2);
+    /// Run the send callback even when the send could complete at once.
+    pub const SEND_ALWAYS_CALLBACK: Self = Self(0x4);
+
+    /// `true` if every flag of `other` is set.
+    pub const fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl core::ops::BitOr for DesFlags {
+    type Output = Self;
+    fn bitor(self, rhs: Self) -> Self {
+        Self(self.0 | rhs.0)
+    }
+}
+
+/// A handle to a send or user fragment: the BTL descriptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Descriptor(u32);
+
+const USER_BIT: u32 = 1 << 31;
+const GEN_SHIFT: u32 = 23;
+const INDEX_MASK: u32 = (1 << GEN_SHIFT) - 1;
+
+impl Descriptor {
+    pub(crate) fn new(kind: FragKind, index: u32, generation: u8) -> Self {
+        let kind_bit = if kind == FragKind::User { USER_BIT } else { 0 };
+        Self(kind_bit | (u32::from(generation) << GEN_SHIFT) | (index & INDEX_MASK))
+    }
+
+    /// The raw value, as carried in a work request id.
+    pub const fn raw(self) -> u32 {
+        self.0
+    }
+
+    pub(crate) const fn from_raw(raw: u32) -> Self {
+        Self(raw)
+    }
+
+    pub(crate) fn kind(self) -> FragKind {
+        if self.0 & USER_BIT != 0 {
+            FragKind::User
+        } else {
+            FragKind::Send
+        }
+    }
+
+    pub(crate) fn index(self) -> usize {
+        (self.0 & INDEX_MASK) as usize
+    }
+
+    fn generation(self) -> u8 {
+        ((self.0 & !USER_BIT) >> GEN_SHIFT) as u8
+    }
+}
+
+/// Which free list a fragment belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FragKind {
+    /// Payload packed into BTL-owned registered memory.
+    Send,
+    /// Payload gathered from registered user memory.
+    User,
+}
+
+/// Where a fragment is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FragState {
+    /// On the free list.
+    Free,
+    /// Handed to the caller by alloc/prepare_src.
+    Allocated,
+    /// Waiting on the module's pending list for a send credit.
+    Pending,
+    /// Posted to the fabric; owned by the BTL until its completion.
+    Posted,
+}
+
+/// User memory a user fragment sends from, with the registration covering it.
+#[derive(Debug, Clone)]
+pub(crate) struct UserData {
+    pub(crate) reg: RegId,
+    pub(crate) lkey: LKey,
+    pub(crate) data: Arc<[u8]>,
+    pub(crate) range: Range<usize>,
+}
+
+/// Per-fragment bookkeeping.
+#[derive(Debug)]
+pub(crate) struct Frag {
+    generation: u8,
+    pub(crate) state: FragState,
+    /// Bytes after the BTL header held in registered memory: the caller's
+    /// reserve plus, for send fragments, the packed payload.
+    pub(crate) seg_len: usize,
+    pub(crate) flags: DesFlags,
+    pub(crate) order: u8,
+    pub(crate) endpoint: u32,
+    pub(crate) tag: u8,
+    pub(crate) context: u64,
+    pub(crate) user: Option<UserData>,
+}
+
+/// A free list of fragments over chunks of registered memory.
+#[derive(Debug)]
+pub(crate) struct FragPool {
+    kind: FragKind,
+    /// Bytes of registered memory per fragment.
+    stride: usize,
+    /// Fragments added per growth step.
+    increment: usize,
+    /// Growth bound.
+    max: usize,
+    chunks: Vec<Mr>,
+    frags: Vec<Frag>,
+    free: Vec<u32>,
+    /// Deepest the pool has ever been drawn.
+    pub(crate) high_water: usize,
+}
+
+impl FragPool {
+    pub(crate) fn new(kind: FragKind, stride: usize, increment: usize, max: usize) -> Self {
+        Self {
+            kind,
+            stride,
+            increment: increment.max(1),
+            max,
+            chunks: Vec::new(),
+            frags: Vec::new(),
+            free: Vec::new(),
+            high_water: 0,
+        }
+    }
+
+    /// Registers chunks of `increment` fragments until at least `count` more
+    /// exist, or the bound is reached. Returns whether any was added.
+    pub(crate) fn grow<C: Context>(
+        &mut self,
+        ctx: &mut C,
+        pd: PdHandle,
+        count: usize,
+    ) -> Result<bool, udbtl_fabric::FabricError> {
+        let mut added = false;
+        let target = self.frags.len() + count;
+        while self.frags.len() < target && self.grow_chunk(ctx, pd)? {
+            added = true;
+        }
+        Ok(added)
+    }
+
+    /// Every chunk holds exactly `increment` fragments, so a fragment's
+    /// memory is found by division, not by a search.
+    fn grow_chunk<C: Context>(
+        &mut self,
+        ctx: &mut C,
+        pd: PdHandle,
+    ) -> Result<bool, udbtl_fabric::FabricError> {
+        let count = self.increment;
+        if self.frags.len() + count > self.max {
+            return Ok(false);
+        }
+        let mr = ctx.reg_mr(pd, count * self.stride)?;
+        self.chunks.push(mr);
+        let first = self.frags.len();
+        for index in (first..first + count).rev() {
+            self.free.push(index as u32);
+        }
+        self.frags.extend((0..count).map(|_| Frag {
+            generation: 0,
+            state: FragState::Free,
+            seg_len: 0,
+            flags: DesFlags::NONE,
+            order: 0,
+            endpoint: 0,
+            tag: 0,
+            context: 0,
+            user: None,
+        }));
+        Ok(true)
+    }
+
+    /// Takes a fragment off the free list, growing by one chunk if it is
+    /// empty. `None` when the pool is at its bound (the caller retries later,
+    /// as the PML did).
+    pub(crate) fn get<C: Context>(&mut self, ctx: &mut C, pd: PdHandle) -> Option<Descriptor> {
+        if self.free.is_empty() {
+            match self.grow_chunk(ctx, pd) {
+                Ok(true) => {}
+                Ok(false) => return None,
+                Err(err) => {
+                    tracing::warn!(%err, "could not grow a fragment free list");
+                    return None;
+                }
+            }
+        }
+        let index = self.free.pop()?;
+        let frag = self.frags.get_mut(index as usize)?;
+        frag.state = FragState::Allocated;
+        frag.seg_len = 0;
+        frag.flags = DesFlags::NONE;
+        frag.order = crate::NO_ORDER;
+        frag.context = 0;
+        frag.user = None;
+        let des = Descriptor::new(self.kind, index, frag.generation);
+        self.high_water = self.high_water.max(self.in_use());
+        Some(des)
+    }
+
+    /// Returns a fragment to the free list; bumps its generation so old
+    /// handles stop resolving.
+    pub(crate) fn put(&mut self, des: Descriptor) {
+        if let Some(frag) = self.frags.get_mut(des.index()) {
+            frag.state = FragState::Free;
+            frag.generation = frag.generation.wrapping_add(1);
+            frag.user = None;
+            self.free.push(des.index() as u32);
+        }
+    }
+
+    /// The live fragment named by `des`.
+    pub(crate) fn frag(&self, des: Descriptor) -> Option<&Frag> {
+        self.frags
+            .get(des.index())
+            .filter(|f| f.generation == des.generation() && f.state != FragState::Free)
+    }
+
+    /// The live fragment named by `des`, mutably.
+    pub(crate) fn frag_mut(&mut self, des: Descriptor) -> Option<&mut Frag> {
+        self.frags
+            .get_mut(des.index())
+            .filter(|f| f.generation == des.generation() && f.state != FragState::Free)
+    }
+
+    /// The registered bytes of fragment `index`: chunk and range inside it.
+    pub(crate) fn sge(&self, index: usize, len: usize) -> Option<(Mr, Sge)> {
+        let mr = *self.chunks.get(index / self.increment)?;
+        let offset = (index % self.increment) * self.stride;
+        Some((
+            mr,
+            Sge {
+                lkey: mr.lkey,
+                offset,
+                len: len.min(self.stride),
+            },
+        ))
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.frags.len()
+    }
+
+    pub(crate) fn in_use(&self) -> usize {
+        self.frags.len() - self.free.len()
+    }
+
+    pub(crate) fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Fragments not on the free list, for leak checks and dumps.
+    pub(crate) fn live(&self) -> impl Iterator<Item = (usize, &Frag)> {
+        self.frags
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.state != FragState::Free)
+    }
+
+    /// Deregisters every chunk.
+    pub(crate) fn release<C: Context>(
+        &mut self,
+        ctx: &mut C,
+    ) -> Result<(), udbtl_fabric::FabricError> {
+        for mr in self.chunks.drain(..) {
+            ctx.dereg_mr(mr.handle)?;
+        }
+        self.frags.clear();
+        self.free.clear();
+        Ok(())
+    }
+}

@@ -1,0 +1,103 @@
+//! The UD byte transfer layer: Open MPI's `btl_ofud`, finished.
+//!
+//! A [`Component`] opens the fabric's devices and builds one [`Module`] per
+//! active port (up to `max_btls`). A module owns a protection domain, a
+//! registration cache, one completion queue of depth `rd_num + sd_num`,
+//! [`NUM_QP`] UD queue pairs and a pool of `rd_num` receive buffers posted at
+//! once, whatever the number of peers: memory stays flat as jobs grow.
+//!
+//! # The contract
+//!
+//! * **Addressing.** [`Component::modex`] serializes every module's address
+//!   ([`udbtl_wire::modex`]); [`Component::add_procs`] turns peers' blobs into
+//!   endpoints, pairing each local module with the peer address on its own
+//!   network, and marks the others unreachable.
+//! * **Descriptors.** [`Module::alloc`] and [`Module::prepare_src`] hand out
+//!   [`Descriptor`]s; the caller fills the segment ([`Module::segment_mut`]),
+//!   then [`Module::send`]s it with a [`Tag`]. The BTL owns a descriptor from
+//!   `send` until its send callback; with [`DesFlags::BTL_OWNERSHIP`] it also
+//!   frees it then. Otherwise the caller frees it ([`Module::free`]).
+//! * **Receiving.** [`Module::register`] installs a callback per tag; it
+//!   runs inside [`Module::progress`] with the payload, which is valid only
+//!   during the call.
+//! * **Progress.** [`Component::progress`] polls every module's completion
+//!   queue once and returns the number of completions handled.
+//!
+//! This layer is unreliable, as the seed was: a lost datagram is lost. A send
+//! completion means the datagram left. The descriptor stays owned by the BTL
+//! until that completion, so a reliability layer can later make the same
+//! completion mean "acknowledged" without changing the contract.
+//!
+//! # Parameters
+//!
+//! [`params::Params`] holds the seed's parameters, under the seed's names and
+//! defaults, overridable by a [`params::BtlConfig`] and by `UDBTL_<NAME>`
+//! environment variables.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod component;
+pub mod convertor;
+mod error;
+mod frag;
+mod module;
+pub mod params;
+pub mod rcache;
+
+pub use component::{Component, udp_config};
+pub use convertor::Convertor;
+pub use error::{BtlError, SendFailure};
+pub use frag::{DesFlags, Descriptor};
+pub use module::{
+    AddProcs, ErrorCallback, ErrorEvent, Limits, Module, ModuleStats, RecvCallback, RecvEvent,
+    SendCallback, SendEvent, SendStatus, USER_RESERVE_MAX, recv_buffer_len,
+};
+pub use params::{BtlConfig, Params};
+
+/// Queue pairs per module. Sends are striped over them round-robin; it is a
+/// power of two so the modulo is a mask, and a constant rather than a
+/// parameter, as in the seed.
+pub const NUM_QP: usize = 4;
+
+/// Completions taken from the completion queue per progress call (the seed's
+/// `MCA_BTL_UD_NUM_WC`).
+pub const NUM_WC: usize = 500;
+
+/// The `order` value meaning "no ordering requested".
+pub const NO_ORDER: u8 = 255;
+
+/// An active-message tag: selects the receive callback. The top three bits
+/// name the framework that owns the tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tag(pub u8);
+
+impl Tag {
+    /// First tag of the BTLs' own range.
+    pub const BTL: Self = Self(0x20);
+    /// First tag of the point-to-point messaging layer's range.
+    pub const PML: Self = Self(0x40);
+    /// First tag of the one-sided layer's range.
+    pub const OSC_RDMA: Self = Self(0x60);
+    /// First tag of the range left to users.
+    pub const USR: Self = Self(0x80);
+    /// Reserved for the InfiniBand BTL.
+    pub const BTL_IB: Self = Self(0x20);
+    /// Reserved for the uDAPL BTL.
+    pub const BTL_UDAPL: Self = Self(0x21);
+
+    /// The framework range this tag falls in (its top three bits).
+    pub const fn framework(self) -> u8 {
+        self.0 & 0xe0
+    }
+}
+
+/// A peer as one module sees it: an index into the module's endpoint table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EndpointId(pub(crate) u32);
+
+impl EndpointId {
+    /// The raw index.
+    pub const fn raw(self) -> u32 {
+        self.0
+    }
+}
