@@ -774,11 +774,14 @@ impl<C: Context> Module<C> {
         let pd = self.pd;
         let reg = match registration {
             Some(reg) => self.rcache.retain(reg).ok().map(|lkey| (reg, lkey)),
+            // Register the whole shared buffer, not just this piece: the
+            // caller cuts a large message into datagram-sized pieces, and
+            // every later piece then hits the cache.
             None => self
                 .rcache
                 .acquire(
                     &mut self.ctx,
-                    &data[range.clone()],
+                    &data,
                     |c, r| c.reg_user_mr(pd, r),
                     deregister,
                 )
