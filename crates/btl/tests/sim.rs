@@ -218,6 +218,28 @@ fn parameters_come_from_defaults_config_and_environment() {
 }
 
 #[test]
+fn a_failed_module_init_unwinds_everything_it_built() {
+    let net = SimNetwork::new(17);
+    let provider = host(&net, "a", |s| s);
+    // The partition key table has one entry: moving the first queue pair to
+    // INIT fails after the PD, CQ and that queue pair exist.
+    let bad = params(BtlConfig {
+        ib_pkey_index: Some(5),
+        ..small()
+    });
+    let ctx = udbtl_fabric::Provider::open(&provider, "a").unwrap();
+    let (ctx, err) = Module::new(ctx, 1, &bad).unwrap_err();
+    assert!(err.to_string().contains("INIT"), "{err}");
+    assert!(ctx.resources().is_empty(), "leaked {:?}", ctx.resources());
+    // The component skips the port, and says why when nothing is left.
+    let err = Component::init(provider, bad).unwrap_err().to_string();
+    assert!(
+        err.contains("no active port") && err.contains("INIT"),
+        "{err}"
+    );
+}
+
+#[test]
 fn limits_follow_the_port_mtu_unless_set() {
     let net = SimNetwork::new(1);
     let btl = Component::init(
@@ -753,7 +775,7 @@ fn dump_shows_counters_and_occupancy() {
 }
 
 #[test]
-fn error_callback_hears_about_a_failed_poll() {
+fn error_callback_stays_quiet_on_a_healthy_fabric() {
     let net = SimNetwork::new(16);
     let (mut a, b, _, _) = pair(&net, small());
     let errors = Arc::new(Mutex::new(Vec::new()));
