@@ -99,6 +99,10 @@ pub struct Limits {
     pub exclusivity: u32,
     /// Bandwidth in MB/s, for striping weights.
     pub bandwidth: u32,
+    /// Receive buffers posted.
+    pub recv_buffers: usize,
+    /// Bytes of each receive buffer (see [`recv_buffer_len`]).
+    pub recv_buffer_len: usize,
 }
 
 /// Counters of one module.
@@ -314,7 +318,7 @@ impl<C: Context> Module<C> {
                 .map_err(fail("move queue pair to RTS"))?;
         }
         let recv_stride = recv_buffer_len(limits.max_send_size);
-        let recv_count = params.rd_num as usize;
+        let recv_count = recv_pool_size(params, recv_stride);
         let recv_mr = ctx
             .reg_mr(pd, recv_count * recv_stride)
             .map_err(fail("register receive buffers"))?;
@@ -356,12 +360,15 @@ impl<C: Context> Module<C> {
             .grow(ctx, pd, increment)
             .map_err(fail("register user fragments"))?;
         partial.pools.push(user_frags);
+        let limits = Limits {
+            inline_max,
+            recv_buffers: recv_count,
+            recv_buffer_len: recv_stride,
+            ..limits
+        };
         Ok(Built {
             port,
-            limits: Limits {
-                inline_max,
-                ..limits
-            },
+            limits,
             recv_stride,
             recv_count,
         })
@@ -425,6 +432,21 @@ struct Built {
     recv_count: usize,
 }
 
+/// Fewest receive buffers `rd_mem` may lower the pool to.
+const MIN_RECV_BUFFERS: usize = 64;
+
+/// Receive buffers to post: `rd_num`, unless it was left at its default and
+/// that many buffers of `stride` bytes exceed `rd_mem`. The seed's 6000
+/// assumed 2 KB datagrams; on UDP loopback a buffer holds 64 KiB.
+fn recv_pool_size(params: &Params, stride: usize) -> usize {
+    let asked = params.rd_num as usize;
+    if params.source("rd_num") == Some(crate::params::Source::Default) {
+        asked.min((params.rd_mem / stride).max(MIN_RECV_BUFFERS))
+    } else {
+        asked
+    }
+}
+
 /// Where a parameter is unset, the port's largest datagram decides: the
 /// seed's 2048 bytes assumed a 2 KB InfiniBand MTU.
 fn limits_for(port: &PortAttr, params: &Params) -> Limits {
@@ -448,6 +470,8 @@ fn limits_for(port: &PortAttr, params: &Params) -> Limits {
         inline_max: 0,
         exclusivity: params.exclusivity,
         bandwidth: params.bandwidth,
+        recv_buffers: 0,
+        recv_buffer_len: 0,
     }
 }
 

@@ -394,6 +394,10 @@ parameters! {
         "Registrations the registration cache keeps";
     rcache_max_bytes: usize = (1 << 30), size(1, USIZE_MAX), udbtl,
         "Bytes of user memory the registration cache keeps registered";
+    rd_mem: usize = (64 << 20), size(MIB, USIZE_MAX), udbtl,
+        "Bytes of receive buffers per module while rd_num is left at its default: rd_num \
+         is lowered until the pool fits (64 KiB loopback datagrams would make 6000 buffers \
+         pin 375 MiB)";
     send_frags_max: usize = (8192), int(1, 1 << 20), udbtl,
         "Send fragments a module's free list may grow to (the seed's bound of sd_num<<2 \
          hung alltoall; unbounded lists pin unbounded memory)";
@@ -862,7 +866,7 @@ mod tests {
     fn describe_renders_values_that_parse_back() {
         let p = Params::default();
         let infos = p.describe();
-        assert_eq!(infos.len(), 23);
+        assert_eq!(infos.len(), 24);
         let pairs: Vec<(String, String)> = infos
             .iter()
             .filter(|i| i.value != "unset")

@@ -1,0 +1,240 @@
+//! `udinfo` as a user runs it: the real binary, its stdout, stderr and exit
+//! status. Every run starts from an environment without `UDBTL_*` variables
+//! or `RUST_LOG`, so the host's settings cannot leak in.
+//!
+//! The module sizes come from a component built on the `udp` provider's
+//! loopback device, so these tests need `lo` up with an IPv4 address.
+
+#![allow(clippy::unwrap_used)]
+
+use std::process::{Command, Output};
+
+/// Runs `udinfo` with `args` and only the `UDBTL_*` variables in `env`.
+fn udinfo(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_udinfo"));
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("UDBTL_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.env_remove("RUST_LOG")
+        .args(args)
+        .envs(env.iter().copied());
+    cmd.output().unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8(output.stderr.clone()).unwrap()
+}
+
+/// The table row of the human listing whose first column is `name`.
+fn row<'a>(text: &'a str, name: &str) -> &'a str {
+    text.lines()
+        .find(|line| line.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("no row {name} in:\n{text}"))
+}
+
+/// Checks a failed run: `code`, nothing on stdout, one line on stderr
+/// containing every word of `names`.
+fn assert_fails(output: &Output, code: i32, names: &[&str]) {
+    let err = stderr(output);
+    assert_eq!(output.status.code(), Some(code), "stderr: {err}");
+    assert!(output.stdout.is_empty(), "stdout: {}", stdout(output));
+    assert_eq!(err.lines().count(), 1, "one line expected: {err}");
+    assert!(err.starts_with("udinfo: "), "{err}");
+    for name in names {
+        assert!(err.contains(name), "{name} missing from: {err}");
+    }
+}
+
+#[test]
+fn default_listing_shows_every_section_and_the_defaults() {
+    let output = udinfo(&[], &[]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    let text = stdout(&output);
+    for heading in ["Providers", "Devices", "Parameters", "Modules"] {
+        assert!(
+            text.lines().any(|l| l.starts_with(heading)),
+            "{heading}:\n{text}"
+        );
+    }
+    let sd_num = row(&text, "sd_num");
+    assert_eq!(
+        sd_num.split_whitespace().collect::<Vec<_>>(),
+        [
+            "sd_num",
+            "128",
+            "128",
+            "default",
+            "btl_ofud",
+            "UDBTL_SD_NUM"
+        ]
+    );
+    assert!(row(&text, "ib_qkey").contains("0x01330133"));
+    assert!(row(&text, "job_key").contains("udbtl"));
+    assert!(row(&text, "udp").contains("real"));
+    assert!(row(&text, "sim").contains("simulated"));
+    let lo = row(&text, "lo");
+    assert!(lo.contains("active") && lo.contains("127.0.0.1"), "{lo}");
+}
+
+#[test]
+fn an_environment_value_is_shown_with_its_source() {
+    let output = udinfo(&[], &[("UDBTL_SD_NUM", "64")]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    let text = stdout(&output);
+    assert_eq!(
+        row(&text, "sd_num")
+            .split_whitespace()
+            .take(4)
+            .collect::<Vec<_>>(),
+        ["sd_num", "64", "128", "environment"]
+    );
+    let output = udinfo(
+        &["--parsable", "--param", "sd_num"],
+        &[("UDBTL_SD_NUM", "64")],
+    );
+    let text = stdout(&output);
+    assert!(text.lines().any(|l| l == "param:sd_num:value:64"), "{text}");
+    assert!(
+        text.lines().any(|l| l == "param:sd_num:source:environment"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_bad_value_exits_1_naming_the_parameter_and_variable() {
+    let output = udinfo(&[], &[("UDBTL_SD_NUM", "abc")]);
+    assert_fails(&output, 1, &["sd_num", "UDBTL_SD_NUM", "abc"]);
+}
+
+#[test]
+fn include_and_exclude_together_exit_1_naming_both() {
+    let output = udinfo(
+        &[],
+        &[("UDBTL_IF_INCLUDE", "lo"), ("UDBTL_IF_EXCLUDE", "lo")],
+    );
+    assert_fails(&output, 1, &["UDBTL_IF_INCLUDE", "UDBTL_IF_EXCLUDE"]);
+}
+
+#[test]
+fn param_shows_that_parameter_only() {
+    let output = udinfo(&["--param", "rd_num"], &[]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    let text = stdout(&output);
+    assert!(row(&text, "rd_num").contains("6000"), "{text}");
+    for other in ["sd_num", "Devices", "Modules", "eager_limit"] {
+        assert!(!text.contains(other), "{other} in:\n{text}");
+    }
+    // The variable and the seed's MCA name select it too.
+    for alias in ["UDBTL_RD_NUM", "btl_ofud_rd_num"] {
+        assert_eq!(stdout(&udinfo(&["--param", alias], &[])), text, "{alias}");
+    }
+}
+
+#[test]
+fn parsable_lines_are_prefixed_by_section_and_name() {
+    let output = udinfo(&["--parsable", "--param", "ib_qkey"], &[]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    let text = stdout(&output);
+    assert!(
+        text.lines().all(|l| l.starts_with("param:ib_qkey:")),
+        "{text}"
+    );
+    for line in [
+        "param:ib_qkey:value:0x01330133",
+        "param:ib_qkey:default:0x01330133",
+        "param:ib_qkey:source:default",
+        "param:ib_qkey:env:UDBTL_IB_QKEY",
+        "param:ib_qkey:origin:btl_ofud",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+    }
+}
+
+#[test]
+fn bad_arguments_exit_2_naming_the_argument() {
+    assert_fails(&udinfo(&["--bogus"], &[]), 2, &["--bogus"]);
+    assert_fails(&udinfo(&["--param", "nope"], &[]), 2, &["nope", "--param"]);
+    assert_fails(&udinfo(&["--param"], &[]), 2, &["--param"]);
+    assert_fails(
+        &udinfo(&["--dump", "--param", "sd_num"], &[]),
+        2,
+        &["--dump"],
+    );
+}
+
+#[test]
+fn help_and_version_succeed() {
+    for arg in ["--help", "--version"] {
+        let output = udinfo(&[arg], &[]);
+        assert!(output.status.success(), "{arg}: {}", stderr(&output));
+        assert!(stdout(&output).contains("udinfo"), "{arg}");
+    }
+}
+
+#[test]
+fn the_eager_limit_comes_from_the_loopback_mtu() {
+    // Largest IPv4 UDP payload 65507, less the 16-byte UD encapsulation
+    // header (the port's max_msg_size), less the 8-byte BTL header.
+    let output = udinfo(&[], &[]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    let text = stdout(&output);
+    let eager = row(&text, "eager_limit");
+    assert!(eager.contains("65483"), "{eager}");
+    assert!(eager.contains("max_send_size unset"), "{eager}");
+    assert!(row(&text, "lo").contains("65491"));
+    let text = stdout(&udinfo(&["--parsable"], &[]));
+    assert!(
+        text.lines().any(|l| l == "module:lo:1:eager_limit:65483"),
+        "{text}"
+    );
+}
+
+#[test]
+fn max_send_size_sets_the_eager_limit() {
+    let env = [("UDBTL_MAX_SEND_SIZE", "2048")];
+    let output = udinfo(&[], &env);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    let text = stdout(&output);
+    let eager = row(&text, "eager_limit");
+    assert!(eager.contains("2040"), "{eager}");
+    assert!(eager.contains("(environment)"), "{eager}");
+    let text = stdout(&udinfo(&["--parsable"], &env));
+    for line in [
+        "module:lo:1:eager_limit:2040",
+        "module:lo:1:max_send_size:2040",
+        "module:lo:1:rndv_eager_limit:2040",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+    }
+}
+
+#[test]
+fn no_module_is_reported_on_stderr_and_the_listing_succeeds() {
+    let output = udinfo(&[], &[("UDBTL_IF_EXCLUDE", "lo")]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    assert!(stderr(&output).contains("no module could be built"));
+    let text = stdout(&output);
+    assert!(row(&text, "lo").contains("no (in if_exclude)"), "{text}");
+    assert!(row(&text, "sd_num").contains("128"));
+    assert!(
+        text.lines()
+            .all(|l| l.split_whitespace().next() != Some("eager_limit")),
+        "{text}"
+    );
+}
+
+#[test]
+fn dump_shows_each_modules_state() {
+    let output = udinfo(&["--dump"], &[]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    let text = stdout(&output);
+    assert!(text.contains("module lo:1 (udp/ipv4)"), "{text}");
+    // rd_num at its default is lowered so 64 KiB buffers fit rd_mem (64 MiB).
+    assert!(text.contains("receive buffers    1024 x 65536 bytes"), "{text}");
+}
