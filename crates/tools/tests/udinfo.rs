@@ -236,5 +236,8 @@ fn dump_shows_each_modules_state() {
     let text = stdout(&output);
     assert!(text.contains("module lo:1 (udp/ipv4)"), "{text}");
     // rd_num at its default is lowered so 64 KiB buffers fit rd_mem (64 MiB).
-    assert!(text.contains("receive buffers    1024 x 65536 bytes"), "{text}");
+    assert!(
+        text.contains("receive buffers    1024 x 65536 bytes"),
+        "{text}"
+    );
 }

@@ -1,0 +1,153 @@
+//! Errors of the PMI client.
+
+use std::io;
+
+use crate::wire::WireError;
+
+/// A failure of the PMI client. Every variant that concerns one request
+/// names its PMI command (`cmd`), e.g. `"barrier_in"`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PmiError {
+    /// A launcher variable is missing or unparsable.
+    #[error("environment variable {var}: {reason}")]
+    Env {
+        /// The variable, e.g. `PMI_RANK`.
+        var: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The environment shows a PMIx launcher, which this PMI-1 client cannot
+    /// talk to.
+    #[error(
+        "{var} is set: the job was started by a PMIx launcher, which udbtl does not support; \
+         launch with udrun, mpiexec.hydra, or `srun --mpi=pmi2` (which also serves PMI-1)"
+    )]
+    PmixLauncher {
+        /// The variable that revealed it.
+        var: &'static str,
+    },
+    /// `PMI_FD` does not name a usable socket, or was already taken.
+    #[error("PMI_FD={fd}: {source}")]
+    InheritedFd {
+        /// The descriptor number from `PMI_FD`.
+        fd: i32,
+        /// Why it cannot be used.
+        #[source]
+        source: io::Error,
+    },
+    /// Connecting to `PMI_PORT` failed.
+    #[error("connecting to the PMI server at {addr}: {source}")]
+    Connect {
+        /// The `host:port` from `PMI_PORT`.
+        addr: String,
+        /// The socket error.
+        #[source]
+        source: io::Error,
+    },
+    /// Reading or writing the PMI connection failed.
+    #[error("PMI {cmd}: I/O error: {source}")]
+    Io {
+        /// The command in progress.
+        cmd: &'static str,
+        /// The stream error.
+        #[source]
+        source: io::Error,
+    },
+    /// The server closed the connection before replying.
+    #[error("PMI {cmd}: the server closed the connection")]
+    Eof {
+        /// The command in progress.
+        cmd: &'static str,
+    },
+    /// The reply was not a PMI-1 message.
+    #[error("PMI {cmd}: malformed reply: {source}")]
+    Malformed {
+        /// The command in progress.
+        cmd: &'static str,
+        /// What was wrong with it.
+        #[source]
+        source: WireError,
+    },
+    /// A request could not be encoded (an argument holds a space or a
+    /// non-printable byte).
+    #[error("PMI {cmd}: cannot encode the request: {source}")]
+    Encode {
+        /// The command.
+        cmd: &'static str,
+        /// The offending key or value.
+        #[source]
+        source: WireError,
+    },
+    /// The reply was for another command.
+    #[error("PMI {cmd}: expected a `{expected}` reply, got `{got}`")]
+    UnexpectedReply {
+        /// The command in progress.
+        cmd: &'static str,
+        /// The reply command that was expected.
+        expected: &'static str,
+        /// The reply received (truncated).
+        got: String,
+    },
+    /// The server answered with `rc` other than 0.
+    #[error("PMI {cmd} failed: rc={rc} msg={msg}")]
+    Failed {
+        /// The command.
+        cmd: &'static str,
+        /// The server's return code.
+        rc: i64,
+        /// The server's `msg`, or empty.
+        msg: String,
+    },
+    /// A reply lacks a field the command needs.
+    #[error("PMI {cmd}: reply has no `{field}`")]
+    MissingField {
+        /// The command.
+        cmd: &'static str,
+        /// The missing key.
+        field: &'static str,
+    },
+    /// A reply field has an unusable value.
+    #[error("PMI {cmd}: reply field {field}={value:?} is invalid")]
+    BadField {
+        /// The command.
+        cmd: &'static str,
+        /// The key.
+        field: &'static str,
+        /// Its value (truncated).
+        value: String,
+    },
+    /// A key passed to `put`/`get` is not acceptable.
+    #[error("PMI key {key:?}: {reason}")]
+    InvalidKey {
+        /// The key (truncated).
+        key: String,
+        /// Why.
+        reason: String,
+    },
+    /// A value passed to `put` is not acceptable.
+    #[error("PMI value for key {key:?}: {reason}")]
+    InvalidValue {
+        /// The key.
+        key: String,
+        /// Why.
+        reason: String,
+    },
+    /// The call is not allowed in the client's current state (before
+    /// `init`, after `finalize`, or a second `init`).
+    #[error("PMI {cmd}: not allowed {state}")]
+    State {
+        /// The command.
+        cmd: &'static str,
+        /// The state, e.g. `"before init"`.
+        state: &'static str,
+    },
+    /// A value stored by `put_long` could not be read back whole.
+    #[error("PMI long value {key:?}: {reason}")]
+    LongValue {
+        /// The base key.
+        key: String,
+        /// What is missing or malformed.
+        reason: String,
+    },
+}
