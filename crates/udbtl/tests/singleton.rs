@@ -18,7 +18,8 @@ fn singleton_init_reaches_itself_and_finalizes() {
     }
     let mut world = udbtl::init().unwrap();
     assert_eq!((world.rank(), world.size()), (0, 1));
-    let got: Arc<Mutex<Vec<(Option<u32>, Vec<u8>)>>> = Arc::default();
+    type Inbox = Arc<Mutex<Vec<(Option<u32>, Vec<u8>)>>>;
+    let got: Inbox = Arc::default();
     let sink = got.clone();
     world.on_receive(Tag::USR, move |from, bytes| {
         sink.lock().unwrap().push((from, bytes.to_vec()))
