@@ -1,0 +1,91 @@
+//! udbtl programs under launchers we did not write: MPICH's `mpiexec.hydra`
+//! (PMI_FD mode and `-pmi-port` mode) and Slurm's `srun --mpi=pmi2`.
+//!
+//! Each test runs the real `udhello` (an all-pairs greeting whose payloads
+//! every rank checks) and passes vacuously, saying so, when the launcher is
+//! not installed. `.ci/run` installs MPICH and starts a one-node Slurm
+//! (`scripts/slurm-local.sh`), so in CI they all run.
+
+#![allow(clippy::unwrap_used)]
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+fn available(tool: &str, probe: &[&str]) -> bool {
+    Command::new(tool)
+        .args(probe)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn run(mut command: Command) -> Output {
+    command.env_remove("UDBTL_JOB_KEY");
+    let child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // Never hang the suite: a watchdog kills the launcher after a minute.
+    let watchdog = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(60));
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    });
+    let output = child.wait_with_output().unwrap();
+    drop(watchdog);
+    output
+}
+
+fn check(output: &Output, ranks: u32) {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "status {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+    for rank in 0..ranks {
+        let line = format!("rank {rank} of {ranks} ");
+        assert!(
+            stdout.contains(&line),
+            "no report from rank {rank}:\n{stdout}\n{stderr}"
+        );
+    }
+    assert_eq!(
+        stdout.matches("greeted and acknowledged by all").count(),
+        ranks as usize,
+        "{stdout}"
+    );
+}
+
+#[test]
+fn udhello_under_mpiexec_hydra() {
+    if !available("mpiexec.hydra", &["--version"]) {
+        eprintln!("SKIPPED: mpiexec.hydra is not installed (apt-get install mpich)");
+        return;
+    }
+    for mode in [&[][..], &["-pmi-port"][..]] {
+        let mut command = Command::new("mpiexec.hydra");
+        command
+            .args(mode)
+            .args(["-n", "4", env!("CARGO_BIN_EXE_udhello")]);
+        check(&run(command), 4);
+    }
+}
+
+#[test]
+fn udhello_under_slurm_srun_pmi2() {
+    if !available("sinfo", &["-h"]) {
+        eprintln!("SKIPPED: no Slurm cluster is running (scripts/slurm-local.sh starts one)");
+        return;
+    }
+    let mut command = Command::new("srun");
+    command.args([
+        "-n",
+        "4",
+        "--overcommit",
+        "--mpi=pmi2",
+        env!("CARGO_BIN_EXE_udhello"),
+    ]);
+    check(&run(command), 4);
+}
