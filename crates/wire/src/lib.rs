@@ -32,6 +32,7 @@ pub mod btl;
 mod error;
 pub(crate) mod field;
 pub mod modex;
+pub mod rel;
 pub mod seq;
 pub mod ud;
 

@@ -1,0 +1,117 @@
+//! Protocol parameters.
+
+use core::time::Duration;
+
+use udbtl_wire::SeqNum;
+
+/// The most datagrams a peer may have in flight: the selective ACK covers 64
+/// sequence numbers past the cumulative ACK, so a receiver can buffer no
+/// more out of order than that.
+pub const MAX_WINDOW: u16 = 65;
+
+/// Parameters of the reliability protocol, shared by every peer of one
+/// endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Most datagrams in flight per peer (a cap on the congestion window),
+    /// and the credit this side advertises: at most [`MAX_WINDOW`].
+    pub window: u16,
+    /// Congestion window a peer starts with, in datagrams.
+    pub initial_cwnd: u16,
+    /// Retransmission timeout before the first RTT sample.
+    pub rto_initial: Duration,
+    /// Smallest retransmission timeout.
+    pub rto_min: Duration,
+    /// Largest retransmission timeout, backoff included.
+    pub rto_max: Duration,
+    /// Longest a received datagram waits for its acknowledgement when no
+    /// reverse traffic carries it.
+    pub ack_delay: Duration,
+    /// Acknowledge at once after this many datagrams without one.
+    pub ack_every: u16,
+    /// A peer that acknowledges nothing for this long, while data waits for
+    /// it, is declared lost. Time, not a retry count, decides.
+    pub peer_timeout: Duration,
+    /// How long a closed peer lingers, still acknowledging late datagrams.
+    pub linger: Duration,
+    /// A datagram is presumed lost once this many later ones were
+    /// selectively acknowledged (fast retransmit).
+    pub dup_threshold: u32,
+    /// First sequence number of every stream (both sides must agree).
+    pub initial_seq: SeqNum,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            window: 64,
+            initial_cwnd: 16,
+            rto_initial: Duration::from_millis(20),
+            rto_min: Duration::from_millis(2),
+            rto_max: Duration::from_secs(2),
+            ack_delay: Duration::from_micros(500),
+            ack_every: 16,
+            peer_timeout: Duration::from_secs(30),
+            linger: Duration::from_secs(10),
+            dup_threshold: 3,
+            initial_seq: SeqNum(0),
+        }
+    }
+}
+
+/// A configuration value out of range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid reliability setting {name}: {reason}")]
+pub struct ConfigError {
+    /// The field.
+    pub name: &'static str,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl Config {
+    /// Checks every field.
+    ///
+    /// # Errors
+    /// The first field out of range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |name, reason: String| Err(ConfigError { name, reason });
+        if self.window == 0 || self.window > MAX_WINDOW {
+            return fail(
+                "window",
+                format!("{} is outside 1..={MAX_WINDOW}", self.window),
+            );
+        }
+        if self.initial_cwnd == 0 {
+            return fail("initial_cwnd", "must be at least 1".into());
+        }
+        if self.rto_min.is_zero() || self.rto_min > self.rto_max {
+            return fail(
+                "rto_min",
+                format!(
+                    "{:?} must be positive and at most rto_max {:?}",
+                    self.rto_min, self.rto_max
+                ),
+            );
+        }
+        if self.rto_initial < self.rto_min || self.rto_initial > self.rto_max {
+            return fail(
+                "rto_initial",
+                format!("{:?} is outside rto_min..=rto_max", self.rto_initial),
+            );
+        }
+        if self.ack_every == 0 {
+            return fail("ack_every", "must be at least 1".into());
+        }
+        if self.peer_timeout <= self.rto_min {
+            return fail(
+                "peer_timeout",
+                format!("{:?} must exceed rto_min", self.peer_timeout),
+            );
+        }
+        if self.dup_threshold == 0 {
+            return fail("dup_threshold", "must be at least 1".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,938 @@
+//! The protocol state of every peer of one endpoint.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::time::Duration;
+
+use udbtl_wire::SeqNum;
+use udbtl_wire::rel::{self, FLAG_ACK_ONLY, FLAG_ACK_REQ};
+
+use crate::config::{Config, ConfigError};
+use crate::rtt::Rtt;
+use crate::time::Instant;
+
+/// A peer, as numbered by the caller (an index into its own peer table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PeerId(pub u32);
+
+/// "No entry" in the intrusive lists threaded through the slot table.
+const NIL: u32 = u32::MAX;
+
+/// Slot flags.
+const SACKED: u8 = 0x1;
+const SENT: u8 = 0x2;
+const RETRANSMITTED: u8 = 0x4;
+const QUEUED: u8 = 0x8;
+/// The caller has been told the fragment is done (acknowledged or failed).
+const RELEASED: u8 = 0x10;
+
+/// One datagram of one peer's stream: in flight, or waiting for the window.
+#[derive(Debug, Clone)]
+struct Slot<F> {
+    frag: F,
+    peer: u32,
+    seq: SeqNum,
+    sent_at: Instant,
+    next: u32,
+    flags: u8,
+}
+
+/// Where a peer is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Active,
+    /// Closed by the caller: no new sends; still acknowledges until then.
+    Lingering(Instant),
+    /// Declared lost after `peer_timeout` without progress.
+    Lost,
+}
+
+/// The state of one peer. Its size does not depend on traffic: datagrams in
+/// flight live in the endpoint's shared slot table, linked from here.
+#[derive(Debug, Clone)]
+struct Peer {
+    mode: Mode,
+    // ----- sending
+    /// Oldest sequence number not cumulatively acknowledged.
+    snd_una: SeqNum,
+    /// Next sequence number to assign.
+    snd_nxt: SeqNum,
+    /// In-flight list (sequenced), oldest first.
+    head: u32,
+    tail: u32,
+    in_flight: u16,
+    /// Backlog (not yet sequenced: the window was full), oldest first.
+    backlog_head: u32,
+    backlog_tail: u32,
+    /// Congestion window, in 1/1024 datagrams (so additive increase needs
+    /// no floating point).
+    cwnd: u32,
+    ssthresh: u32,
+    /// Datagrams past `snd_una` the peer last said it accepts.
+    peer_credit: u16,
+    /// While recovering from a loss: the `snd_nxt` at its detection.
+    recovery_end: Option<SeqNum>,
+    rtt: Rtt,
+    rto_at: Option<Instant>,
+    /// Last time the peer acknowledged something new, or when it was first
+    /// owed an acknowledgement.
+    last_progress: Instant,
+    // ----- receiving
+    /// Next sequence number expected from the peer.
+    rcv_nxt: SeqNum,
+    /// Bit `i`: `rcv_nxt + 1 + i` arrived and is buffered.
+    rcv_sack: u64,
+    /// Datagrams received since the last acknowledgement went out.
+    ack_pending: u16,
+    ack_at: Option<Instant>,
+    /// An acknowledgement must go out at the next transmit opportunity.
+    ack_now: bool,
+    ack_queued: bool,
+    // ----- timers
+    /// Deadline of this peer's live entry in the timer heap.
+    scheduled: Option<Instant>,
+}
+
+const CWND_UNIT: u32 = 1024;
+
+impl Peer {
+    fn new(config: &Config, now: Instant) -> Self {
+        Self {
+            mode: Mode::Active,
+            snd_una: config.initial_seq,
+            snd_nxt: config.initial_seq,
+            head: NIL,
+            tail: NIL,
+            in_flight: 0,
+            backlog_head: NIL,
+            backlog_tail: NIL,
+            cwnd: u32::from(config.initial_cwnd) * CWND_UNIT,
+            ssthresh: u32::MAX,
+            peer_credit: config.window,
+            recovery_end: None,
+            rtt: Rtt::new(config.rto_initial),
+            rto_at: None,
+            last_progress: now,
+            rcv_nxt: config.initial_seq,
+            rcv_sack: 0,
+            ack_pending: 0,
+            ack_at: None,
+            ack_now: false,
+            ack_queued: false,
+            scheduled: None,
+        }
+    }
+
+    fn window(&self, config: &Config) -> u32 {
+        (self.cwnd / CWND_UNIT).clamp(1, u32::from(config.window))
+    }
+
+    /// A new datagram may be sequenced: congestion window and peer credit.
+    fn can_send(&self, config: &Config) -> bool {
+        u32::from(self.in_flight) < self.window(config)
+            && (self.snd_nxt - self.snd_una) < i32::from(self.peer_credit)
+    }
+
+    fn fail_at(&self, config: &Config) -> Option<Instant> {
+        (self.head != NIL || self.backlog_head != NIL)
+            .then(|| self.last_progress + config.peer_timeout)
+    }
+
+    fn next_deadline(&self, config: &Config) -> Option<Instant> {
+        let linger = match self.mode {
+            Mode::Lingering(until) => Some(until),
+            _ => None,
+        };
+        [self.rto_at, self.ack_at, self.fail_at(config), linger]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+}
+
+/// The smaller of two RTT samples. A datagram acknowledged late, because
+/// the acknowledgement that first covered it was lost, overstates the RTT;
+/// the newest datagram an acknowledgement covers gives the truest sample.
+fn min_sample(current: Option<Duration>, sample: Duration) -> Option<Duration> {
+    Some(current.map_or(sample, |c| c.min(sample)))
+}
+
+/// What to do with a received datagram's buffer.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use]
+pub enum Receipt<R> {
+    /// Next in order: deliver it now, then drain [`Reliability::poll_deliver`].
+    Deliver(R),
+    /// Arrived early: the endpoint keeps the buffer until its turn.
+    Buffered,
+    /// Not to be delivered (duplicate, outside the window, acknowledgement
+    /// only, or from a lost peer): the caller reuses the buffer.
+    Discard(R, Discard),
+}
+
+/// Why a datagram was discarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Discard {
+    /// Carried only an acknowledgement.
+    AckOnly,
+    /// Already delivered or buffered.
+    Duplicate,
+    /// Beyond the advertised window.
+    OutOfWindow,
+    /// The peer was declared lost.
+    PeerLost,
+}
+
+/// Something the caller must hear about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event<F> {
+    /// The peer has the fragment: the caller may release it.
+    Acked {
+        /// The peer.
+        peer: PeerId,
+        /// The fragment.
+        frag: F,
+    },
+    /// The fragment will never be acknowledged: its peer was lost.
+    Failed {
+        /// The peer.
+        peer: PeerId,
+        /// The fragment.
+        frag: F,
+    },
+    /// The peer acknowledged nothing for `peer_timeout` while data waited.
+    PeerLost {
+        /// The peer.
+        peer: PeerId,
+    },
+    /// A closed peer finished lingering; its id may be reused.
+    PeerClosed {
+        /// The peer.
+        peer: PeerId,
+    },
+}
+
+/// A datagram to put on the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub struct Transmit<F> {
+    /// The destination.
+    pub peer: PeerId,
+    /// The fragment to send, or `None` for an acknowledgement only.
+    pub frag: Option<F>,
+    /// The reliability header to send with it (the caller fills in `src`
+    /// and may add message and checksum flags).
+    pub header: rel::Repr,
+    /// `true` if this fragment was sent before.
+    pub retransmission: bool,
+}
+
+/// Why a send was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SendError {
+    /// No such peer.
+    #[error("no peer {0}")]
+    NoPeer(u32),
+    /// The peer was declared lost.
+    #[error("peer {0} was declared lost")]
+    PeerLost(u32),
+    /// The peer was closed.
+    #[error("peer {0} is closed")]
+    Closed(u32),
+}
+
+/// Counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Data datagrams sent for the first time.
+    pub sent: u64,
+    /// Data datagrams sent again.
+    pub retransmitted: u64,
+    /// Retransmissions triggered by selective acknowledgements.
+    pub fast_retransmits: u64,
+    /// Retransmission timer expiries.
+    pub timeouts: u64,
+    /// Acknowledgement-only datagrams sent.
+    pub acks_sent: u64,
+    /// Data datagrams received that were delivered or buffered.
+    pub received: u64,
+    /// Duplicates discarded.
+    pub duplicates: u64,
+    /// Datagrams buffered because they arrived early.
+    pub out_of_order: u64,
+    /// Datagrams discarded for being beyond the window.
+    pub out_of_window: u64,
+    /// Peers declared lost.
+    pub peers_lost: u64,
+}
+
+/// Reliable, ordered, exactly-once delivery for every peer of an endpoint,
+/// as a sans-IO state machine.
+///
+/// `F` names a fragment the caller sends (it keeps the bytes: retransmission
+/// sends the same fragment again, nothing is copied here); `R` names a
+/// receive buffer the endpoint holds while its datagram waits for an earlier
+/// one.
+///
+/// # Driving it
+///
+/// * Inputs: [`send`](Self::send) (a fragment for a peer),
+///   [`on_datagram`](Self::on_datagram) (a received header and its buffer),
+///   [`handle_timeout`](Self::handle_timeout).
+/// * Outputs, pulled after any input, in this order:
+///   [`poll_deliver`](Self::poll_deliver) (buffers now in order),
+///   [`poll_transmit`](Self::poll_transmit) (datagrams to send),
+///   [`poll_event`](Self::poll_event) (fragments acknowledged or failed,
+///   peers lost), [`poll_timeout`](Self::poll_timeout) (when to call
+///   `handle_timeout` next).
+///
+/// Every entry point takes `now`; nothing reads a clock. A spurious
+/// `handle_timeout` does nothing. While nothing is in flight and nothing is
+/// owed, no timer is armed and `poll_timeout` is `None`.
+#[derive(Debug)]
+pub struct Reliability<F, R> {
+    config: Config,
+    peers: Vec<Peer>,
+    slots: Vec<Slot<F>>,
+    free_slots: Vec<u32>,
+    /// Buffers that arrived early, by (peer, sequence number).
+    early: HashMap<(u32, u32), R>,
+    /// Buffers that became deliverable, in order.
+    deliverable: VecDeque<(PeerId, R)>,
+    /// Buffers the endpoint held for a peer that is gone: never deliverable.
+    reclaimed: Vec<R>,
+    transmits: VecDeque<Pending>,
+    events: VecDeque<Event<F>>,
+    timers: BinaryHeap<Reverse<(Instant, u32)>>,
+    credit: u16,
+    stats: Stats,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Pending {
+    Data(u32),
+    Ack(u32),
+}
+
+impl<F: Clone, R> Reliability<F, R> {
+    /// An endpoint with no peers.
+    ///
+    /// # Errors
+    /// An invalid configuration.
+    pub fn new(config: Config) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self {
+            credit: config.window,
+            config,
+            peers: Vec::new(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            early: HashMap::new(),
+            deliverable: VecDeque::new(),
+            reclaimed: Vec::new(),
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+            timers: BinaryHeap::new(),
+            stats: Stats::default(),
+        })
+    }
+
+    /// The configuration.
+    pub const fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Counters.
+    pub const fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Adds a peer and returns its id (ids are dense, from 0).
+    pub fn add_peer(&mut self, now: Instant) -> PeerId {
+        self.peers.push(Peer::new(&self.config, now));
+        PeerId((self.peers.len() - 1) as u32)
+    }
+
+    /// Number of peers ever added.
+    pub fn peer_count(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// The current retransmission timeout of a peer.
+    pub fn rto(&self, peer: PeerId) -> Option<Duration> {
+        self.peers.get(peer.0 as usize).map(|p| p.rtt.rto())
+    }
+
+    /// The smoothed round-trip time of a peer (zero before the first sample).
+    pub fn srtt(&self, peer: PeerId) -> Option<Duration> {
+        self.peers.get(peer.0 as usize).map(|p| p.rtt.srtt())
+    }
+
+    /// Datagrams in flight to a peer, and waiting for its window.
+    pub fn queued(&self, peer: PeerId) -> Option<(usize, usize)> {
+        let p = self.peers.get(peer.0 as usize)?;
+        let mut backlog = 0;
+        let mut at = p.backlog_head;
+        while at != NIL {
+            backlog += 1;
+            at = self.slots[at as usize].next;
+        }
+        Some((usize::from(p.in_flight), backlog))
+    }
+
+    /// `true` once the peer was declared lost.
+    pub fn is_lost(&self, peer: PeerId) -> bool {
+        self.peers
+            .get(peer.0 as usize)
+            .is_some_and(|p| p.mode == Mode::Lost)
+    }
+
+    /// Sets the credit this side advertises to every peer (datagrams past
+    /// the cumulative acknowledgement it will accept), e.g. from the free
+    /// share of a receive pool. Capped at the window.
+    pub fn set_credit(&mut self, credit: u16) {
+        self.credit = credit.clamp(1, self.config.window);
+    }
+
+    /// Size in bytes of one peer's state: constant, whatever the traffic.
+    pub const fn peer_state_size() -> usize {
+        size_of::<Peer>()
+    }
+
+    // ----- sending --------------------------------------------------------
+
+    /// Queues a fragment for a peer. It is sequenced at once if the window
+    /// allows, else when acknowledgements open it; either way it is
+    /// retransmitted until acknowledged, and reported by an
+    /// [`Event::Acked`] or, if the peer is lost, an [`Event::Failed`].
+    ///
+    /// # Errors
+    /// An unknown, lost or closed peer; the fragment stays the caller's.
+    pub fn send(&mut self, now: Instant, peer: PeerId, frag: F) -> Result<(), SendError> {
+        let p = self
+            .peers
+            .get(peer.0 as usize)
+            .ok_or(SendError::NoPeer(peer.0))?;
+        match p.mode {
+            Mode::Active => {}
+            Mode::Lost => return Err(SendError::PeerLost(peer.0)),
+            Mode::Lingering(_) => return Err(SendError::Closed(peer.0)),
+        }
+        let slot = self.alloc_slot(Slot {
+            frag,
+            peer: peer.0,
+            seq: SeqNum(0),
+            sent_at: now,
+            next: NIL,
+            flags: 0,
+        });
+        let p = &mut self.peers[peer.0 as usize];
+        if p.head == NIL && p.backlog_head == NIL {
+            // The peer owes us nothing until now: the failure clock starts.
+            p.last_progress = now;
+        }
+        Self::append(
+            &mut self.slots,
+            &mut p.backlog_head,
+            &mut p.backlog_tail,
+            slot,
+        );
+        self.fill_window(now, peer.0);
+        self.reschedule(peer.0);
+        Ok(())
+    }
+
+    fn alloc_slot(&mut self, slot: Slot<F>) -> u32 {
+        match self.free_slots.pop() {
+            Some(index) => {
+                self.slots[index as usize] = slot;
+                index
+            }
+            None => {
+                self.slots.push(slot);
+                (self.slots.len() - 1) as u32
+            }
+        }
+    }
+
+    fn append(slots: &mut [Slot<F>], head: &mut u32, tail: &mut u32, index: u32) {
+        slots[index as usize].next = NIL;
+        if *tail == NIL {
+            *head = index;
+        } else {
+            slots[*tail as usize].next = index;
+        }
+        *tail = index;
+    }
+
+    /// Moves backlog into flight while the window allows.
+    fn fill_window(&mut self, _now: Instant, peer: u32) {
+        loop {
+            let p = &mut self.peers[peer as usize];
+            if p.backlog_head == NIL || !p.can_send(&self.config) {
+                return;
+            }
+            let index = p.backlog_head;
+            p.backlog_head = self.slots[index as usize].next;
+            if p.backlog_head == NIL {
+                p.backlog_tail = NIL;
+            }
+            let seq = p.snd_nxt;
+            p.snd_nxt = seq.next();
+            p.in_flight += 1;
+            Self::append(&mut self.slots, &mut p.head, &mut p.tail, index);
+            let slot = &mut self.slots[index as usize];
+            slot.seq = seq;
+            slot.flags |= QUEUED;
+            self.transmits.push_back(Pending::Data(index));
+        }
+    }
+
+    /// The next datagram to send, with its header. Acknowledgements owed to
+    /// the peer ride on it.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit<F>> {
+        while let Some(pending) = self.transmits.pop_front() {
+            match pending {
+                Pending::Data(index) => {
+                    let slot = &mut self.slots[index as usize];
+                    if slot.flags & QUEUED == 0 {
+                        continue;
+                    }
+                    slot.flags &= !QUEUED;
+                    let retransmission = slot.flags & SENT != 0;
+                    slot.flags |= SENT | if retransmission { RETRANSMITTED } else { 0 };
+                    slot.sent_at = now;
+                    let (peer, seq, frag) = (slot.peer, slot.seq, slot.frag.clone());
+                    if retransmission {
+                        self.stats.retransmitted += 1;
+                    } else {
+                        self.stats.sent += 1;
+                    }
+                    let p = &mut self.peers[peer as usize];
+                    if p.rto_at.is_none() {
+                        p.rto_at = Some(now + p.rtt.rto());
+                    }
+                    let window_full = !self.peers[peer as usize].can_send(&self.config);
+                    let mut header = self.ack_header(peer);
+                    header.seq = seq;
+                    if retransmission || window_full {
+                        // Ask for an acknowledgement at once: the sender is
+                        // waiting, either to repair a loss or for window to
+                        // send more. Without this a window smaller than
+                        // `ack_every` would stall for `ack_delay` per window.
+                        header.flags |= FLAG_ACK_REQ;
+                    }
+                    self.reschedule(peer);
+                    return Some(Transmit {
+                        peer: PeerId(peer),
+                        frag: Some(frag),
+                        header,
+                        retransmission,
+                    });
+                }
+                Pending::Ack(peer) => {
+                    let p = &mut self.peers[peer as usize];
+                    p.ack_queued = false;
+                    if p.ack_pending == 0 && !p.ack_now {
+                        // A data datagram carried it already.
+                        continue;
+                    }
+                    let mut header = self.ack_header(peer);
+                    header.flags |= FLAG_ACK_ONLY;
+                    header.seq = self.peers[peer as usize].snd_nxt;
+                    self.stats.acks_sent += 1;
+                    self.reschedule(peer);
+                    return Some(Transmit {
+                        peer: PeerId(peer),
+                        frag: None,
+                        header,
+                        retransmission: false,
+                    });
+                }
+            }
+        }
+        None
+    }
+
+    /// A header acknowledging what the peer sent; clears what was owed.
+    fn ack_header(&mut self, peer: u32) -> rel::Repr {
+        let credit = self.credit;
+        let p = &mut self.peers[peer as usize];
+        p.ack_pending = 0;
+        p.ack_at = None;
+        p.ack_now = false;
+        rel::Repr {
+            ack: p.rcv_nxt,
+            sack: p.rcv_sack,
+            credit,
+            ..rel::Repr::default()
+        }
+    }
+
+    fn queue_ack(&mut self, peer: u32) {
+        let p = &mut self.peers[peer as usize];
+        p.ack_now = true;
+        if !p.ack_queued {
+            p.ack_queued = true;
+            self.transmits.push_back(Pending::Ack(peer));
+        }
+    }
+
+    // ----- receiving ------------------------------------------------------
+
+    /// Handles a received datagram's reliability header; `buf` is the
+    /// buffer holding it. Acknowledgements it carries are processed first.
+    pub fn on_datagram(
+        &mut self,
+        now: Instant,
+        peer: PeerId,
+        header: &rel::Repr,
+        buf: R,
+    ) -> Receipt<R> {
+        let Some(p) = self.peers.get(peer.0 as usize) else {
+            return Receipt::Discard(buf, Discard::PeerLost);
+        };
+        if p.mode == Mode::Lost {
+            return Receipt::Discard(buf, Discard::PeerLost);
+        }
+        self.on_ack(now, peer.0, header);
+        if header.has(FLAG_ACK_ONLY) {
+            self.reschedule(peer.0);
+            return Receipt::Discard(buf, Discard::AckOnly);
+        }
+        let receipt = self.on_data(now, peer.0, header, buf);
+        self.reschedule(peer.0);
+        receipt
+    }
+
+    fn on_data(&mut self, now: Instant, peer: u32, header: &rel::Repr, buf: R) -> Receipt<R> {
+        let seq = header.seq;
+        let window = i32::from(self.config.window);
+        let p = &mut self.peers[peer as usize];
+        let offset = seq - p.rcv_nxt;
+        if header.has(FLAG_ACK_REQ) {
+            p.ack_now = true;
+        }
+        if offset < 0 {
+            // Our acknowledgement was lost, or the datagram was duplicated:
+            // acknowledge again so the sender stops.
+            self.stats.duplicates += 1;
+            self.queue_ack(peer);
+            return Receipt::Discard(buf, Discard::Duplicate);
+        }
+        if offset >= window {
+            self.stats.out_of_window += 1;
+            self.queue_ack(peer);
+            return Receipt::Discard(buf, Discard::OutOfWindow);
+        }
+        if offset > 0 {
+            let bit = 1u64 << (offset - 1);
+            if p.rcv_sack & bit != 0 {
+                self.stats.duplicates += 1;
+                self.queue_ack(peer);
+                return Receipt::Discard(buf, Discard::Duplicate);
+            }
+            p.rcv_sack |= bit;
+            self.early.insert((peer, seq.0), buf);
+            self.stats.out_of_order += 1;
+            self.stats.received += 1;
+            // A gap: tell the sender now, so it can fast-retransmit.
+            self.queue_ack(peer);
+            return Receipt::Buffered;
+        }
+        // In order: deliver, then everything buffered behind it.
+        self.stats.received += 1;
+        p.rcv_nxt = p.rcv_nxt.next();
+        let mut delivered = 1u16;
+        while p.rcv_sack & 1 != 0 {
+            p.rcv_sack >>= 1;
+            if let Some(early) = self.early.remove(&(peer, p.rcv_nxt.0)) {
+                self.deliverable.push_back((PeerId(peer), early));
+            }
+            p.rcv_nxt = p.rcv_nxt.next();
+            delivered += 1;
+        }
+        p.rcv_sack >>= 1;
+        p.ack_pending = p.ack_pending.saturating_add(delivered);
+        if p.ack_now || p.ack_pending >= self.config.ack_every {
+            self.queue_ack(peer);
+        } else if p.ack_at.is_none() {
+            p.ack_at = Some(now + self.config.ack_delay);
+        }
+        Receipt::Deliver(buf)
+    }
+
+    /// Buffers that became deliverable, in order, after a
+    /// [`Receipt::Deliver`].
+    pub fn poll_deliver(&mut self) -> Option<(PeerId, R)> {
+        self.deliverable.pop_front()
+    }
+
+    /// Processes the acknowledgement part of a header from `peer`.
+    fn on_ack(&mut self, now: Instant, peer: u32, header: &rel::Repr) {
+        let config = &self.config;
+        let p = &mut self.peers[peer as usize];
+        if header.ack.is_after(p.snd_nxt) {
+            // Acknowledges what was never sent: a corrupt or stale header.
+            return;
+        }
+        p.peer_credit = header.credit.min(config.window);
+        let mut newly_acked = 0u32;
+        let mut rtt_sample = None;
+        // Cumulative part: release everything before `ack`.
+        while p.head != NIL && self.slots[p.head as usize].seq.is_before(header.ack) {
+            let index = p.head;
+            let slot = &self.slots[index as usize];
+            p.head = slot.next;
+            if p.head == NIL {
+                p.tail = NIL;
+            }
+            p.in_flight -= 1;
+            newly_acked += 1;
+            if slot.flags & (RETRANSMITTED | SACKED) == 0 && slot.flags & SENT != 0 {
+                rtt_sample = min_sample(rtt_sample, now - slot.sent_at);
+            }
+            if slot.flags & RELEASED == 0 {
+                self.events.push_back(Event::Acked {
+                    peer: PeerId(peer),
+                    frag: slot.frag.clone(),
+                });
+            }
+            self.free_slots.push(index);
+        }
+        if header.ack.is_after(p.snd_una) {
+            p.snd_una = header.ack;
+        }
+        // Selective part: release early, and find holes.
+        let mut lost = 0u32;
+        let mut at = p.head;
+        while at != NIL {
+            let slot = &mut self.slots[at as usize];
+            let offset = slot.seq - header.ack;
+            if offset > 0 && offset <= 64 && header.sack & (1u64 << (offset - 1)) != 0 {
+                if slot.flags & SACKED == 0 {
+                    slot.flags |= SACKED;
+                    if slot.flags & RETRANSMITTED == 0 {
+                        rtt_sample = min_sample(rtt_sample, now - slot.sent_at);
+                    }
+                    if slot.flags & RELEASED == 0 {
+                        slot.flags |= RELEASED;
+                        self.events.push_back(Event::Acked {
+                            peer: PeerId(peer),
+                            frag: slot.frag.clone(),
+                        });
+                    }
+                }
+            } else if slot.flags & (SACKED | QUEUED | RETRANSMITTED) == 0 && slot.flags & SENT != 0
+            {
+                // Later datagrams arrived but this one did not.
+                let later = if offset <= 0 {
+                    header.sack
+                } else {
+                    header.sack.checked_shr(offset as u32).unwrap_or(0)
+                };
+                if later.count_ones() >= config.dup_threshold {
+                    slot.flags |= QUEUED;
+                    self.transmits.push_back(Pending::Data(at));
+                    self.stats.fast_retransmits += 1;
+                    lost += 1;
+                }
+            }
+            at = slot.next;
+        }
+        if let Some(sample) = rtt_sample {
+            p.rtt.sample(sample, config.rto_min, config.rto_max);
+        }
+        if newly_acked > 0 {
+            p.rtt.end_backoff();
+            p.last_progress = now;
+            p.rto_at = (p.head != NIL).then(|| now + p.rtt.rto());
+            if p.recovery_end.is_some_and(|end| !end.is_after(p.snd_una)) {
+                p.recovery_end = None;
+            }
+            // Additive increase: a datagram per acknowledged datagram in slow
+            // start, a datagram per window afterwards.
+            let grow = if p.cwnd < p.ssthresh {
+                newly_acked * CWND_UNIT
+            } else {
+                newly_acked * CWND_UNIT * CWND_UNIT / p.cwnd.max(1)
+            };
+            p.cwnd = (p.cwnd + grow).min(u32::from(config.window) * CWND_UNIT);
+        }
+        if lost > 0 && p.recovery_end.is_none() {
+            // Multiplicative decrease, once per loss episode.
+            p.ssthresh = (p.cwnd / 2).max(2 * CWND_UNIT);
+            p.cwnd = p.ssthresh;
+            p.recovery_end = Some(p.snd_nxt);
+        }
+        self.fill_window(now, peer);
+    }
+
+    // ----- timers ---------------------------------------------------------
+
+    /// When [`handle_timeout`](Self::handle_timeout) should next be called.
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        // Drop entries whose peer rescheduled or no longer needs a timer, so
+        // an idle endpoint reports no deadline at all.
+        while let Some(Reverse((at, peer))) = self.timers.peek().copied() {
+            if self.peers[peer as usize].scheduled == Some(at) {
+                return Some(at);
+            }
+            self.timers.pop();
+        }
+        None
+    }
+
+    /// Fires every timer due at `now`: retransmission timeouts, delayed
+    /// acknowledgements, peer failure detection and the end of lingering.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(Reverse((at, peer))) = self.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            if self.peers[peer as usize].scheduled != Some(at) {
+                continue;
+            }
+            self.peers[peer as usize].scheduled = None;
+            self.expire(now, peer);
+            self.reschedule(peer);
+        }
+    }
+
+    fn expire(&mut self, now: Instant, peer: u32) {
+        let rto_max = self.config.rto_max;
+        let p = &mut self.peers[peer as usize];
+        if p.fail_at(&self.config).is_some_and(|at| at <= now) {
+            self.declare_lost(peer);
+            return;
+        }
+        if let Mode::Lingering(until) = p.mode {
+            if until <= now && p.head == NIL && p.backlog_head == NIL {
+                p.mode = Mode::Lost;
+                p.ack_at = None;
+                p.rto_at = None;
+                self.reclaim_early(peer);
+                self.events
+                    .push_back(Event::PeerClosed { peer: PeerId(peer) });
+                return;
+            }
+        }
+        if p.ack_at.is_some_and(|at| at <= now) {
+            p.ack_at = None;
+            self.queue_ack(peer);
+        }
+        let p = &mut self.peers[peer as usize];
+        if p.rto_at.is_some_and(|at| at <= now) {
+            self.stats.timeouts += 1;
+            p.rtt.back_off(rto_max);
+            p.ssthresh = (p.cwnd / 2).max(2 * CWND_UNIT);
+            p.cwnd = CWND_UNIT;
+            p.recovery_end = Some(p.snd_nxt);
+            p.rto_at = (p.head != NIL).then(|| now + p.rtt.rto());
+            // Resend everything in flight the peer has not selectively
+            // acknowledged: after a timeout nothing outstanding can be
+            // trusted to arrive (UCX resends its window the same way). Each
+            // retransmission asks for an acknowledgement at once.
+            let mut at = p.head;
+            while at != NIL {
+                let slot = &mut self.slots[at as usize];
+                if slot.flags & (SACKED | QUEUED) == 0 {
+                    slot.flags |= QUEUED;
+                    self.transmits.push_back(Pending::Data(at));
+                }
+                at = slot.next;
+            }
+        }
+    }
+
+    fn declare_lost(&mut self, peer: u32) {
+        self.stats.peers_lost += 1;
+        let p = &mut self.peers[peer as usize];
+        p.mode = Mode::Lost;
+        p.rto_at = None;
+        p.ack_at = None;
+        for list in [(p.head, true), (p.backlog_head, false)] {
+            let mut at = list.0;
+            while at != NIL {
+                let slot = &mut self.slots[at as usize];
+                slot.flags &= !QUEUED;
+                if slot.flags & RELEASED == 0 {
+                    self.events.push_back(Event::Failed {
+                        peer: PeerId(peer),
+                        frag: slot.frag.clone(),
+                    });
+                }
+                self.free_slots.push(at);
+                at = slot.next;
+            }
+        }
+        let p = &mut self.peers[peer as usize];
+        p.head = NIL;
+        p.tail = NIL;
+        p.backlog_head = NIL;
+        p.backlog_tail = NIL;
+        p.in_flight = 0;
+        self.reclaim_early(peer);
+        self.events
+            .push_back(Event::PeerLost { peer: PeerId(peer) });
+    }
+
+    /// Takes back the buffers held for a peer whose gap will never fill.
+    fn reclaim_early(&mut self, peer: u32) {
+        let keys: Vec<(u32, u32)> = self
+            .early
+            .keys()
+            .filter(|(owner, _)| *owner == peer)
+            .copied()
+            .collect();
+        for key in keys {
+            if let Some(buf) = self.early.remove(&key) {
+                self.reclaimed.push(buf);
+            }
+        }
+        self.peers[peer as usize].rcv_sack = 0;
+    }
+
+    /// A buffer the endpoint no longer holds (its peer was lost or closed
+    /// with a gap): the caller reuses it.
+    pub fn poll_reclaim(&mut self) -> Option<R> {
+        self.reclaimed.pop()
+    }
+
+    /// Stops sending to a peer. It lingers for the configured time, still
+    /// acknowledging late retransmissions and delivering what arrives, and
+    /// then an [`Event::PeerClosed`] reports it gone.
+    pub fn close_peer(&mut self, now: Instant, peer: PeerId) {
+        let linger = self.config.linger;
+        if let Some(p) = self.peers.get_mut(peer.0 as usize) {
+            if p.mode == Mode::Active {
+                p.mode = Mode::Lingering(now + linger);
+                self.reschedule(peer.0);
+            }
+        }
+    }
+
+    /// Makes sure the timer heap has an entry for the peer's next deadline.
+    fn reschedule(&mut self, peer: u32) {
+        let p = &mut self.peers[peer as usize];
+        let Some(next) = p.next_deadline(&self.config) else {
+            // Nothing is due: the heap entry, if any, goes stale.
+            p.scheduled = None;
+            return;
+        };
+        // An existing entry that fires no later is enough: when it fires
+        // early the deadline is recomputed and pushed again.
+        if p.scheduled.is_some_and(|at| at <= next) {
+            return;
+        }
+        p.scheduled = Some(next);
+        self.timers.push(Reverse((next, peer)));
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<Event<F>> {
+        self.events.pop_front()
+    }
+}

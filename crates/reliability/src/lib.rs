@@ -1,0 +1,42 @@
+//! Reliable, ordered, exactly-once delivery over unreliable datagrams, as a
+//! sans-IO state machine.
+//!
+//! [`Reliability`] keeps, for every peer, a sequence-numbered stream in each
+//! direction. It never touches sockets, clocks or threads: the caller passes
+//! `now` into every call, hands it received headers, and pulls out what to
+//! transmit, what to deliver and what happened (see the type's docs for the
+//! drive order).
+//!
+//! # Protocol
+//!
+//! * Every data datagram carries a per-peer [`SeqNum`](udbtl_wire::SeqNum)
+//!   (wrap-safe), the cumulative ACK of the reverse stream, a 64-bit
+//!   selective ACK and the receiver's credit ([`udbtl_wire::rel`]).
+//! * The receiver buffers datagrams that arrive early, inside the window,
+//!   instead of dropping them (UCX and libfabric's rxd drop them), delivers
+//!   in order, and discards duplicates. It acknowledges at once on a gap or
+//!   a duplicate, after `ack_every` datagrams, or after `ack_delay` when no
+//!   reverse traffic carries the acknowledgement.
+//! * The sender keeps at most min(congestion window, credit, `window`)
+//!   datagrams in flight. It retransmits on a timeout estimated from RTT
+//!   samples (RFC 6298, Karn, exponential backoff) and, without waiting,
+//!   a datagram that `dup_threshold` later ones overtook (fast retransmit).
+//!   The congestion window grows additively and halves once per loss
+//!   episode.
+//! * A peer that acknowledges nothing for `peer_timeout` (time, not a retry
+//!   count) while data waits is declared lost: its fragments fail, other
+//!   peers are unaffected. A closed peer lingers to acknowledge late
+//!   retransmissions.
+//! * Per-peer state has a constant size ([`Reliability::peer_state_size`]);
+//!   datagrams in flight live in a table shared by all peers.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod config;
+mod endpoint;
+mod rtt;
+mod time;
+
+pub use config::{Config, ConfigError, MAX_WINDOW};
+pub use endpoint::{Discard, Event, PeerId, Receipt, Reliability, SendError, Stats, Transmit};
+pub use time::Instant;

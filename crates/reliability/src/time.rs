@@ -1,0 +1,54 @@
+//! Time, as the protocol sees it: a monotonic count of nanoseconds from an
+//! epoch the caller chooses. The core never reads a clock; every entry point
+//! takes `now`.
+
+use core::fmt;
+use core::ops::{Add, Sub};
+use core::time::Duration;
+
+/// A point in time, in nanoseconds since the caller's epoch.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Instant(u64);
+
+impl Instant {
+    /// The epoch.
+    pub const ZERO: Self = Self(0);
+
+    /// `nanos` after the epoch.
+    pub const fn from_nanos(nanos: u64) -> Self {
+        Self(nanos)
+    }
+
+    /// Nanoseconds since the epoch.
+    pub const fn as_nanos(self) -> u64 {
+        self.0
+    }
+
+    /// Time from `earlier` to `self`, zero if `earlier` is later.
+    pub const fn saturating_since(self, earlier: Self) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+}
+
+impl Add<Duration> for Instant {
+    type Output = Self;
+    fn add(self, rhs: Duration) -> Self {
+        Self(
+            self.0
+                .saturating_add(u64::try_from(rhs.as_nanos()).unwrap_or(u64::MAX)),
+        )
+    }
+}
+
+impl Sub for Instant {
+    type Output = Duration;
+    fn sub(self, rhs: Self) -> Duration {
+        self.saturating_since(rhs)
+    }
+}
+
+impl fmt::Debug for Instant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", Duration::from_nanos(self.0))
+    }
+}

@@ -1,0 +1,301 @@
+//! A deterministic network of reliability endpoints on virtual time.
+//!
+//! Each node runs one `Reliability<u64, u64>`: fragments are message ids
+//! (the node keeps the bytes), receive buffers are ids of datagrams the node
+//! holds. Links between nodes apply seeded faults: loss, duplication,
+//! reordering by extra delay, bit corruption (caught by a checksum, as the
+//! BTL does on fabrics without one), and scripted outages.
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use udbtl_reliability::{Config, Event, Instant, PeerId, Receipt, Reliability};
+use udbtl_wire::rel;
+
+/// Faults of one directed link.
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    pub loss: f64,
+    pub duplicate: f64,
+    pub reorder: f64,
+    /// Extra delay of a reordered datagram.
+    pub reorder_delay: Duration,
+    pub corrupt: f64,
+    /// Drop everything sent in [from, to).
+    pub outage: Option<(Duration, Duration)>,
+    /// Drop acknowledgement-only datagrams.
+    pub drop_acks: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Datagram {
+    from: usize,
+    to: usize,
+    header: rel::Repr,
+    payload: Vec<u8>,
+    checksum: u64,
+}
+
+fn checksum(header: &rel::Repr, payload: &[u8]) -> u64 {
+    let mut bytes = [0u8; rel::HEADER_LEN];
+    header.emit(&mut rel::Packet::new_unchecked(&mut bytes[..]));
+    bytes
+        .iter()
+        .chain(payload)
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+        })
+}
+
+pub struct Node {
+    pub rel: Reliability<u64, u64>,
+    /// Peer id on this node → node index, and back.
+    pub peer_node: Vec<usize>,
+    pub node_peer: HashMap<usize, PeerId>,
+    /// Bytes of every message this node sent, by id.
+    pub outbox: HashMap<u64, Vec<u8>>,
+    next_msg: u64,
+    /// Received datagrams held while buffered.
+    held: HashMap<u64, Vec<u8>>,
+    next_buf: u64,
+    /// Delivered payloads, per source node, in delivery order.
+    pub delivered: BTreeMap<usize, Vec<Vec<u8>>>,
+    pub acked: Vec<u64>,
+    pub failed: Vec<u64>,
+    pub lost_peers: Vec<(usize, Instant)>,
+    pub bad_checksums: u64,
+}
+
+pub struct Net {
+    pub now: Instant,
+    pub nodes: Vec<Node>,
+    links: HashMap<(usize, usize), Faults>,
+    pub latency: Duration,
+    in_flight: BTreeMap<(Instant, u64), Datagram>,
+    counter: u64,
+    rng: fastrand::Rng,
+    pub datagrams_sent: u64,
+}
+
+impl Net {
+    /// `n` nodes, fully connected, with `config` everywhere.
+    pub fn new(n: usize, config: &Config, seed: u64) -> Self {
+        let nodes = (0..n)
+            .map(|me| {
+                let mut rel = Reliability::new(config.clone()).unwrap();
+                let mut peer_node = Vec::new();
+                let mut node_peer = HashMap::new();
+                for other in (0..n).filter(|o| *o != me) {
+                    let id = rel.add_peer(Instant::ZERO);
+                    peer_node.push(other);
+                    node_peer.insert(other, id);
+                }
+                Node {
+                    rel,
+                    peer_node,
+                    node_peer,
+                    outbox: HashMap::new(),
+                    next_msg: 0,
+                    held: HashMap::new(),
+                    next_buf: 0,
+                    delivered: BTreeMap::new(),
+                    acked: Vec::new(),
+                    failed: Vec::new(),
+                    lost_peers: Vec::new(),
+                    bad_checksums: 0,
+                }
+            })
+            .collect();
+        Self {
+            now: Instant::ZERO,
+            nodes,
+            links: HashMap::new(),
+            latency: Duration::from_micros(5),
+            in_flight: BTreeMap::new(),
+            counter: 0,
+            rng: fastrand::Rng::with_seed(seed),
+            datagrams_sent: 0,
+        }
+    }
+
+    pub fn set_faults(&mut self, from: usize, to: usize, faults: Faults) {
+        self.links.insert((from, to), faults);
+    }
+
+    /// Queues `payload` from `from` to `to`.
+    pub fn send(&mut self, from: usize, to: usize, payload: Vec<u8>) {
+        let node = &mut self.nodes[from];
+        let id = node.next_msg;
+        node.next_msg += 1;
+        node.outbox.insert(id, payload);
+        let peer = node.node_peer[&to];
+        node.rel.send(self.now, peer, id).unwrap();
+        self.flush(from);
+    }
+
+    /// Puts everything node `i` wants to transmit on the wire.
+    fn flush(&mut self, i: usize) {
+        while let Some(tx) = self.nodes[i].rel.poll_transmit(self.now) {
+            let to = self.nodes[i].peer_node[tx.peer.0 as usize];
+            let payload = tx
+                .frag
+                .map(|id| self.nodes[i].outbox[&id].clone())
+                .unwrap_or_default();
+            let datagram = Datagram {
+                from: i,
+                to,
+                checksum: checksum(&tx.header, &payload),
+                header: tx.header,
+                payload,
+            };
+            self.transmit(datagram);
+        }
+        let node = &mut self.nodes[i];
+        while let Some(event) = node.rel.poll_event() {
+            match event {
+                Event::Acked { frag, .. } => node.acked.push(frag),
+                Event::Failed { frag, .. } => node.failed.push(frag),
+                Event::PeerLost { peer } => node
+                    .lost_peers
+                    .push((node.peer_node[peer.0 as usize], self.now)),
+                Event::PeerClosed { .. } => {}
+            }
+        }
+    }
+
+    fn transmit(&mut self, mut datagram: Datagram) {
+        self.datagrams_sent += 1;
+        let faults = self
+            .links
+            .get(&(datagram.from, datagram.to))
+            .cloned()
+            .unwrap_or_default();
+        let since_start = self.now - Instant::ZERO;
+        if faults
+            .outage
+            .is_some_and(|(from, to)| from <= since_start && since_start < to)
+        {
+            return;
+        }
+        if faults.drop_acks && datagram.header.has(rel::FLAG_ACK_ONLY) {
+            return;
+        }
+        if self.rng.f64() < faults.loss {
+            return;
+        }
+        if self.rng.f64() < faults.corrupt {
+            // Flip one bit of the payload or the header's fields.
+            if datagram.payload.is_empty() || self.rng.bool() {
+                datagram.header.seq += 1 << self.rng.u32(0..31);
+            } else {
+                let at = self.rng.usize(0..datagram.payload.len());
+                datagram.payload[at] ^= 1 << self.rng.u32(0..8);
+            }
+        }
+        let mut arrival = self.now + self.latency;
+        if self.rng.f64() < faults.reorder {
+            arrival = arrival + faults.reorder_delay.mul_f64(self.rng.f64() + 0.5);
+        }
+        let copies = if self.rng.f64() < faults.duplicate {
+            2
+        } else {
+            1
+        };
+        for copy in 0..copies {
+            self.counter += 1;
+            self.in_flight.insert(
+                (arrival + Duration::from_nanos(copy), self.counter),
+                datagram.clone(),
+            );
+        }
+    }
+
+    fn receive(&mut self, datagram: Datagram) {
+        let now = self.now;
+        let node = &mut self.nodes[datagram.to];
+        if checksum(&datagram.header, &datagram.payload) != datagram.checksum {
+            node.bad_checksums += 1;
+            return;
+        }
+        let peer = node.node_peer[&datagram.from];
+        let buf = node.next_buf;
+        node.next_buf += 1;
+        node.held.insert(buf, datagram.payload);
+        match node.rel.on_datagram(now, peer, &datagram.header, buf) {
+            Receipt::Deliver(buf) => {
+                let bytes = node.held.remove(&buf).unwrap();
+                node.delivered.entry(datagram.from).or_default().push(bytes);
+                while let Some((peer, buf)) = node.rel.poll_deliver() {
+                    let bytes = node.held.remove(&buf).unwrap();
+                    let from = node.peer_node[peer.0 as usize];
+                    node.delivered.entry(from).or_default().push(bytes);
+                }
+            }
+            Receipt::Buffered => {}
+            Receipt::Discard(buf, _) => {
+                node.held.remove(&buf);
+            }
+        }
+        while let Some(buf) = node.rel.poll_reclaim() {
+            node.held.remove(&buf);
+        }
+        self.flush(datagram.to);
+    }
+
+    /// Runs until nothing is in flight and no timer is armed, or `limit`.
+    pub fn run_until_idle(&mut self, limit: Duration) {
+        self.run_while(limit, |_| true);
+    }
+
+    /// Runs while `keep_going` says so, nothing is left to do, or `limit`.
+    pub fn run_while(&mut self, limit: Duration, mut keep_going: impl FnMut(&Self) -> bool) {
+        let end = Instant::ZERO + limit;
+        loop {
+            if !keep_going(self) {
+                return;
+            }
+            let next_arrival = self.in_flight.keys().next().map(|(at, _)| *at);
+            let next_timer = self
+                .nodes
+                .iter_mut()
+                .filter_map(|n| n.rel.poll_timeout())
+                .min();
+            let Some(next) = [next_arrival, next_timer].into_iter().flatten().min() else {
+                return;
+            };
+            if next > end {
+                self.now = end;
+                return;
+            }
+            self.now = self.now.max(next);
+            while let Some(entry) = self.in_flight.first_entry() {
+                if entry.key().0 > self.now {
+                    break;
+                }
+                let datagram = entry.remove();
+                self.receive(datagram);
+            }
+            for i in 0..self.nodes.len() {
+                self.nodes[i].rel.handle_timeout(self.now);
+                self.flush(i);
+            }
+        }
+    }
+
+    /// Advances the clock without events (for scripted pauses).
+    pub fn advance(&mut self, by: Duration) {
+        let end = self.now + by;
+        self.run_while(end - Instant::ZERO, |_| true);
+        self.now = self.now.max(end);
+    }
+}
+
+/// A payload that names its message, so order and integrity can be checked.
+pub fn payload(from: usize, index: u64, len: usize) -> Vec<u8> {
+    let mut bytes = index.to_be_bytes().to_vec();
+    bytes.extend(
+        (0..len).map(|i| (i as u64).wrapping_mul(index + 1).wrapping_add(from as u64) as u8),
+    );
+    bytes
+}

@@ -1,0 +1,262 @@
+//! The reliability extension of the BTL header.
+//!
+//! When the BTL header's `RELIABLE` flag is set, these 32 bytes follow it:
+//!
+//! ```text
+//!  0        4        8        12                20       22       24       28       32
+//!  +--------+--------+--------+-----------------+--------+--------+--------+--------+
+//!  | src id |  seq   |  ack   |   sack bitmap   | credit | flags  |checksum|reserved|
+//!  +--------+--------+--------+-----------------+--------+--------+--------+--------+
+//! ```
+//!
+//! * `src id` names the sender in the receiver's peer table, for O(1)
+//!   demultiplexing.
+//! * `seq` is this datagram's sequence number on the sender→receiver
+//!   stream (unused on an ACK-only datagram).
+//! * `ack` is cumulative: every sequence number before it has arrived.
+//! * `sack` bit `i` says `ack + 1 + i` arrived too (a selective ACK of the
+//!   64 datagrams after the first gap).
+//! * `credit` is how many datagrams past `ack` the receiver will accept.
+//! * `checksum` is a CRC-32C of the whole datagram with this field zeroed,
+//!   present when the `CHECKSUM` flag is set: on fabrics that do not check
+//!   integrity themselves.
+
+use crate::field::{Field, read_u16, read_u32, write_u16, write_u32};
+use crate::seq::SeqNum;
+use crate::{Error, Result};
+
+/// Length of the extension in bytes.
+pub const HEADER_LEN: usize = 32;
+
+/// Flag: the datagram carries no payload, only acknowledgement.
+pub const FLAG_ACK_ONLY: u16 = 0x1;
+/// Flag: the sender asks for an immediate acknowledgement.
+pub const FLAG_ACK_REQ: u16 = 0x2;
+/// Flag: the checksum field is meaningful.
+pub const FLAG_CHECKSUM: u16 = 0x4;
+/// Flag: the first fragment of a message.
+pub const FLAG_FIRST: u16 = 0x8;
+/// Flag: the last fragment of a message.
+pub const FLAG_LAST: u16 = 0x10;
+const KNOWN_FLAGS: u16 = FLAG_ACK_ONLY | FLAG_ACK_REQ | FLAG_CHECKSUM | FLAG_FIRST | FLAG_LAST;
+
+mod field {
+    use super::Field;
+    pub(super) const SRC: Field = 0..4;
+    pub(super) const SEQ: Field = 4..8;
+    pub(super) const ACK: Field = 8..12;
+    pub(super) const SACK_HI: Field = 12..16;
+    pub(super) const SACK_LO: Field = 16..20;
+    pub(super) const CREDIT: Field = 20..22;
+    pub(super) const FLAGS: Field = 22..24;
+    pub(super) const CHECKSUM: Field = 24..28;
+    pub(super) const RESERVED: Field = 28..32;
+}
+
+/// Byte range of the checksum field inside the extension.
+pub const CHECKSUM_FIELD: core::ops::Range<usize> = field::CHECKSUM;
+
+/// A view over the extension.
+#[derive(Debug, Clone, Copy)]
+pub struct Packet<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Packet<T> {
+    /// Wraps a buffer without checking its length.
+    pub const fn new_unchecked(buffer: T) -> Self {
+        Self { buffer }
+    }
+
+    /// Wraps a buffer after checking it holds the whole extension.
+    ///
+    /// # Errors
+    /// [`Error`] if the buffer is shorter than [`HEADER_LEN`].
+    pub fn new_checked(buffer: T) -> Result<Self> {
+        let packet = Self::new_unchecked(buffer);
+        if packet.buffer.as_ref().len() < HEADER_LEN {
+            Err(Error)
+        } else {
+            Ok(packet)
+        }
+    }
+
+    fn u32_at(&self, f: Field) -> u32 {
+        read_u32(self.buffer.as_ref(), f)
+    }
+
+    /// The sender's id.
+    pub fn src(&self) -> u32 {
+        self.u32_at(field::SRC)
+    }
+
+    /// The sequence number.
+    pub fn seq(&self) -> SeqNum {
+        SeqNum(self.u32_at(field::SEQ))
+    }
+
+    /// The cumulative acknowledgement.
+    pub fn ack(&self) -> SeqNum {
+        SeqNum(self.u32_at(field::ACK))
+    }
+
+    /// The selective acknowledgement bitmap.
+    pub fn sack(&self) -> u64 {
+        (u64::from(self.u32_at(field::SACK_HI)) << 32) | u64::from(self.u32_at(field::SACK_LO))
+    }
+
+    /// The advertised credit.
+    pub fn credit(&self) -> u16 {
+        read_u16(self.buffer.as_ref(), field::CREDIT)
+    }
+
+    /// The flag bits.
+    pub fn flags(&self) -> u16 {
+        read_u16(self.buffer.as_ref(), field::FLAGS)
+    }
+
+    /// The checksum field.
+    pub fn checksum(&self) -> u32 {
+        self.u32_at(field::CHECKSUM)
+    }
+
+    /// The reserved field.
+    pub fn reserved(&self) -> u32 {
+        self.u32_at(field::RESERVED)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    /// Sets the checksum field.
+    pub fn set_checksum(&mut self, value: u32) {
+        write_u32(self.buffer.as_mut(), field::CHECKSUM, value);
+    }
+}
+
+/// The validated contents of the extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Repr {
+    /// The sender's id.
+    pub src: u32,
+    /// This datagram's sequence number.
+    pub seq: SeqNum,
+    /// Cumulative acknowledgement.
+    pub ack: SeqNum,
+    /// Selective acknowledgement of the 64 sequence numbers after `ack`.
+    pub sack: u64,
+    /// Datagrams past `ack` the sender of this header will accept.
+    pub credit: u16,
+    /// Flag bits (`FLAG_*`).
+    pub flags: u16,
+    /// CRC-32C, meaningful with [`FLAG_CHECKSUM`].
+    pub checksum: u32,
+}
+
+impl Repr {
+    /// Parses a checked packet.
+    ///
+    /// # Errors
+    /// [`Error`] on unknown flag bits or a non-zero reserved field.
+    pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Self> {
+        if packet.flags() & !KNOWN_FLAGS != 0 || packet.reserved() != 0 {
+            return Err(Error);
+        }
+        Ok(Self {
+            src: packet.src(),
+            seq: packet.seq(),
+            ack: packet.ack(),
+            sack: packet.sack(),
+            credit: packet.credit(),
+            flags: packet.flags(),
+            checksum: packet.checksum(),
+        })
+    }
+
+    /// The number of bytes [`Repr::emit`] writes.
+    pub const fn buffer_len(&self) -> usize {
+        HEADER_LEN
+    }
+
+    /// Writes the extension into the first [`HEADER_LEN`] bytes of `packet`.
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
+        let b = packet.buffer.as_mut();
+        write_u32(b, field::SRC, self.src);
+        write_u32(b, field::SEQ, self.seq.0);
+        write_u32(b, field::ACK, self.ack.0);
+        write_u32(b, field::SACK_HI, (self.sack >> 32) as u32);
+        write_u32(b, field::SACK_LO, self.sack as u32);
+        write_u16(b, field::CREDIT, self.credit);
+        write_u16(b, field::FLAGS, self.flags);
+        write_u32(b, field::CHECKSUM, self.checksum);
+        write_u32(b, field::RESERVED, 0);
+    }
+
+    /// `true` if every bit of `flag` is set.
+    pub const fn has(&self, flag: u16) -> bool {
+        self.flags & flag == flag
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[rustfmt::skip]
+    static BYTES: [u8; HEADER_LEN] = [
+        0, 0, 0, 7,  0, 0, 1, 0,  0xff, 0xff, 0xff, 0xff,
+        0x80, 0, 0, 0, 0, 0, 0, 1,
+        0, 64,  0, 0x1e,  0xde, 0xad, 0xbe, 0xef,  0, 0, 0, 0,
+    ];
+
+    fn repr() -> Repr {
+        Repr {
+            src: 7,
+            seq: SeqNum(256),
+            ack: SeqNum(u32::MAX),
+            sack: (1 << 63) | 1,
+            credit: 64,
+            flags: FLAG_ACK_REQ | FLAG_CHECKSUM | FLAG_FIRST | FLAG_LAST,
+            checksum: 0xdead_beef,
+        }
+    }
+
+    #[test]
+    fn fixture_round_trip() {
+        assert_eq!(
+            Repr::parse(&Packet::new_checked(&BYTES[..]).unwrap()).unwrap(),
+            repr()
+        );
+        let mut bytes = [0xaa; HEADER_LEN];
+        repr().emit(&mut Packet::new_unchecked(&mut bytes[..]));
+        assert_eq!(bytes, BYTES);
+    }
+
+    #[test]
+    fn malformed_is_an_error() {
+        assert!(Packet::new_checked(&BYTES[..HEADER_LEN - 1]).is_err());
+        let mut bad = BYTES;
+        bad[23] = 0x80;
+        assert!(Repr::parse(&Packet::new_checked(&bad[..]).unwrap()).is_err());
+        let mut bad = BYTES;
+        bad[31] = 1;
+        assert!(Repr::parse(&Packet::new_checked(&bad[..]).unwrap()).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn emit_then_parse(src: u32, seq: u32, ack: u32, sack: u64, credit: u16, flags in 0u16..0x20, checksum: u32) {
+            let repr = Repr { src, seq: SeqNum(seq), ack: SeqNum(ack), sack, credit, flags, checksum };
+            let mut bytes = [0u8; HEADER_LEN];
+            repr.emit(&mut Packet::new_unchecked(&mut bytes[..]));
+            prop_assert_eq!(Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()).unwrap(), repr);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..48)) {
+            if let Ok(packet) = Packet::new_checked(&bytes[..]) {
+                let _ = Repr::parse(&packet);
+            }
+        }
+    }
+}
