@@ -91,7 +91,7 @@ impl World {
 
     fn arrive(&mut self, index: usize, keep: bool) {
         let (to, header, msg) = if keep {
-            self.wire[index].clone()
+            self.wire[index]
         } else {
             self.wire.remove(index)
         };
