@@ -39,6 +39,15 @@ pub enum BtlError {
         /// What is wrong with it.
         problem: &'static str,
     },
+    /// The endpoint exists but cannot take sends: its peer was declared
+    /// lost, or it was closed.
+    #[error("endpoint {endpoint} cannot take sends: {reason}")]
+    PeerUnavailable {
+        /// The raw handle.
+        endpoint: u32,
+        /// Why.
+        reason: String,
+    },
     /// An endpoint handle names no live endpoint of this module.
     #[error("no endpoint {endpoint} on this module")]
     BadEndpoint {
@@ -76,4 +85,7 @@ pub enum SendFailure {
     /// The send completed with an error status.
     #[error("the send completed with status {0}")]
     Completion(String),
+    /// The peer acknowledged nothing for `peer_timeout`: it was declared lost.
+    #[error("the peer was declared lost: {0}")]
+    PeerLost(String),
 }

@@ -20,6 +20,9 @@ use udbtl_fabric::{Context, LKey, Mr, PdHandle, Sge};
 
 use crate::rcache::RegId;
 
+/// A fragment that is a whole message by itself.
+pub(crate) const WHOLE_MESSAGE: u16 = udbtl_wire::rel::FLAG_FIRST | udbtl_wire::rel::FLAG_LAST;
+
 /// Descriptor flags, as in the BTL interface.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct DesFlags(u8);
@@ -132,6 +135,9 @@ pub(crate) struct Frag {
     pub(crate) tag: u8,
     pub(crate) context: u64,
     pub(crate) user: Option<UserData>,
+    /// Whether the fragment starts and/or ends a message (reliability
+    /// extension flags `FLAG_FIRST`/`FLAG_LAST`).
+    pub(crate) msg_flags: u16,
 }
 
 /// A free list of fragments over chunks of registered memory.
@@ -208,6 +214,7 @@ impl FragPool {
             tag: 0,
             context: 0,
             user: None,
+            msg_flags: WHOLE_MESSAGE,
         }));
         Ok(true)
     }
@@ -234,6 +241,7 @@ impl FragPool {
         frag.order = crate::NO_ORDER;
         frag.context = 0;
         frag.user = None;
+        frag.msg_flags = WHOLE_MESSAGE;
         let des = Descriptor::new(self.kind, index, frag.generation);
         self.high_water = self.high_water.max(self.in_use());
         Some(des)
@@ -288,6 +296,15 @@ impl FragPool {
 
     pub(crate) fn max(&self) -> usize {
         self.max
+    }
+
+    /// The descriptor of the live fragment at `index`.
+    pub(crate) fn descriptor_at(&self, index: usize) -> Option<Descriptor> {
+        let frag = self
+            .frags
+            .get(index)
+            .filter(|f| f.state != FragState::Free)?;
+        Some(Descriptor::new(self.kind, index as u32, frag.generation))
     }
 
     /// Fragments not on the free list, for leak checks and dumps.

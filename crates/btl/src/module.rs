@@ -10,7 +10,8 @@ use udbtl_fabric::{
     PortAttr, QpAddr, QpCap, QpInfo, QpInitAttr, QpTransition, RecvWr, SendFlags, SendWr, Sge,
     WcOpcode, WcStatus, WorkCompletion,
 };
-use udbtl_wire::{btl, modex};
+use udbtl_reliability::{Reliability, Transmit};
+use udbtl_wire::{btl, modex, rel};
 
 use crate::convertor::Convertor;
 use crate::error::{BtlError, SendFailure};
@@ -18,6 +19,8 @@ use crate::frag::{DesFlags, Descriptor, FragKind, FragPool, FragState, UserData}
 use crate::params::Params;
 use crate::rcache::{RegCache, RegCacheStats, RegId};
 use crate::{EndpointId, NUM_QP, NUM_WC, Tag};
+
+mod reliable;
 
 /// Bytes of registered memory a user fragment has for the BTL header and the
 /// caller's reserved header.
@@ -103,6 +106,9 @@ pub struct Limits {
     pub recv_buffers: usize,
     /// Bytes of each receive buffer (see [`recv_buffer_len`]).
     pub recv_buffer_len: usize,
+    /// BTL header bytes in front of every payload: 8, or 40 with the
+    /// reliability extension.
+    pub header_len: usize,
 }
 
 /// Counters of one module.
@@ -129,6 +135,15 @@ pub struct ModuleStats {
     pub recv_errors: u64,
     /// Deepest the pending list has been.
     pub pending_high_water: usize,
+    /// Reliable receives dropped: checksum mismatch.
+    pub recv_bad_checksum: u64,
+    /// Reliable receives dropped: from no known endpoint, or from a process
+    /// that reused a known endpoint's address.
+    pub recv_unknown_peer: u64,
+    /// Reliable sends the fabric refused; retransmitted like a loss.
+    pub transmit_failures: u64,
+    /// Messages reassembled from several datagrams.
+    pub messages_reassembled: u64,
 }
 
 #[derive(Debug)]
@@ -137,6 +152,8 @@ struct Endpoint {
     remote: QpAddr,
     /// Every queue pair the peer sends from.
     senders: [QpAddr; modex::QPNS],
+    /// The peer process's id, which its reliable datagrams carry.
+    proc_id: u32,
     ah: AhHandle,
 }
 
@@ -173,6 +190,25 @@ pub struct Module<C: Context> {
     /// Source path bits put into every address handle.
     path_bits: u8,
     stats: ModuleStats,
+    /// Reliability state of every endpoint; `None` when `reliable` is off.
+    rel: Option<Reliability<Descriptor, u32>>,
+    /// The reliability clock's epoch.
+    epoch: std::time::Instant,
+    /// BTL header bytes in front of every payload: 8, plus the 32-byte
+    /// reliability extension when reliable.
+    header_len: usize,
+    /// Checksum reliable datagrams.
+    checksum: bool,
+    /// This process's id, published in the modex and carried in reliable
+    /// datagrams.
+    proc_id: u32,
+    /// Registered buffers for acknowledgement-only datagrams, used in turn.
+    ack_mr: Mr,
+    ack_next: usize,
+    /// Reliable transmissions waiting for a send credit, oldest first.
+    tx_backlog: VecDeque<Transmit<Descriptor>>,
+    /// Messages being reassembled, per endpoint: the tag and bytes so far.
+    reassembly: HashMap<u32, (u8, Vec<u8>)>,
 }
 
 impl<C: Context> fmt::Debug for Module<C> {
@@ -194,6 +230,7 @@ struct Partial {
     cq: Option<CqHandle>,
     qps: Vec<QpInfo>,
     recv_mr: Option<Mr>,
+    ack_mr: Option<Mr>,
     pools: Vec<FragPool>,
 }
 
@@ -202,7 +239,7 @@ impl Partial {
         for pool in &mut self.pools {
             let _ = pool.release(ctx);
         }
-        if let Some(mr) = self.recv_mr {
+        for mr in [self.recv_mr, self.ack_mr].into_iter().flatten() {
             let _ = ctx.dereg_mr(mr.handle);
         }
         for qp in self.qps {
@@ -234,8 +271,15 @@ fn round_up(value: usize, align: usize) -> usize {
 /// alignment. Allocation and posting both use this one value, which fixes
 /// the seed's bug of allocating fewer bytes than it posted.
 pub fn recv_buffer_len(max_send_size: usize) -> usize {
-    round_up(GRH_LEN + btl::HEADER_LEN + max_send_size, FRAG_ALIGN)
+    round_up(GRH_LEN + HEADER_MAX + max_send_size, FRAG_ALIGN)
 }
+
+/// The longest BTL header: base header plus reliability extension.
+const HEADER_MAX: usize = btl::HEADER_LEN + rel::HEADER_LEN;
+/// Registered buffers for acknowledgement-only datagrams.
+const ACK_SLOTS: usize = 64;
+/// Bytes of one acknowledgement buffer.
+const ACK_LEN: usize = HEADER_MAX;
 
 impl<C: Context> Module<C> {
     /// Builds a module on `port` of an opened device, in the seed's order:
@@ -338,7 +382,11 @@ impl<C: Context> Module<C> {
         ctx.post_recv(qp0, &wrs)
             .map_err(|e| fail("post receive buffers")(e.error))?;
 
-        let send_stride = round_up(btl::HEADER_LEN + limits.eager_limit, FRAG_ALIGN);
+        let ack_mr = ctx
+            .reg_mr(pd, ACK_SLOTS * ACK_LEN)
+            .map_err(fail("register acknowledgement buffers"))?;
+        partial.ack_mr = Some(ack_mr);
+        let send_stride = round_up(header_len(params) + limits.eager_limit, FRAG_ALIGN);
         let increment = (params.sd_num as usize >> 1).max(1);
         let mut send_frags = FragPool::new(
             FragKind::Send,
@@ -377,16 +425,19 @@ impl<C: Context> Module<C> {
     fn assemble(ctx: C, mut partial: Partial, built: Built, params: &Params) -> Self {
         let user_frags = partial.pools.pop();
         let send_frags = partial.pools.pop();
-        let (Some(send_frags), Some(user_frags), Some(pd), Some(cq), Some(recv_mr)) = (
+        let (Some(send_frags), Some(user_frags), Some(pd), Some(cq), Some(recv_mr), Some(ack_mr)) = (
             send_frags,
             user_frags,
             partial.pd,
             partial.cq,
             partial.recv_mr,
+            partial.ack_mr,
         ) else {
             unreachable!("build() fills every resource before returning Ok")
         };
         let device = ctx.device().name.clone();
+        // UDP checks its own checksum; the simulator corrupts.
+        let fabric_checks_integrity = built.port.link_layer != "sim";
         Self {
             ctx,
             device,
@@ -421,7 +472,29 @@ impl<C: Context> Module<C> {
             sl: params.ib_service_level,
             path_bits: params.ib_src_path_bits,
             stats: ModuleStats::default(),
+            rel: reliable::endpoint_state(params),
+            epoch: std::time::Instant::now(),
+            header_len: header_len(params),
+            checksum: match params.checksum.as_str() {
+                "on" => true,
+                "off" => false,
+                _ => !fabric_checks_integrity,
+            },
+            proc_id: reliable::process_id(),
+            ack_mr,
+            ack_next: 0,
+            tx_backlog: VecDeque::new(),
+            reassembly: HashMap::new(),
         }
+    }
+}
+
+/// BTL header bytes in front of every payload.
+fn header_len(params: &Params) -> usize {
+    if params.reliable {
+        HEADER_MAX
+    } else {
+        btl::HEADER_LEN
     }
 }
 
@@ -462,7 +535,7 @@ fn limits_for(port: &PortAttr, params: &Params) -> Limits {
         Some(asked) => asked,
         None => port.max_msg_size,
     };
-    let eager_limit = max_send_size.saturating_sub(btl::HEADER_LEN);
+    let eager_limit = max_send_size.saturating_sub(header_len(params));
     Limits {
         eager_limit,
         max_send_size: eager_limit,
@@ -472,6 +545,7 @@ fn limits_for(port: &PortAttr, params: &Params) -> Limits {
         bandwidth: params.bandwidth,
         recv_buffers: 0,
         recv_buffer_len: 0,
+        header_len: header_len(params),
     }
 }
 
@@ -499,6 +573,7 @@ impl<C: Context> Module<C> {
             },
             port: self.port.port_num,
             qpns: core::array::from_fn(|i| self.qps.get(i).map_or(0, |qp| qp.qp_num)),
+            proc_id: self.proc_id,
             max_msg_size: u32::try_from(self.port.max_msg_size).unwrap_or(u32::MAX),
             network: self.port.network,
         }
@@ -518,10 +593,10 @@ impl<C: Context> Module<C> {
             reachable: vec![false; peers.len()],
         };
         for (i, peer) in peers.iter().enumerate() {
-            let Some(remote) = peer.and_then(|addrs| self.pick_address(addrs)) else {
+            let Some((qps, proc_id)) = peer.and_then(|addrs| self.pick_address(addrs)) else {
                 continue;
             };
-            match self.add_endpoint(remote) {
+            match self.add_endpoint(qps, proc_id) {
                 Ok(id) => {
                     result.endpoints[i] = Some(id);
                     result.reachable[i] = true;
@@ -539,7 +614,7 @@ impl<C: Context> Module<C> {
 
     /// The peer address this module can reach: on the same network, the same
     /// kind of address, and a matching port number when the peer has several.
-    fn pick_address(&self, addrs: &[modex::Address]) -> Option<[QpAddr; modex::QPNS]> {
+    fn pick_address(&self, addrs: &[modex::Address]) -> Option<([QpAddr; modex::QPNS], u32)> {
         let mine = self.address();
         let compatible = |a: &&modex::Address| {
             a.network == mine.network
@@ -556,17 +631,21 @@ impl<C: Context> Module<C> {
             modex::Location::Sim(id) => NodeAddr::Sim(id),
             modex::Location::Ib { lid, gid } => NodeAddr::Ib { lid, gid },
         };
-        Some(chosen.qpns.map(|qpn| QpAddr { node, qpn }))
+        Some((chosen.qpns.map(|qpn| QpAddr { node, qpn }), chosen.proc_id))
     }
 
     /// Creates an endpoint for a peer module whose queue pairs are `qps`
     /// (the first receives; datagrams from any of them are recognised as the
-    /// peer's), with an address handle built with the service level and path
-    /// bits parameters.
+    /// peer's) in process `proc_id`, with an address handle built with the
+    /// service level and path bits parameters.
     ///
     /// # Errors
     /// The address handle could not be created.
-    pub fn add_endpoint(&mut self, qps: [QpAddr; modex::QPNS]) -> Result<EndpointId, BtlError> {
+    pub fn add_endpoint(
+        &mut self,
+        qps: [QpAddr; modex::QPNS],
+        proc_id: u32,
+    ) -> Result<EndpointId, BtlError> {
         let remote = qps[0];
         if let Some(id) = self.by_addr.get(&remote) {
             return Ok(*id);
@@ -589,17 +668,21 @@ impl<C: Context> Module<C> {
         let endpoint = Endpoint {
             remote,
             senders: qps,
+            proc_id,
             ah,
         };
-        let id = match self.free_endpoints.pop() {
-            Some(slot) => {
-                self.endpoints[slot as usize] = Some(endpoint);
-                EndpointId(slot)
-            }
-            None => {
-                self.endpoints.push(Some(endpoint));
-                EndpointId((self.endpoints.len() - 1) as u32)
-            }
+        let id = if let Some(rel) = self.rel.as_mut() {
+            // Reliable endpoints are never reused: a closed one lingers.
+            let peer = rel.add_peer(reliable::now(self.epoch));
+            self.endpoints.push(Some(endpoint));
+            debug_assert_eq!(peer.0 as usize, self.endpoints.len() - 1);
+            EndpointId(peer.0)
+        } else if let Some(slot) = self.free_endpoints.pop() {
+            self.endpoints[slot as usize] = Some(endpoint);
+            EndpointId(slot)
+        } else {
+            self.endpoints.push(Some(endpoint));
+            EndpointId((self.endpoints.len() - 1) as u32)
         };
         for qp in qps.iter().filter(|qp| qp.qpn != 0) {
             self.by_addr.insert(*qp, id);
@@ -624,7 +707,12 @@ impl<C: Context> Module<C> {
             for qp in &endpoint.senders {
                 self.by_addr.remove(qp);
             }
-            self.free_endpoints.push(id.0);
+            match self.rel.as_mut() {
+                Some(rel) => {
+                    rel.close_peer(reliable::now(self.epoch), udbtl_reliability::PeerId(id.0))
+                }
+                None => self.free_endpoints.push(id.0),
+            }
             let stranded: Vec<Descriptor> = self
                 .pending
                 .iter()
@@ -768,9 +856,9 @@ impl<C: Context> Module<C> {
         let packed = {
             let (mr, sge) = self
                 .send_frags
-                .sge(des.index(), btl::HEADER_LEN + reserve + take)?;
+                .sge(des.index(), self.header_len + reserve + take)?;
             let bytes = self.ctx.mr_bytes_mut(mr.handle).ok()?;
-            let start = sge.offset + btl::HEADER_LEN + reserve;
+            let start = sge.offset + self.header_len + reserve;
             convertor.pack(&mut bytes[start..start + take])
         };
         let frag = self.send_frags.frag_mut(des)?;
@@ -875,13 +963,13 @@ impl<C: Context> Module<C> {
             .seg_len;
         let (mr, sge) = self
             .pool(des)
-            .sge(des.index(), btl::HEADER_LEN + seg_len)
+            .sge(des.index(), self.header_len + seg_len)
             .ok_or_else(|| Self::bad(des, "without memory"))?;
         let bytes = self
             .ctx
             .mr_bytes_mut(mr.handle)
             .map_err(|_| Self::bad(des, "without memory"))?;
-        let start = sge.offset + btl::HEADER_LEN;
+        let start = sge.offset + self.header_len;
         Ok(&mut bytes[start..start + seg_len])
     }
 
@@ -959,7 +1047,7 @@ impl<C: Context> Module<C> {
         }
         let (mr, sge) = self
             .pool(des)
-            .sge(des.index(), btl::HEADER_LEN + frag_seg)
+            .sge(des.index(), self.header_len + frag_seg)
             .ok_or_else(|| Self::bad(des, "without memory"))?;
         let bytes = self
             .ctx
@@ -968,6 +1056,7 @@ impl<C: Context> Module<C> {
         let header = btl::Repr {
             tag: tag.0,
             job_key,
+            reliable: self.rel.is_some(),
         };
         header.emit(&mut btl::Packet::new_unchecked(
             &mut bytes[sge.offset..sge.offset + btl::HEADER_LEN],
@@ -975,6 +1064,9 @@ impl<C: Context> Module<C> {
         if let Some(frag) = self.pool_mut(des).frag_mut(des) {
             frag.endpoint = endpoint.0;
             frag.tag = tag.0;
+        }
+        if self.rel.is_some() {
+            return self.send_reliable(endpoint, des);
         }
         if self.sd_wqe == 0 || !self.pending.is_empty() {
             // Keep order with descriptors already waiting.
@@ -1013,7 +1105,7 @@ impl<C: Context> Module<C> {
         let (ah, remote_qpn) = (ep.ah, ep.remote.qpn);
         let (_, head) = self
             .pool(des)
-            .sge(des.index(), btl::HEADER_LEN + seg_len)
+            .sge(des.index(), self.header_len + seg_len)
             .ok_or_else(|| refused(FabricError::InvalidHandle { kind: "descriptor" }))?;
         let gather_user;
         let sg_list: &[Gather<'_>] = match &user {
@@ -1140,6 +1232,9 @@ impl<C: Context> Module<C> {
                 WcOpcode::Recv => self.on_receive(&wc),
             }
         }
+        if self.rel.is_some() {
+            self.drive_reliability();
+        }
         if !self.reposts.is_empty() {
             if let Err(err) = self.ctx.post_recv(self.qps[0].handle, &self.reposts) {
                 self.report_error(true, format!("reposting receive buffers failed: {err}"));
@@ -1152,6 +1247,14 @@ impl<C: Context> Module<C> {
     fn on_send_completion(&mut self, wc: &WorkCompletion) {
         self.sd_wqe += 1;
         self.stats.sends_completed += 1;
+        if self.rel.is_some() {
+            // The datagram left (or was lost locally, which retransmission
+            // repairs): the descriptor is done only when acknowledged.
+            if wc.status != WcStatus::Success {
+                self.stats.transmit_failures += 1;
+            }
+            return;
+        }
         let des = Descriptor::from_raw(wc.wr_id as u32);
         let status = if wc.status == WcStatus::Success {
             Ok(())
@@ -1163,51 +1266,95 @@ impl<C: Context> Module<C> {
     }
 
     fn on_receive(&mut self, wc: &WorkCompletion) {
-        let slot = wc.wr_id as usize;
-        let offset = slot * self.recv_stride;
-        self.reposts.push(RecvWr {
-            wr_id: wc.wr_id,
-            sge: Sge {
-                lkey: self.recv_mr.lkey,
-                offset,
-                len: self.recv_stride,
-            },
-        });
+        let slot = wc.wr_id as u32;
         if wc.status != WcStatus::Success {
             self.stats.recv_errors += 1;
+            self.repost(slot);
             return;
         }
-        let Ok(bytes) = self.ctx.mr_bytes(self.recv_mr.handle) else {
-            return;
-        };
-        let Some(datagram) = bytes.get(offset + GRH_LEN..offset + GRH_LEN + wc.payload_len())
-        else {
+        let len = wc.payload_len();
+        let header = self.received(slot, len).and_then(|d| {
+            btl::Packet::new_checked(d)
+                .and_then(|p| btl::Repr::parse(&p))
+                .ok()
+        });
+        let Some(header) = header else {
             self.stats.recv_malformed += 1;
-            return;
-        };
-        let Some(header) = btl::Packet::new_checked(datagram)
-            .and_then(|p| btl::Repr::parse(&p))
-            .ok()
-        else {
-            self.stats.recv_malformed += 1;
+            self.repost(slot);
             return;
         };
         if header.job_key != self.job_key {
             self.stats.recv_bad_job_key += 1;
+            self.repost(slot);
             return;
         }
-        let Some(callback) = self.callbacks[usize::from(header.tag)].as_mut() else {
+        match (header.reliable, self.rel.is_some(), wc.src) {
+            (true, true, Some(src)) => self.on_reliable_receive(slot, len, src),
+            (false, false, Some(src)) => {
+                let endpoint = self.by_addr.get(&src).copied();
+                self.deliver(slot, len, btl::HEADER_LEN, header.tag, endpoint, src);
+                self.repost(slot);
+            }
+            // A peer configured differently, or no source address.
+            _ => {
+                self.stats.recv_malformed += 1;
+                self.repost(slot);
+            }
+        }
+    }
+
+    /// The datagram in receive buffer `slot` (after the GRH), if in bounds.
+    fn received(&self, slot: u32, len: usize) -> Option<&[u8]> {
+        let start = slot as usize * self.recv_stride + GRH_LEN;
+        self.ctx
+            .mr_bytes(self.recv_mr.handle)
+            .ok()?
+            .get(start..start + len)
+    }
+
+    /// Queues receive buffer `slot` for reposting at the end of progress.
+    fn repost(&mut self, slot: u32) {
+        self.reposts.push(RecvWr {
+            wr_id: u64::from(slot),
+            sge: Sge {
+                lkey: self.recv_mr.lkey,
+                offset: slot as usize * self.recv_stride,
+                len: self.recv_stride,
+            },
+        });
+    }
+
+    /// Runs the tag callback on the payload of the datagram in `slot`, whose
+    /// headers take `header_len` bytes. Does not repost the buffer.
+    fn deliver(
+        &mut self,
+        slot: u32,
+        len: usize,
+        header_len: usize,
+        tag: u8,
+        endpoint: Option<EndpointId>,
+        src: QpAddr,
+    ) {
+        let start = slot as usize * self.recv_stride + GRH_LEN;
+        let Some(callback) = self.callbacks[usize::from(tag)].as_mut() else {
             self.stats.recv_no_callback += 1;
             return;
         };
-        let Some(src) = wc.src else { return };
-        let event = RecvEvent {
-            tag: Tag(header.tag),
-            endpoint: self.by_addr.get(&src).copied(),
-            src,
-            payload: &datagram[btl::HEADER_LEN..],
+        let Some(payload) = self
+            .ctx
+            .mr_bytes(self.recv_mr.handle)
+            .ok()
+            .and_then(|bytes| bytes.get(start + header_len..start + len))
+        else {
+            self.stats.recv_malformed += 1;
+            return;
         };
-        callback(&event);
+        callback(&RecvEvent {
+            tag: Tag(tag),
+            endpoint,
+            src,
+            payload,
+        });
         self.stats.recvs_delivered += 1;
     }
 
@@ -1276,6 +1423,11 @@ impl<C: Context> Module<C> {
     /// the caller should hear about. Teardown still goes as far as it can.
     pub fn finalize(mut self) -> Result<C, (C, BtlError)> {
         let mut problems = Vec::new();
+        if self.rel.is_some() {
+            // Unacknowledged descriptors belong to the BTL, not the caller:
+            // their peers are gone or leaving; release them.
+            self.abandon_in_flight();
+        }
         let live = self.send_frags.live().count() + self.user_frags.live().count();
         if live > 0 {
             problems.push(format!("{live} descriptors"));
@@ -1294,6 +1446,7 @@ impl<C: Context> Module<C> {
             mut send_frags,
             mut user_frags,
             recv_mr,
+            ack_mr,
             mut rcache,
             pd,
             ..
@@ -1310,6 +1463,7 @@ impl<C: Context> Module<C> {
         fabric(send_frags.release(&mut ctx), "send fragments");
         fabric(user_frags.release(&mut ctx), "user fragments");
         fabric(ctx.dereg_mr(recv_mr.handle), "receive buffers");
+        fabric(ctx.dereg_mr(ack_mr.handle), "acknowledgement buffers");
         let referenced = rcache.drain(&mut ctx, deregister);
         if referenced > 0 {
             problems.push(format!("{referenced} registrations"));

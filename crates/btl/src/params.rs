@@ -403,6 +403,17 @@ parameters! {
          hung alltoall; unbounded lists pin unbounded memory)";
     user_frags_max: usize = (8192), int(1, 1 << 20), udbtl,
         "User (zero-copy) fragments a module's free list may grow to";
+    reliable: bool = (true), BOOL, udbtl,
+        "Reliable, ordered, exactly-once delivery per peer (sequence numbers, ACKs, \
+         retransmission); off gives the seed's unreliable behaviour";
+    rel_window: u32 = (64), int(1, 65), udbtl,
+        "Datagrams in flight per peer at most, and the receive credit advertised";
+    peer_timeout: u32 = (30_000), int(10, 86_400_000), udbtl,
+        "Milliseconds without acknowledgement, while data waits, before a peer is \
+         declared lost (time, not a retry count, decides)";
+    checksum: String = (String::from("auto")), choice(&["auto", "on", "off"]), udbtl,
+        "Checksum every reliable datagram: auto does so on fabrics that do not check \
+         integrity themselves (sim); UDP has its own checksum";
     job_key: u32 = (0), int(0, 0xffff_ffff), udbtl,
         "Key carried in every BTL header; datagrams carrying another key are dropped";
     udp_if: String = unset, TEXT, udbtl,
@@ -866,7 +877,7 @@ mod tests {
     fn describe_renders_values_that_parse_back() {
         let p = Params::default();
         let infos = p.describe();
-        assert_eq!(infos.len(), 24);
+        assert_eq!(infos.len(), 28);
         let pairs: Vec<(String, String)> = infos
             .iter()
             .filter(|i| i.value != "unset")

@@ -18,10 +18,13 @@ fn params(config: BtlConfig) -> Params {
     Params::load_from(&config, |_| None).unwrap()
 }
 
+/// The seed's contract: unreliable, small pools. The reliable path has its
+/// own tests (`reliable.rs`).
 fn small() -> BtlConfig {
     BtlConfig {
         rd_num: Some(64),
         sd_num: Some(16),
+        reliable: Some(false),
         ..BtlConfig::default()
     }
 }
@@ -802,7 +805,7 @@ proptest! {
     #[test]
     fn receive_buffers_hold_the_largest_send(max_send in 64usize..=9000, mtu in 64usize..=9000) {
         let net = SimNetwork::new(max_send as u64);
-        let config = BtlConfig { max_send_size: Some(max_send), rd_num: Some(8), sd_num: Some(4), ..BtlConfig::default() };
+        let config = BtlConfig { max_send_size: Some(max_send), rd_num: Some(8), sd_num: Some(4), reliable: Some(false), ..BtlConfig::default() };
         let spec = |s: SimDeviceSpec| s.with_max_msg_size(mtu);
         let mut a = Component::init(host(&net, "a", spec), params(config.clone())).unwrap();
         let mut b = Component::init(host(&net, "b", spec), params(config)).unwrap();

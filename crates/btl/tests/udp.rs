@@ -35,8 +35,10 @@ fn component(config: BtlConfig) -> Btl {
     Component::init(UdpProvider::new(udp_config(&params)), params).unwrap()
 }
 
+/// The seed's unreliable contract; `reliable.rs` tests the reliable path.
 fn config() -> BtlConfig {
     BtlConfig {
+        reliable: Some(false),
         rd_num: Some(256),
         sd_num: Some(1),
         job_key: Some(0x5eed),

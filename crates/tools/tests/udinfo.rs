@@ -180,17 +180,18 @@ fn help_and_version_succeed() {
 #[test]
 fn the_eager_limit_comes_from_the_loopback_mtu() {
     // Largest IPv4 UDP payload 65507, less the 16-byte UD encapsulation
-    // header (the port's max_msg_size), less the 8-byte BTL header.
+    // header (the port's max_msg_size), less the 40-byte BTL header (8
+    // bytes and the 32-byte reliability extension).
     let output = udinfo(&[], &[]);
     assert!(output.status.success(), "stderr: {}", stderr(&output));
     let text = stdout(&output);
     let eager = row(&text, "eager_limit");
-    assert!(eager.contains("65483"), "{eager}");
+    assert!(eager.contains("65451"), "{eager}");
     assert!(eager.contains("max_send_size unset"), "{eager}");
     assert!(row(&text, "lo").contains("65491"));
     let text = stdout(&udinfo(&["--parsable"], &[]));
     assert!(
-        text.lines().any(|l| l == "module:lo:1:eager_limit:65483"),
+        text.lines().any(|l| l == "module:lo:1:eager_limit:65451"),
         "{text}"
     );
 }
@@ -202,13 +203,13 @@ fn max_send_size_sets_the_eager_limit() {
     assert!(output.status.success(), "stderr: {}", stderr(&output));
     let text = stdout(&output);
     let eager = row(&text, "eager_limit");
-    assert!(eager.contains("2040"), "{eager}");
+    assert!(eager.contains("2008"), "{eager}");
     assert!(eager.contains("(environment)"), "{eager}");
     let text = stdout(&udinfo(&["--parsable"], &env));
     for line in [
-        "module:lo:1:eager_limit:2040",
-        "module:lo:1:max_send_size:2040",
-        "module:lo:1:rndv_eager_limit:2040",
+        "module:lo:1:eager_limit:2008",
+        "module:lo:1:max_send_size:2008",
+        "module:lo:1:rndv_eager_limit:2008",
     ] {
         assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
     }

@@ -12,7 +12,8 @@
 //! payload that follows it (at offset 40 + 8 of a receive buffer) is 8-byte
 //! aligned. The job key lets a receiver drop datagrams from another job, or
 //! from a stale run that reused its ports. `flags` announces optional headers
-//! that follow (none are defined yet; unknown flag bits are an error).
+//! that follow: [`FLAG_RELIABLE`] says the reliability extension
+//! ([`crate::rel`]) comes next. Unknown flag bits are an error.
 
 use crate::field::{Field, read_u16, read_u32, write_u16, write_u32};
 use crate::{Error, Result};
@@ -21,8 +22,10 @@ use crate::{Error, Result};
 pub const HEADER_LEN: usize = 8;
 /// The only version this crate understands.
 pub const VERSION: u8 = 1;
+/// Flag: the reliability extension follows this header.
+pub const FLAG_RELIABLE: u16 = 0x1;
 /// Flag bits this version defines.
-const KNOWN_FLAGS: u16 = 0;
+const KNOWN_FLAGS: u16 = FLAG_RELIABLE;
 
 mod field {
     use super::Field;
@@ -129,6 +132,8 @@ pub struct Repr {
     pub tag: u8,
     /// Key of the job that sent the datagram.
     pub job_key: u32,
+    /// The reliability extension follows.
+    pub reliable: bool,
 }
 
 impl Repr {
@@ -144,6 +149,7 @@ impl Repr {
         Ok(Self {
             tag: packet.tag(),
             job_key: packet.job_key(),
+            reliable: packet.flags() & FLAG_RELIABLE != 0,
         })
     }
 
@@ -156,7 +162,7 @@ impl Repr {
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
         packet.set_version(VERSION);
         packet.set_tag(self.tag);
-        packet.set_flags(0);
+        packet.set_flags(if self.reliable { FLAG_RELIABLE } else { 0 });
         packet.set_job_key(self.job_key);
     }
 }
@@ -177,7 +183,8 @@ mod tests {
             Repr::parse(&packet).unwrap(),
             Repr {
                 tag: 0x41,
-                job_key: 0xcafe_f00d
+                job_key: 0xcafe_f00d,
+                reliable: false,
             }
         );
     }
@@ -188,6 +195,7 @@ mod tests {
         Repr {
             tag: 0x41,
             job_key: 0xcafe_f00d,
+            reliable: false,
         }
         .emit(&mut Packet::new_unchecked(&mut bytes[..]));
         assert_eq!(bytes, BYTES[..HEADER_LEN]);
@@ -202,14 +210,14 @@ mod tests {
         bad[0] = 2;
         assert!(Repr::parse(&Packet::new_checked(&bad[..]).unwrap()).is_err());
         let mut bad = BYTES;
-        bad[3] = 1;
+        bad[3] = 2;
         assert!(Repr::parse(&Packet::new_checked(&bad[..]).unwrap()).is_err());
     }
 
     proptest! {
         #[test]
-        fn emit_then_parse(tag: u8, job_key: u32) {
-            let repr = Repr { tag, job_key };
+        fn emit_then_parse(tag: u8, job_key: u32, reliable: bool) {
+            let repr = Repr { tag, job_key, reliable };
             let mut bytes = [0u8; HEADER_LEN];
             repr.emit(&mut Packet::new_unchecked(&mut bytes[..]));
             prop_assert_eq!(Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()).unwrap(), repr);

@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! preamble:  0..2 magic 0x5541 ("UA") | 2 version | 3 entry count
-//! entry:     0 kind | 1 port | 2..4 LID | 4..8 reserved | 8..24 address
+//! entry:     0 kind | 1 port | 2..4 LID | 4..8 process id | 8..24 address
 //!            24..28 max message size | 28..32 reserved | 32..40 network id
 //!            40..56 the module's four QPNs
 //! ```
@@ -43,7 +43,7 @@ mod field {
     pub(super) const KIND: usize = 0;
     pub(super) const PORT: usize = 1;
     pub(super) const LID: Field = 2..4;
-    pub(super) const RESERVED_A: Field = 4..8;
+    pub(super) const PROC_ID: Field = 4..8;
     pub(super) const ADDRESS: Field = 8..24;
     pub(super) const MAX_MSG: Field = 24..28;
     pub(super) const RESERVED: Field = 28..32;
@@ -136,10 +136,14 @@ impl<T: AsRef<[u8]>> Entry<T> {
         read_u32(self.buffer.as_ref(), field::MAX_MSG)
     }
 
-    /// The reserved fields, or-ed (must be zero).
+    /// The reserved field (must be zero).
     pub fn reserved(&self) -> u32 {
         read_u32(self.buffer.as_ref(), field::RESERVED)
-            | read_u32(self.buffer.as_ref(), field::RESERVED_A)
+    }
+
+    /// The publishing process's id.
+    pub fn proc_id(&self) -> u32 {
+        read_u32(self.buffer.as_ref(), field::PROC_ID)
     }
 
     /// The network id.
@@ -177,7 +181,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Entry<T> {
         self.set_byte(field::PORT, address.port);
         let buffer = self.buffer.as_mut();
         write_u16(buffer, field::LID, lid);
-        write_u32(buffer, field::RESERVED_A, 0);
+        write_u32(buffer, field::PROC_ID, address.proc_id);
         for (i, qpn) in address.qpns.iter().enumerate() {
             let start = field::QPNS + 4 * i;
             write_u32(buffer, start..start + 4, *qpn);
@@ -201,6 +205,9 @@ pub struct Address {
     pub port: u8,
     /// The module's queue pairs; the first one receives.
     pub qpns: [u32; QPNS],
+    /// An id of the publishing process, carried in its reliable datagrams:
+    /// a receiver drops datagrams from a process that reused the address.
+    pub proc_id: u32,
     /// The largest payload the port accepts.
     pub max_msg_size: u32,
     /// The network the port is attached to.
@@ -234,6 +241,7 @@ impl Address {
             location,
             port: entry.port(),
             qpns: entry.qpns(),
+            proc_id: entry.proc_id(),
             max_msg_size: entry.max_msg_size(),
             network: entry.network(),
         })
@@ -291,7 +299,7 @@ mod tests {
     #[rustfmt::skip]
     static ONE_IPV4: [u8; 60] = [
         0x55, 0x41, 0x01, 0x01,
-        0x01, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x01, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x2a,
         127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
         0x00, 0x00, 0xff, 0xcb, 0, 0, 0, 0,
         0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08,
@@ -304,6 +312,7 @@ mod tests {
             location: Location::Ipv4([127, 0, 0, 1]),
             port: 1,
             qpns: [50_000, 50_001, 50_002, 50_003],
+            proc_id: 42,
             max_msg_size: 65_483,
             network: 0x0102_0304_0506_0708,
         }
@@ -320,7 +329,7 @@ mod tests {
     fn malformed_blobs_are_errors() {
         assert!(parse_blob(&ONE_IPV4[..59]).is_err());
         assert!(parse_blob(&[]).is_err());
-        for (index, value) in [(0, 0), (2, 9), (3, 2), (4, 9), (9, 1), (17, 1), (32, 1)] {
+        for (index, value) in [(0, 0), (2, 9), (3, 2), (4, 9), (6, 1), (17, 1), (32, 1)] {
             let mut bad = ONE_IPV4;
             bad[index] = value;
             assert!(parse_blob(&bad).is_err(), "byte {index}");
@@ -339,11 +348,11 @@ mod tests {
     proptest! {
         #[test]
         fn emit_then_parse(entries in proptest::collection::vec(
-            (location(), any::<u8>(), any::<[u32; QPNS]>(), any::<u32>(), any::<u64>()), 0..8)
+            (location(), any::<u8>(), any::<[u32; QPNS]>(), any::<(u32, u32)>(), any::<u64>()), 0..8)
         ) {
             let addresses: Vec<Address> = entries
                 .into_iter()
-                .map(|(location, port, qpns, max_msg_size, network)| Address { location, port, qpns, max_msg_size, network })
+                .map(|(location, port, qpns, (max_msg_size, proc_id), network)| Address { location, port, qpns, proc_id, max_msg_size, network })
                 .collect();
             prop_assert_eq!(parse_blob(&emit_blob(&addresses).unwrap()).unwrap(), addresses);
         }

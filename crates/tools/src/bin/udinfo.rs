@@ -29,7 +29,7 @@
 //! device:lo:1:max_msg_size:65491
 //! param:sd_num:value:128
 //! param:sd_num:source:default
-//! module:lo:1:eager_limit:65483
+//! module:lo:1:eager_limit:65451
 //! ```
 //!
 //! # Exit status
@@ -50,7 +50,6 @@ use udbtl_btl::params::{ParamError, ParamInfo, Source};
 use udbtl_btl::{BtlConfig, Component, Limits, NUM_QP, Params, udp_config};
 use udbtl_fabric::udp::{UdpConfig, UdpProvider};
 use udbtl_fabric::{Context, GRH_LEN, PortAttr, PortState, Provider, sim, udp};
-use udbtl_wire::btl::HEADER_LEN;
 
 /// Shows the providers, devices, parameters and module sizes udbtl would use
 /// on this host, like ompi_info --param btl ofud --level 9.
@@ -554,18 +553,19 @@ fn limit_rows(report: &ModuleReport, params: &Params) -> Vec<Row> {
     let limits = &report.limits;
     let port_max = report.port.max_msg_size;
     let from = |name: &str| params.source(name).map_or("?", source);
+    let header = limits.header_len;
     let eager = match params.max_send_size {
         None => format!(
             "max_send_size unset: the port's max_msg_size {port_max} \
-             less the {HEADER_LEN}-byte BTL header"
+             less the {header}-byte BTL header"
         ),
         Some(asked) if asked > port_max => format!(
             "max_send_size {asked} ({}) exceeds the port's max_msg_size {port_max}, \
-             which is used, less the {HEADER_LEN}-byte BTL header",
+             which is used, less the {header}-byte BTL header",
             from("max_send_size")
         ),
         Some(asked) => format!(
-            "max_send_size {asked} ({}) less the {HEADER_LEN}-byte BTL header",
+            "max_send_size {asked} ({}) less the {header}-byte BTL header",
             from("max_send_size")
         ),
     };
