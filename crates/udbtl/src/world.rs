@@ -4,11 +4,31 @@ use std::time::{Duration, Instant};
 
 use udbtl_btl::params::Source;
 use udbtl_btl::{
-    BtlConfig, BtlError, Component, DesFlags, EndpointId, Module, NO_ORDER, Params, RecvEvent, Tag,
+    BtlConfig, BtlError, Component, DesFlags, EndpointId, NO_ORDER, Params, RecvEvent, Tag,
     udp_config,
 };
-use udbtl_fabric::udp::{UdpContext, UdpProvider};
+use udbtl_fabric::faulty::{FaultConfigError, FaultyProvider};
+use udbtl_fabric::udp::UdpProvider;
 use udbtl_pmi::{PmiClient, PmiError};
+
+/// The transport under a world: UDP, or UDP behind the fault injector when
+/// `UDBTL_FAULT_*` asks for losses (so that real multi-process runs can be
+/// made lossy). Two variants rather than a trait object: the BTL is generic
+/// over its provider, and the plain path pays nothing for the option.
+enum Transport {
+    Udp(Component<UdpProvider>),
+    Faulty(Component<FaultyProvider<UdpProvider>>),
+}
+
+/// Runs `$body` with `$btl` bound to whichever component is in use.
+macro_rules! with_btl {
+    ($transport:expr, $btl:ident => $body:expr) => {
+        match $transport {
+            Transport::Udp($btl) => $body,
+            Transport::Faulty($btl) => $body,
+        }
+    };
+}
 
 /// How peers' addresses are fetched after the barrier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,6 +38,11 @@ pub enum ModexMode {
     /// A rank fetches a peer's address the first time it needs that peer.
     Lazy,
 }
+
+/// Longest `finalize` waits for this rank's sends to be acknowledged.
+const FINALIZE_DRAIN: Duration = Duration::from_secs(5);
+/// How long `finalize` keeps acknowledging after the last barrier.
+const FINALIZE_LINGER: Duration = Duration::from_millis(20);
 
 /// Jobs larger than this fetch addresses lazily unless `UDBTL_MODEX` says
 /// otherwise: most ranks of a large job talk to few peers.
@@ -52,6 +77,9 @@ pub enum InitError {
         /// The job size.
         size: u32,
     },
+    /// `UDBTL_FAULT_*` held an invalid rate.
+    #[error("fault injection: {0}")]
+    Faults(#[from] FaultConfigError),
     /// A message did not fit, or no fragment became free in time.
     #[error("cannot send {len} bytes to rank {rank}: {reason}")]
     Send {
@@ -67,7 +95,7 @@ pub enum InitError {
 /// A started job, as one rank sees it.
 pub struct World {
     pmi: PmiClient,
-    btl: Component<UdpProvider>,
+    btl: Transport,
     rank: u32,
     size: u32,
     /// Module 0's endpoint for every rank, filled in bulk or lazily.
@@ -154,8 +182,16 @@ impl World {
             Some("lazy") => ModexMode::Lazy,
             Some(other) => return Err(InitError::BadModexMode(other.to_owned())),
         };
-        let btl = Component::init(UdpProvider::new(udp_config(&params)), params)?;
-        pmi.put_long(&address_key(rank), &hex(&btl.modex()))?;
+        let udp = UdpProvider::new(udp_config(&params));
+        let faulty = FaultyProvider::from_env(udp.clone())?;
+        let btl = if faulty.config().is_active() {
+            tracing::warn!(faults = ?faulty.config(), "injecting faults into the transport");
+            Transport::Faulty(Component::init(faulty, params)?)
+        } else {
+            Transport::Udp(Component::init(udp, params)?)
+        };
+        let blob = with_btl!(&btl, c => c.modex());
+        pmi.put_long(&address_key(rank), &hex(&blob))?;
         pmi.barrier()?;
         let mut world = Self {
             pmi,
@@ -191,7 +227,7 @@ impl World {
             .map(|r| self.fetch(r))
             .collect::<Result<_, _>>()?;
         let views: Vec<Option<&[u8]>> = blobs.iter().map(|b| Some(b.as_slice())).collect();
-        let added = self.btl.add_procs(&views)?;
+        let added = with_btl!(&mut self.btl, c => c.add_procs(&views))?;
         for (rank, slot) in added[0].endpoints.iter().enumerate() {
             self.endpoints[rank] = Some(slot.ok_or_else(|| InitError::Unreachable {
                 rank: rank as u32,
@@ -239,7 +275,7 @@ impl World {
             return Ok(endpoint);
         }
         let blob = self.fetch(rank)?;
-        let added = self.btl.add_procs(&[Some(&blob)])?;
+        let added = with_btl!(&mut self.btl, c => c.add_procs(&[Some(&blob)]))?;
         let endpoint = added[0].endpoints[0].ok_or_else(|| InitError::Unreachable {
             rank,
             reason: "no address on a shared network".into(),
@@ -248,43 +284,35 @@ impl World {
         Ok(endpoint)
     }
 
-    /// The BTL component, for the BTL contract itself.
-    pub fn component(&mut self) -> &mut Component<UdpProvider> {
-        &mut self.btl
-    }
-
-    /// The first (usually only) BTL module.
-    pub fn btl(&mut self) -> &mut Module<UdpContext> {
-        &mut self.btl.modules_mut()[0]
-    }
-
     /// Installs a receive callback for `tag` on every module. The callback
-    /// gets the sender's rank when the sender is connected.
+    /// gets the sender's rank when the sender is connected. Messages arrive
+    /// exactly once and in order per sender.
     pub fn on_receive(
         &mut self,
         tag: Tag,
         callback: impl FnMut(Option<u32>, &[u8]) + Send + Clone + 'static,
     ) {
         let ranks = self.endpoints.clone();
-        for module in self.btl.modules_mut() {
-            let mut callback = callback.clone();
-            let ranks = ranks.clone();
-            module.register(
-                tag,
-                Box::new(move |ev: &RecvEvent<'_>| {
-                    let rank = ev
-                        .endpoint
-                        .and_then(|ep| ranks.iter().position(|slot| *slot == Some(ep)));
-                    callback(rank.map(|r| r as u32), ev.payload);
-                }),
-            );
-        }
+        with_btl!(&mut self.btl, c => {
+            for module in c.modules_mut() {
+                let mut callback = callback.clone();
+                let ranks = ranks.clone();
+                module.register(
+                    tag,
+                    Box::new(move |ev: &RecvEvent<'_>| {
+                        let rank = ev
+                            .endpoint
+                            .and_then(|ep| ranks.iter().position(|slot| *slot == Some(ep)));
+                        callback(rank.map(|r| r as u32), ev.payload);
+                    }),
+                );
+            }
+        });
     }
 
     /// Sends `bytes` (at most the eager limit) to `rank` with `tag`, copying
-    /// them into a send fragment the BTL frees once the datagram has left.
-    /// Waits, progressing, while no fragment is free. Delivery is not
-    /// guaranteed: this is the unreliable BTL.
+    /// them into a send fragment the BTL frees once the peer acknowledged
+    /// them. Waits, progressing, while no fragment is free.
     ///
     /// # Errors
     /// An unknown or unreachable rank, a message over the eager limit, or no
@@ -296,47 +324,79 @@ impl World {
             len: bytes.len(),
             reason,
         };
-        let deadline = Instant::now() + Duration::from_secs(1);
-        let des = loop {
-            if let Some(des) = self
-                .btl()
-                .alloc(NO_ORDER, bytes.len(), DesFlags::BTL_OWNERSHIP)
-            {
-                break des;
+        with_btl!(&mut self.btl, c => {
+            let eager = c.modules()[0].limits().eager_limit;
+            if bytes.len() > eager {
+                return Err(fail(format!("over the eager limit of {eager}")));
             }
-            if bytes.len() > self.btl().limits().eager_limit {
-                return Err(fail(format!(
-                    "over the eager limit of {}",
-                    self.btl().limits().eager_limit
-                )));
-            }
-            if Instant::now() > deadline {
-                return Err(fail("no send fragment became free".into()));
-            }
-            self.btl.progress();
-        };
-        let module = self.btl();
-        module
-            .segment_mut(des)
-            .map_err(|e| fail(e.to_string()))?
-            .copy_from_slice(bytes);
-        module
-            .send(endpoint, des, tag)
-            .map_err(|e| fail(e.to_string()))?;
+            let deadline = Instant::now() + Duration::from_secs(1);
+            let des = loop {
+                if let Some(des) = c.modules_mut()[0].alloc(NO_ORDER, bytes.len(), DesFlags::BTL_OWNERSHIP) {
+                    break des;
+                }
+                if Instant::now() > deadline {
+                    return Err(fail("no send fragment became free".into()));
+                }
+                c.progress();
+            };
+            let module = &mut c.modules_mut()[0];
+            module.segment_mut(des).map_err(|e| fail(e.to_string()))?.copy_from_slice(bytes);
+            module.send(endpoint, des, tag).map_err(|e| fail(e.to_string()))?;
+        });
         Ok(())
+    }
+
+    /// Sends a message of any length to `rank`: the transport cuts it into
+    /// datagrams and the receiver's callback gets it whole, once.
+    ///
+    /// # Errors
+    /// An unknown, unreachable or lost rank.
+    pub fn send_message(&mut self, rank: u32, tag: Tag, message: &[u8]) -> Result<(), InitError> {
+        let endpoint = self.endpoint(rank)?;
+        with_btl!(&mut self.btl, c => c.modules_mut()[0].send_message(endpoint, tag, message))
+            .map_err(|e| InitError::Send {
+                rank,
+                len: message.len(),
+                reason: e.to_string(),
+            })
+    }
+
+    /// Sends not yet acknowledged by their peers.
+    pub fn unacknowledged(&self) -> usize {
+        with_btl!(&self.btl, c => c.modules().iter().map(|m| m.unacknowledged()).sum())
+    }
+
+    /// Every module's state, for humans (`btl_dump`).
+    pub fn dump(&self) -> String {
+        with_btl!(&self.btl, c => c.modules().iter().map(|m| format!("{m}\n")).collect())
     }
 
     /// Progresses the transport once; returns the completions handled.
     pub fn progress(&mut self) -> usize {
-        self.btl.progress()
+        with_btl!(&mut self.btl, c => c.progress())
     }
 
-    /// Waits until every rank has called `barrier` (through the launcher).
+    /// Waits until every rank has called `barrier` (through the launcher),
+    /// progressing the transport meanwhile: peers may still need this rank's
+    /// acknowledgements to finish their own sends.
     ///
     /// # Errors
     /// The PMI exchange failed.
     pub fn barrier(&mut self) -> Result<(), InitError> {
-        Ok(self.pmi.barrier()?)
+        let Self { pmi, btl, .. } = self;
+        std::thread::scope(|scope| {
+            let waiter = scope.spawn(|| pmi.barrier());
+            while !waiter.is_finished() {
+                if with_btl!(&mut *btl, c => c.progress()) == 0 {
+                    std::thread::yield_now();
+                }
+            }
+            match waiter.join() {
+                Ok(result) => result.map_err(InitError::from),
+                // The PMI client does not panic; if it ever did, report it.
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        })
     }
 
     /// Asks the launcher to end the whole job with `code`, then exits.
@@ -347,17 +407,29 @@ impl World {
         std::process::exit(code)
     }
 
-    /// Leaves the job: a last barrier so that no rank tears its transport
-    /// down while others may still send to it, then the transport and PMI.
+    /// Leaves the job: waits (progressing, up to a few seconds) until this
+    /// rank's sends are acknowledged, meets every rank at a progressing
+    /// barrier so that nobody tears its transport down while others still
+    /// need its acknowledgements, lingers briefly for late retransmissions,
+    /// then closes the transport and PMI.
     ///
     /// # Errors
     /// A PMI failure or resources the transport found leaked.
     pub fn finalize(mut self) -> Result<(), InitError> {
-        self.pmi.barrier()?;
-        for _ in 0..16 {
-            self.btl.progress();
+        let drained = with_btl!(&mut self.btl, c => c.modules_mut().iter_mut().all(|m| m.quiesce(FINALIZE_DRAIN)));
+        if !drained {
+            tracing::warn!(
+                rank = self.rank,
+                unacknowledged = self.unacknowledged(),
+                "leaving with sends unacknowledged"
+            );
         }
-        self.btl.finalize()?;
+        self.barrier()?;
+        let linger = Instant::now() + FINALIZE_LINGER;
+        while Instant::now() < linger {
+            self.progress();
+        }
+        with_btl!(self.btl, c => c.finalize().map(drop))?;
         self.pmi.finalize()?;
         Ok(())
     }
