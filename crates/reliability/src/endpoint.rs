@@ -138,12 +138,20 @@ impl Peer {
             .then(|| self.last_progress + config.peer_timeout)
     }
 
+    /// The earliest timer. The failure deadline only counts when no
+    /// retransmission timer runs: while one does, its expiries check for
+    /// failure, which keeps the timer heap from gaining an entry per send.
     fn next_deadline(&self, config: &Config) -> Option<Instant> {
         let linger = match self.mode {
             Mode::Lingering(until) => Some(until),
             _ => None,
         };
-        [self.rto_at, self.ack_at, self.fail_at(config), linger]
+        let fail = if self.rto_at.is_none() {
+            self.fail_at(config)
+        } else {
+            None
+        };
+        [self.rto_at, self.ack_at, fail, linger]
             .into_iter()
             .flatten()
             .min()
@@ -917,9 +925,10 @@ impl<F: Clone, R> Reliability<F, R> {
     /// Makes sure the timer heap has an entry for the peer's next deadline.
     fn reschedule(&mut self, peer: u32) {
         let p = &mut self.peers[peer as usize];
+        // With nothing due, an existing entry is left to fire and find
+        // nothing: cheaper than removing it now and pushing another at the
+        // next send.
         let Some(next) = p.next_deadline(&self.config) else {
-            // Nothing is due: the heap entry, if any, goes stale.
-            p.scheduled = None;
             return;
         };
         // An existing entry that fires no later is enough: when it fires

@@ -95,6 +95,7 @@ impl<C: Context> Module<C> {
         }
         // Send at once rather than at the next progress call: latency.
         self.flush_transmits(now);
+        self.clock = now;
         Ok(if self.tx_backlog.is_empty() {
             SendStatus::Posted
         } else {
@@ -104,13 +105,13 @@ impl<C: Context> Module<C> {
 
     /// Timers, events and transmissions, after a progress call's completions.
     pub(super) fn drive_reliability(&mut self) {
-        let now = now(self.epoch);
+        let now = self.clock;
         let Some(rel) = self.rel.as_mut() else { return };
         if rel.poll_timeout().is_some_and(|at| at <= now) {
             rel.handle_timeout(now);
         }
-        self.process_events();
         self.flush_transmits(now);
+        self.process_events();
     }
 
     /// Runs callbacks for acknowledged and failed descriptors; returns
@@ -166,7 +167,6 @@ impl<C: Context> Module<C> {
                 self.transmit(tx);
             }
         }
-        self.process_events();
     }
 
     fn transmit(&mut self, tx: udbtl_reliability::Transmit<Descriptor>) {
@@ -281,7 +281,14 @@ impl<C: Context> Module<C> {
             self.repost(slot);
             return;
         }
-        let endpoint = self.by_addr.get(&src).copied();
+        let endpoint = match self.last_sender {
+            Some((addr, endpoint)) if addr == src => Some(endpoint),
+            _ => {
+                let endpoint = self.by_addr.get(&src).copied();
+                self.last_sender = endpoint.map(|ep| (src, ep));
+                endpoint
+            }
+        };
         let known = endpoint.and_then(|ep| {
             self.endpoints
                 .get(ep.0 as usize)?
@@ -293,7 +300,7 @@ impl<C: Context> Module<C> {
             self.repost(slot);
             return;
         };
-        let now = now(self.epoch);
+        let now = self.clock;
         let Some(rel) = self.rel.as_mut() else { return };
         match rel.on_datagram(now, PeerId(endpoint.0), &header, slot) {
             Receipt::Deliver(slot) => {
