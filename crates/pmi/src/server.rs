@@ -27,11 +27,14 @@
 //! `mpsc::Sender` given to [`Server::new`]. A rank that sends garbage gets an
 //! error reply where possible, its connection is closed and
 //! [`ServerEvent::ProtocolError`] reported; the server neither panics nor
-//! hangs for the other ranks.
+//! hangs for the other ranks. A launcher that wants to know when barriers
+//! complete (udrun's `--report-startup` times the first one) asks for
+//! [`ServerEvent::BarrierReleased`] with [`Server::report_barriers`].
 
 use std::collections::HashMap;
 use std::io::{self, BufReader, Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
@@ -200,6 +203,14 @@ pub enum ServerEvent {
         rank: Option<u32>,
         /// What went wrong.
         detail: String,
+    },
+    /// The last rank entered a barrier, which is now released. Sent only
+    /// after [`Server::report_barriers`], once per barrier, by the thread of
+    /// the rank that completed it, just before that thread wakes the others.
+    BarrierReleased {
+        /// How many barriers have completed, this one included (1 for the
+        /// first), as [`ServerCore::barrier_epoch`].
+        epoch: u64,
     },
 }
 
@@ -581,6 +592,8 @@ struct Shared {
     core: Mutex<Guarded>,
     released: Condvar,
     events: Sender<ServerEvent>,
+    /// Whether to send [`ServerEvent::BarrierReleased`].
+    barrier_events: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -612,6 +625,7 @@ impl Server {
             core: Mutex::new(guarded),
             released: Condvar::new(),
             events,
+            barrier_events: AtomicBool::new(false),
         };
         Ok(Self {
             shared: Arc::new(shared),
@@ -672,6 +686,14 @@ impl Server {
             .map_err(|source| ServerError::Spawn { name, source })?;
         debug!(%local, "PMI_PORT listener");
         Ok((local.port(), handle))
+    }
+
+    /// From now on, also report every barrier release as
+    /// [`ServerEvent::BarrierReleased`]. Off by default, so that a launcher
+    /// that does not care sees only the events that need action. Call it
+    /// before serving any rank to be sure to see the first barrier.
+    pub fn report_barriers(&self) {
+        self.shared.barrier_events.store(true, Ordering::Relaxed);
     }
 
     /// Stops the server: ranks held in a barrier get `cmd=barrier_out rc=-1`
@@ -747,6 +769,9 @@ impl Shared {
                     }
                 },
                 Action::Release { reply, .. } => {
+                    if self.barrier_events.load(Ordering::Relaxed) {
+                        self.event(ServerEvent::BarrierReleased { epoch });
+                    }
                     self.released.notify_all();
                     send(conn.get_mut(), &reply)
                 }
@@ -1132,6 +1157,57 @@ mod tests {
             c.handle(0, &msg("cmd=initack pmiid=0")),
             Action::Close { .. }
         ));
+    }
+
+    #[test]
+    fn barrier_releases_are_reported_on_request() {
+        use std::io::BufRead;
+        use std::os::unix::net::UnixStream;
+        use std::sync::mpsc;
+
+        fn barrier(conn: &mut BufReader<UnixStream>) -> String {
+            conn.get_mut().write_all(b"cmd=barrier_in\n").unwrap();
+            let mut reply = String::new();
+            conn.read_line(&mut reply).unwrap();
+            reply
+        }
+
+        for report in [false, true] {
+            let (tx, events) = mpsc::channel();
+            let server = Server::new(2, "kvs_b", tx).unwrap();
+            if report {
+                server.report_barriers();
+            }
+            let [mut zero, mut one] = [0, 1].map(|rank| {
+                let (ours, theirs) = UnixStream::pair().unwrap();
+                ours.set_read_timeout(Some(Duration::from_secs(10)))
+                    .unwrap();
+                server.serve(theirs, rank).unwrap();
+                BufReader::new(ours)
+            });
+            for _ in 0..2 {
+                let held = thread::spawn(move || (barrier(&mut one), one));
+                assert_eq!(barrier(&mut zero), "cmd=barrier_out rc=0\n");
+                let reply;
+                (reply, one) = held.join().unwrap();
+                assert_eq!(reply, "cmd=barrier_out rc=0\n");
+            }
+            let got: Vec<_> = events.try_iter().collect();
+            if report {
+                assert!(
+                    matches!(
+                        got[..],
+                        [
+                            ServerEvent::BarrierReleased { epoch: 1 },
+                            ServerEvent::BarrierReleased { epoch: 2 }
+                        ]
+                    ),
+                    "{got:?}"
+                );
+            } else {
+                assert!(got.is_empty(), "{got:?}");
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,246 @@
+//! Ranks on other hosts, started the way hydra's ssh launcher does it.
+//!
+//! A remote rank is a local `ssh -o BatchMode=yes -o ConnectTimeout=5 HOST
+//! COMMAND` process; COMMAND changes to udrun's working directory and runs
+//! the program with `PMI_PORT=<this host>:<port>` and `PMI_ID=<rank>` (the
+//! PMI-1 port mode: the rank connects back over TCP), the job variables and
+//! the `-x` exports. It expects a POSIX shell as the remote login shell.
+//!
+//! There is no proxy on the remote side. So that a remote rank does not
+//! outlive its job, COMMAND also watches its standard input, a pipe that
+//! udrun holds open and never writes: when it closes (udrun kills the job,
+//! or udrun itself dies), the remote shell sends SIGTERM to the rank's
+//! process group and SIGKILL 2 s later. A remote rank killed by signal N
+//! shows up as exit code 128+N (the remote shell's report of it).
+//!
+//! Before any rank starts, [`check_hosts`] runs `ssh ... HOST true` on every
+//! remote host at once, so that an unreachable one fails the launch with
+//! ssh's own reason instead of leaving the other ranks waiting for it.
+
+use std::ffi::{OsStr, OsString};
+use std::io::{self, Read};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rustix::process::Signal;
+
+/// How long [`check_hosts`] waits for every host to answer.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The launcher's options, before the host and the command.
+const LAUNCHER_OPTIONS: [&str; 4] = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=5"];
+
+/// A launcher command for `host` running the shell command `command`, in
+/// its own process group, with stdin, stdout and stderr as the caller sets.
+pub(crate) fn launcher(program: &OsStr, host: &str, command: &OsStr) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.args(LAUNCHER_OPTIONS)
+        .arg(host)
+        .arg(command)
+        .process_group(0);
+    cmd
+}
+
+/// The shell command that runs `argv` in `dir` with `env` on a remote host
+/// and kills it when its standard input closes (see the
+/// [module docs](self)).
+pub(crate) fn command(dir: Option<&Path>, env: &[(String, String)], argv: &[OsString]) -> OsString {
+    let mut script = Vec::new();
+    if let Some(dir) = dir {
+        script.extend_from_slice(b"cd ");
+        quote_into(&mut script, dir.as_os_str().as_bytes());
+        script.extend_from_slice(b" || exit; ");
+    }
+    // Keep the launcher's stdin as fd 3 for the watcher; the rank gets
+    // /dev/null.
+    script.extend_from_slice(b"exec 3<&0 </dev/null; env");
+    for (name, value) in env {
+        script.push(b' ');
+        quote_into(&mut script, format!("{name}={value}").as_bytes());
+    }
+    for word in argv {
+        script.push(b' ');
+        quote_into(&mut script, word.as_bytes());
+    }
+    script.extend_from_slice(
+        b" 3<&- & p=$!; \
+          ( trap '' TERM; while read -r _; do :; done <&3; \
+            kill -TERM 0; sleep 2; kill -KILL 0 ) >/dev/null 2>&1 & w=$!; \
+          exec 3<&-; wait $p; s=$?; kill -KILL $w 2>/dev/null; exit $s",
+    );
+    OsString::from_vec(script)
+}
+
+/// Appends `word` to `out` in single quotes, for any POSIX shell.
+fn quote_into(out: &mut Vec<u8>, word: &[u8]) {
+    out.push(b'\'');
+    for &b in word {
+        if b == b'\'' {
+            out.extend_from_slice(b"'\\''");
+        } else {
+            out.push(b);
+        }
+    }
+    out.push(b'\'');
+}
+
+/// A host that [`check_hosts`] could not reach, and why.
+#[derive(Debug)]
+pub(crate) struct Unreachable {
+    pub(crate) host: String,
+    pub(crate) reason: String,
+}
+
+/// Runs `launcher ... HOST true` on every host in `hosts` in parallel and
+/// returns those that failed (in `hosts` order), each with ssh's last line
+/// of complaint. Gives up on a host after 10 s, or on all of them once
+/// `stop()` (udrun was interrupted).
+pub(crate) fn check_hosts(
+    program: &OsStr,
+    hosts: &[&str],
+    stop: impl Fn() -> bool,
+) -> Vec<Unreachable> {
+    let started: Vec<(&str, io::Result<Child>)> = hosts
+        .iter()
+        .map(|&host| {
+            let child = launcher(program, host, OsStr::new("true"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn();
+            (host, child)
+        })
+        .collect();
+    let deadline = Instant::now() + CHECK_TIMEOUT;
+    let mut failed = Vec::new();
+    for (host, child) in started {
+        let reason = match child {
+            Ok(child) => wait_check(child, deadline, &stop).err(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Some(format!(
+                "{} not found ({})",
+                program.to_string_lossy(),
+                crate::os_message(&e)
+            )),
+            Err(e) => Some(format!(
+                "cannot run {}: {}",
+                program.to_string_lossy(),
+                crate::os_message(&e)
+            )),
+        };
+        if let Some(reason) = reason {
+            failed.push(Unreachable {
+                host: host.to_owned(),
+                reason,
+            });
+        }
+    }
+    failed
+}
+
+/// Waits for one check until `deadline`; the error is why it failed.
+fn wait_check(mut child: Child, deadline: Instant, stop: &impl Fn() -> bool) -> Result<(), String> {
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Ok(status),
+            Ok(None) if stop() => break Err("interrupted".to_owned()),
+            Ok(None) if Instant::now() >= deadline => {
+                break Err(format!("no answer within {} s", CHECK_TIMEOUT.as_secs()));
+            }
+            Ok(None) => thread::sleep(Duration::from_millis(5)),
+            Err(e) => break Err(format!("waiting for ssh: {}", crate::os_message(&e))),
+        }
+    };
+    let status = match status {
+        Ok(status) => status,
+        Err(reason) => {
+            crate::kill_group(child.id(), Signal::KILL);
+            let _ = child.wait();
+            return Err(reason);
+        }
+    };
+    if status.success() {
+        return Ok(());
+    }
+    // ssh's complaint is short: it fits in the pipe, so reading after the
+    // exit cannot block.
+    let mut complaint = Vec::new();
+    if let Some(mut stderr) = child.stderr.take() {
+        let _ = stderr.read_to_end(&mut complaint);
+    }
+    let complaint = String::from_utf8_lossy(&complaint);
+    Err(
+        match complaint.lines().rev().find(|l| !l.trim().is_empty()) {
+            Some(line) => line.trim().to_owned(),
+            None => match status.code() {
+                Some(code) => format!("ssh exited with code {code}"),
+                None => format!("ssh ended by {status}"),
+            },
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting_survives_any_byte() {
+        let mut out = Vec::new();
+        quote_into(&mut out, b"it's $HOME `x` \\ \"q\"");
+        assert_eq!(out, b"'it'\\''s $HOME `x` \\ \"q\"'");
+    }
+
+    /// Runs `script` with `sh -c` in its own process group (the watcher's
+    /// `kill 0` must not reach the test harness), its stdin a pipe that
+    /// stays open unless `close_stdin`.
+    fn sh(script: &OsStr, close_stdin: bool) -> std::process::Output {
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .process_group(0)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take();
+        if close_stdin {
+            drop(stdin);
+            child.wait_with_output().unwrap()
+        } else {
+            let out = child.wait_with_output().unwrap();
+            drop(stdin);
+            out
+        }
+    }
+
+    fn words(words: &[&str]) -> Vec<OsString> {
+        words.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn remote_command_runs_under_sh() {
+        let env = [("PMI_ID".to_owned(), "1".to_owned())];
+        let argv = words(&["printf", "%s|%s\\n", "a b", "it's"]);
+        let out = sh(&command(Some(Path::new("/")), &env, &argv), false);
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "a b|it's\n");
+        let argv = words(&["sh", "-c", "echo $PMI_ID; pwd; exit 3"]);
+        let out = sh(&command(Some(Path::new("/")), &env, &argv), false);
+        assert_eq!(out.status.code(), Some(3));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "1\n/\n");
+    }
+
+    #[test]
+    fn closing_stdin_kills_the_remote_rank() {
+        use std::os::unix::process::ExitStatusExt;
+        let started = Instant::now();
+        let out = sh(&command(None, &[], &words(&["sleep", "30"])), true);
+        assert_eq!(out.status.signal(), Some(15), "{out:?}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+}

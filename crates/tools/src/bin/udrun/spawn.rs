@@ -1,0 +1,290 @@
+//! Starting one rank: its environment, its PMI connection and its CPU.
+//!
+//! A local rank is served PMI-1 over a socketpair: udrun keeps one end (and
+//! hands it to [`Server::serve`]), the rank inherits the other as `PMI_FD`.
+//! That end is made inheritable right before the spawn and udrun's copy is
+//! closed right after it; ranks are spawned one at a time from one thread
+//! and nothing else in udrun starts processes meanwhile, so no other child
+//! inherits it. Every rank runs in its own process group, so that killing
+//! the group also kills whatever the rank started.
+//!
+//! `--bind-to core` pins local rank i to the i-th CPU of udrun's own
+//! affinity mask (modulo its size) by pinning the spawning thread just
+//! before the spawn: the child inherits the mask from its first
+//! instruction, so there is no window in which it runs (or starts threads)
+//! unpinned, as there would be with `sched_setaffinity(pid)` afterwards.
+//! The thread's mask is restored right after.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rustix::io::{FdFlags, fcntl_setfd};
+use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
+use udbtl_pmi::Server;
+
+use crate::cli::Export;
+use crate::hosts::Placement;
+
+/// A random, non-zero job key from the kernel's generator.
+pub(crate) fn job_key() -> io::Result<u32> {
+    let mut urandom = File::open("/dev/urandom")?;
+    loop {
+        let mut bytes = [0; 4];
+        urandom.read_exact(&mut bytes)?;
+        let key = u32::from_ne_bytes(bytes);
+        if key != 0 {
+            return Ok(key);
+        }
+    }
+}
+
+/// What every rank of the job shares.
+#[derive(Debug)]
+pub(crate) struct JobSpec<'a> {
+    pub(crate) argv: &'a [OsString],
+    pub(crate) size: u32,
+    pub(crate) key: u32,
+    pub(crate) exports: &'a [Export],
+}
+
+impl JobSpec<'_> {
+    /// The job's variables for one rank, `-x VAR=VALUE` exports last.
+    fn common_env(&self, place: &Placement) -> Vec<(String, String)> {
+        let mut env = vec![
+            ("UDBTL_JOB_KEY".to_owned(), self.key.to_string()),
+            ("UDRUN_JOB_KEY".to_owned(), self.key.to_string()),
+            ("UDRUN_LOCAL_RANK".to_owned(), place.local_rank.to_string()),
+            ("UDRUN_LOCAL_SIZE".to_owned(), place.local_size.to_string()),
+        ];
+        env.extend(self.exports.iter().filter_map(|export| {
+            let value = export.value.clone();
+            value.map(|value| (export.name.clone(), value))
+        }));
+        env
+    }
+}
+
+/// Records whether a rank ever sent anything on its PMI connection, so that
+/// a program that does not use PMI at all (`udrun -n 2 hostname`) is not
+/// taken for one that lost its connection. Wraps udrun's end of the
+/// socketpair.
+#[derive(Debug)]
+pub(crate) struct Watched {
+    stream: UnixStream,
+    spoke: Arc<AtomicBool>,
+}
+
+impl Read for Watched {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.stream.read(buf)?;
+        if n > 0 {
+            self.spoke.store(true, Ordering::Relaxed);
+        }
+        Ok(n)
+    }
+}
+
+impl Write for Watched {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.stream.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
+    }
+}
+
+/// Why a rank could not be started.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SpawnError {
+    /// Setting up its PMI connection failed.
+    #[error("setting up the PMI connection of rank {rank}: {source}")]
+    Pmi {
+        rank: u32,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The program (or ssh) did not start.
+    #[error("cannot start {}: {}", program.to_string_lossy(), crate::os_message(source))]
+    Start {
+        program: OsString,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl SpawnError {
+    /// The shell's status for a command that cannot run: 127 when it is
+    /// not found, 126 when it is not executable, 1 otherwise.
+    pub(crate) fn exit_code(&self) -> u8 {
+        match self {
+            Self::Start { source, .. } => match source.kind() {
+                io::ErrorKind::NotFound => 127,
+                io::ErrorKind::PermissionDenied => 126,
+                _ if source.raw_os_error() == Some(rustix::io::Errno::NOEXEC.raw_os_error()) => 126,
+                _ => 1,
+            },
+            Self::Pmi { .. } => 1,
+        }
+    }
+}
+
+/// CPU pinning for `--bind-to core`.
+#[derive(Debug)]
+pub(crate) struct Binder {
+    /// The spawning thread's own mask, restored after each spawn.
+    original: CpuSet,
+    /// The CPUs in `original`, in increasing order.
+    cpus: Vec<usize>,
+}
+
+impl Binder {
+    /// Reads the calling thread's mask.
+    pub(crate) fn new() -> io::Result<Self> {
+        let original = sched_getaffinity(None)?;
+        let cpus: Vec<usize> = (0..CpuSet::MAX_CPU)
+            .filter(|&c| original.is_set(c))
+            .collect();
+        if cpus.is_empty() {
+            return Err(io::Error::other("the affinity mask is empty"));
+        }
+        Ok(Self { original, cpus })
+    }
+
+    /// The CPU of local rank `local_rank`.
+    pub(crate) fn cpu(&self, local_rank: u32) -> usize {
+        self.cpus[local_rank as usize % self.cpus.len()]
+    }
+}
+
+/// Spawns local rank `rank`, served by `server` over a new socketpair, with
+/// its stdout and stderr piped and stdin from /dev/null. Returns the child
+/// and the flag that tells whether it spoke PMI.
+pub(crate) fn local(
+    job: &JobSpec<'_>,
+    rank: u32,
+    place: &Placement,
+    server: &Server,
+    binder: Option<&Binder>,
+) -> Result<(Child, Arc<AtomicBool>), SpawnError> {
+    let pmi = |source: Box<dyn std::error::Error + Send + Sync>| SpawnError::Pmi { rank, source };
+    let (ours, theirs) = UnixStream::pair().map_err(|e| pmi(e.into()))?;
+    let spoke = Arc::new(AtomicBool::new(false));
+    let watched = Watched {
+        stream: ours,
+        spoke: Arc::clone(&spoke),
+    };
+    // The serving thread starts before any pinning, so it keeps udrun's mask.
+    server.serve(watched, rank).map_err(|e| pmi(e.into()))?;
+
+    let mut cmd = Command::new(&job.argv[0]);
+    cmd.args(&job.argv[1..])
+        .env_remove("PMI_PORT")
+        .env_remove("PMI_ID")
+        .env("PMI_FD", theirs.as_raw_fd().to_string())
+        .env("PMI_RANK", rank.to_string())
+        .env("PMI_SIZE", job.size.to_string())
+        .envs(job.common_env(place))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+
+    fcntl_setfd(&theirs, FdFlags::empty()).map_err(|e| pmi(Box::new(io::Error::from(e))))?;
+    if let Some(binder) = binder {
+        let mut set = CpuSet::new();
+        set.set(binder.cpu(place.local_rank));
+        sched_setaffinity(None, &set).map_err(|e| pmi(Box::new(io::Error::from(e))))?;
+    }
+    let spawned = cmd.spawn();
+    if let Some(binder) = binder {
+        // Cannot fail: the mask is the one this thread had.
+        let _ = sched_setaffinity(None, &binder.original);
+    }
+    drop(theirs);
+    let child = spawned.map_err(|source| SpawnError::Start {
+        program: job.argv[0].clone(),
+        source,
+    })?;
+    Ok((child, spoke))
+}
+
+/// Spawns remote rank `rank` through `launcher` (ssh): its PMI connection
+/// comes back to `pmi_port` on `pmi_host`. stdin, stdout and stderr are
+/// pipes; stdin must stay open for as long as the rank may run (see
+/// [`remote`](crate::remote)).
+pub(crate) fn remote(
+    job: &JobSpec<'_>,
+    rank: u32,
+    place: &Placement,
+    host: &str,
+    launcher: &std::ffi::OsStr,
+    pmi_addr: &str,
+    dir: Option<&std::path::Path>,
+) -> Result<Child, SpawnError> {
+    let mut env = vec![
+        ("PMI_PORT".to_owned(), pmi_addr.to_owned()),
+        ("PMI_ID".to_owned(), rank.to_string()),
+    ];
+    env.extend(job.common_env(place));
+    // `-x VAR` without a value sends udrun's own value (if it has one).
+    env.extend(
+        job.exports
+            .iter()
+            .filter(|e| e.value.is_none())
+            .filter_map(|e| {
+                std::env::var(&e.name)
+                    .ok()
+                    .map(|value| (e.name.clone(), value))
+            }),
+    );
+    let command = crate::remote::command(dir, &env, job.argv);
+    crate::remote::launcher(launcher, host, &command)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|source| SpawnError::Start {
+            program: launcher.to_owned(),
+            source,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_keys_are_random_and_non_zero() {
+        let a = job_key().unwrap();
+        let b = job_key().unwrap();
+        assert_ne!(a, 0);
+        assert_ne!(a, b, "two keys in a row collided (p = 2^-32)");
+    }
+
+    #[test]
+    fn spawn_errors_map_to_shell_codes() {
+        let start = |kind: io::Error| SpawnError::Start {
+            program: "p".into(),
+            source: kind,
+        };
+        assert_eq!(start(io::ErrorKind::NotFound.into()).exit_code(), 127);
+        assert_eq!(
+            start(io::ErrorKind::PermissionDenied.into()).exit_code(),
+            126
+        );
+        assert_eq!(start(io::Error::from_raw_os_error(8)).exit_code(), 126);
+        assert_eq!(start(io::ErrorKind::OutOfMemory.into()).exit_code(), 1);
+        assert_eq!(
+            start(io::Error::from_raw_os_error(2)).to_string(),
+            "cannot start p: No such file or directory"
+        );
+    }
+}

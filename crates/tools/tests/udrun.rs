@@ -1,0 +1,664 @@
+//! `udrun` as a user runs it: the real binary, real rank processes and the
+//! real PMI-1 exchange. The ranks are bash scripts that speak PMI-1 over
+//! their `PMI_FD` (or, on a "remote" host, over TCP to `PMI_PORT`), made by
+//! [`pmi_rank`]. Every run is bounded by [`LIMIT`]; a run that takes longer
+//! is killed and fails its test.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, kill_process};
+
+/// No run may take longer than this.
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// The `udrun` command, with an environment free of PMI, udbtl and udrun
+/// variables (the tests may themselves run under a launcher).
+fn udrun(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_udrun"));
+    for (key, _) in std::env::vars_os() {
+        let key_text = key.to_string_lossy();
+        if ["PMI_", "PMIX_", "UDBTL_", "UDRUN_"]
+            .iter()
+            .any(|p| key_text.starts_with(p))
+        {
+            cmd.env_remove(&key);
+        }
+    }
+    cmd.env_remove("RUST_LOG")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// What a finished run left.
+#[derive(Debug)]
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    elapsed: Duration,
+}
+
+impl Run {
+    /// The lines udrun itself wrote to stderr.
+    fn reports(&self) -> Vec<&str> {
+        self.stderr
+            .lines()
+            .filter(|l| l.starts_with("udrun: "))
+            .collect()
+    }
+}
+
+/// Reads a pipe to its end on a thread.
+fn collect(mut pipe: impl Read + Send + 'static) -> thread::JoinHandle<String> {
+    thread::spawn(move || {
+        let mut text = String::new();
+        pipe.read_to_string(&mut text).unwrap();
+        text
+    })
+}
+
+/// A running udrun. Should a test fail or time out before it ends, it is
+/// sent SIGTERM (so that it takes its ranks down), then SIGKILL.
+struct Udrun {
+    child: Child,
+    started: Instant,
+}
+
+impl Udrun {
+    fn start(mut cmd: Command) -> Self {
+        let started = Instant::now();
+        let child = cmd.spawn().unwrap();
+        Self { child, started }
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.id().try_into().unwrap()).unwrap()
+    }
+
+    /// Waits for the end at most [`LIMIT`] (else panics): the exit code and
+    /// the time since the start.
+    fn wait(&mut self) -> (Option<i32>, Duration) {
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return (status.code(), self.started.elapsed());
+            }
+            assert!(
+                self.started.elapsed() < LIMIT,
+                "udrun did not end within {LIMIT:?}"
+            );
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Udrun {
+    fn drop(&mut self) {
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            return;
+        }
+        let _ = kill_process(self.pid(), Signal::TERM);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `udrun args` to its end.
+fn launch(args: &[&str]) -> Run {
+    run_command(udrun(args))
+}
+
+/// Runs a [`udrun`] command to its end.
+fn run_command(cmd: Command) -> Run {
+    let mut udrun = Udrun::start(cmd);
+    let stdout = collect(udrun.child.stdout.take().unwrap());
+    let stderr = collect(udrun.child.stderr.take().unwrap());
+    let (code, elapsed) = udrun.wait();
+    Run {
+        code,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+        elapsed,
+    }
+}
+
+/// A bash rank that speaks PMI-1: init, put `k<rank>`, barrier, get every
+/// rank's key and check its value, print `rank R saw N`, finalize. `before`
+/// runs after init (a rank that fails there leaves the others stuck in the
+/// barrier), `after` before finalize. `$rank`, `$size`, `$fd` and `req`
+/// (send a line, read the reply into `$reply`) are there for them.
+fn pmi_rank(before: &str, after: &str) -> String {
+    format!(
+        r#"set -u
+die() {{ echo "rank ${{rank:-?}}: $*" >&2; exit 90; }}
+if [ -n "${{PMI_FD:-}}" ]; then
+    fd=$PMI_FD rank=$PMI_RANK size=$PMI_SIZE
+else
+    exec {{fd}}<>"/dev/tcp/${{PMI_PORT%:*}}/${{PMI_PORT##*:}}" || die "cannot connect to $PMI_PORT"
+    echo "cmd=initack pmiid=$PMI_ID" >&$fd
+    for _ in 1 2 3 4; do
+        IFS= read -r -t 10 line <&$fd || die "no initack"
+        case $line in
+            "cmd=set size="*) size=${{line#cmd=set size=}} ;;
+            "cmd=set rank="*) rank=${{line#cmd=set rank=}} ;;
+        esac
+    done
+fi
+req() {{ echo "$1" >&$fd; IFS= read -r -t 10 reply <&$fd || die "no reply to $1"; }}
+req "cmd=init pmi_version=1 pmi_subversion=1"
+case $reply in *rc=0*) ;; *) die "init: $reply" ;; esac
+req "cmd=get_my_kvsname"
+kvs=${{reply##*kvsname=}} kvs=${{kvs%% *}}
+{before}
+req "cmd=put kvsname=$kvs key=k$rank value=v$rank-$UDBTL_JOB_KEY"
+req "cmd=barrier_in"
+for ((i = 0; i < size; i++)); do
+    req "cmd=get kvsname=$kvs key=k$i"
+    case $reply in *" value=v$i-$UDBTL_JOB_KEY") ;; *) die "get k$i: $reply" ;; esac
+done
+echo "rank $rank saw $size"
+{after}
+req "cmd=finalize"
+"#
+    )
+}
+
+/// `udrun <udrun_args> bash -c <script>`.
+fn run_script(udrun_args: &[&str], script: &str) -> Run {
+    let mut args = udrun_args.to_vec();
+    args.extend(["bash", "-c", script]);
+    launch(&args)
+}
+
+/// Checks that every one of `n` ranks printed `rank R saw n`.
+fn assert_all_saw(run: &Run, n: u32) {
+    for rank in 0..n {
+        let line = format!("rank {rank} saw {n}");
+        assert!(
+            run.stdout.lines().any(|l| l == line),
+            "{line:?} missing: {run:#?}"
+        );
+    }
+}
+
+/// Checks a failed run: status `code`, and exactly one line from udrun,
+/// containing every one of `words`.
+fn assert_fails(run: &Run, code: i32, words: &[&str]) {
+    assert_eq!(run.code, Some(code), "{run:#?}");
+    let reports = run.reports();
+    assert_eq!(reports.len(), 1, "one line expected: {run:#?}");
+    for word in words {
+        assert!(reports[0].contains(word), "{word:?} missing: {run:#?}");
+    }
+}
+
+/// A fresh directory for files a test needs.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("udrun-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Writes an executable script.
+fn script_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// Whether process `pid` is gone for good (not even a zombie).
+fn gone(pid: u32) -> bool {
+    !Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// PIDs of the processes whose environment holds `UDRUN_JOB_KEY=<key>`.
+fn processes_with_key(key: &str) -> Vec<u32> {
+    let needle = format!("UDRUN_JOB_KEY={key}");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|&b| b == 0).any(|var| var == needle.as_bytes()))
+        })
+        .collect()
+}
+
+/// Waits (briefly) until `check` holds.
+fn eventually(what: &str, check: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !check() {
+        assert!(Instant::now() < deadline, "{what}");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn ranks_exchange_values_through_pmi() {
+    let script = pmi_rank("", "");
+    for n in [1, 2, 4, 16] {
+        let run = run_script(&["-n", &n.to_string()], &script);
+        assert_eq!(run.code, Some(0), "{run:#?}");
+        assert_all_saw(&run, n);
+        assert!(run.stderr.is_empty(), "{run:#?}");
+        assert!(run.elapsed < Duration::from_secs(5), "{run:#?}");
+    }
+}
+
+#[test]
+fn a_non_zero_exit_ends_the_job_with_that_code() {
+    let script = pmi_rank(r#"[ "$rank" = 2 ] && exit 3"#, "");
+    let run = run_script(&["-n", "4"], &script);
+    assert_fails(
+        &run,
+        3,
+        &["rank 2 (pid ", "exited with code 3", "killing the job"],
+    );
+    assert!(run.elapsed < Duration::from_secs(5), "{run:#?}");
+}
+
+#[test]
+fn a_death_by_signal_ends_the_job_with_128_plus_the_signal() {
+    let segv = pmi_rank(r#"[ "$rank" = 1 ] && { ulimit -c 0; kill -SEGV $$; }"#, "");
+    let run = run_script(&["-n", "3"], &segv);
+    assert_fails(
+        &run,
+        139,
+        &["rank 1 (pid ", "killed by signal 11 (SIGSEGV)"],
+    );
+    assert!(run.elapsed < Duration::from_secs(5), "{run:#?}");
+
+    let kill = pmi_rank(r#"[ "$rank" = 0 ] && kill -KILL $$"#, "");
+    let run = run_script(&["-n", "2"], &kill);
+    assert_fails(&run, 137, &["rank 0 (pid ", "killed by signal 9 (SIGKILL)"]);
+    assert!(run.elapsed < Duration::from_secs(5), "{run:#?}");
+}
+
+#[test]
+fn pmi_abort_ends_the_job_with_its_code() {
+    let script = pmi_rank(
+        r#"[ "$rank" = 1 ] && { echo "cmd=abort exitcode=7 message=it_broke" >&$fd; sleep 5; }"#,
+        "",
+    );
+    let run = run_script(&["-n", "3"], &script);
+    assert_fails(
+        &run,
+        7,
+        &["rank 1 (pid ", "called abort with code 7: it_broke"],
+    );
+    assert!(run.elapsed < Duration::from_secs(5), "{run:#?}");
+}
+
+#[test]
+fn leaving_pmi_without_finalize_fails_the_job() {
+    // Exit 0 after using PMI but without finalize: hydra's rule.
+    let script = pmi_rank(r#"[ "$rank" = 1 ] && exit 0"#, "");
+    let run = run_script(&["-n", "2"], &script);
+    assert_fails(&run, 1, &["rank 1 (pid ", "without calling PMI finalize"]);
+    // Closing the connection and living on.
+    let script = pmi_rank(r#"[ "$rank" = 0 ] && { exec {fd}>&-; sleep 30; }"#, "");
+    let run = run_script(&["-n", "2"], &script);
+    assert_fails(&run, 1, &["rank 0 (pid ", "closed its PMI connection"]);
+    assert!(run.elapsed < Duration::from_secs(5), "{run:#?}");
+    // A program that never uses PMI is judged by its exit status only.
+    let run = launch(&["-n", "2", "true"]);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert!(run.stderr.is_empty(), "{run:#?}");
+}
+
+#[test]
+fn sigint_kills_a_hung_job_and_leaves_nothing_behind() {
+    const N: usize = 3;
+    // After init, each rank prints its PID, its background child's PID and
+    // the job key, then waits forever.
+    let script = pmi_rank(
+        r#"sleep 1000 & echo "pids $$ $! key $UDRUN_JOB_KEY"; wait"#,
+        "",
+    );
+    let mut udrun = Udrun::start(udrun(&["-n", &N.to_string(), "bash", "-c", &script]));
+    let (tx, lines) = mpsc::channel();
+    let stdout = BufReader::new(udrun.child.stdout.take().unwrap());
+    thread::spawn(move || {
+        for line in stdout.lines() {
+            let _ = tx.send(line.unwrap());
+        }
+    });
+    let stderr = collect(udrun.child.stderr.take().unwrap());
+    let mut pids = Vec::new();
+    let mut keys = HashSet::new();
+    for _ in 0..N {
+        let line = lines
+            .recv_timeout(Duration::from_secs(5))
+            .expect("rank output");
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!((words[0], words[3]), ("pids", "key"), "{line}");
+        pids.extend([words[1].parse::<u32>().unwrap(), words[2].parse().unwrap()]);
+        keys.insert(words[4].to_owned());
+    }
+    assert_eq!(keys.len(), 1);
+    let key = keys.into_iter().next().unwrap();
+    // (A process in the middle of an exec may briefly show no environment.)
+    eventually("every rank and child carries the key", || {
+        processes_with_key(&key).len() == 2 * N
+    });
+
+    kill_process(udrun.pid(), Signal::INT).unwrap();
+    let (code, elapsed) = udrun.wait();
+    let stderr = stderr.join().unwrap();
+    assert_eq!(code, Some(130), "{stderr}");
+    assert_eq!(stderr, "udrun: interrupted by SIGINT; job killed\n");
+    assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+    // Ranks and their children are gone and reaped (udrun is a subreaper).
+    eventually(&format!("processes left: {pids:?}"), || {
+        pids.iter().all(|&pid| gone(pid))
+    });
+    assert_eq!(processes_with_key(&key), Vec::<u32>::new());
+}
+
+#[test]
+fn bad_command_lines_get_one_line_and_status_2() {
+    for args in [
+        &["-n", "2", "--bogus", "true"][..],
+        &["-n", "0", "true"],
+        &["-n", "two", "true"],
+        &["-n", "2"],
+        &["true"],
+        &["-n", "2", "--bind-to", "socket", "true"],
+        &["-n", "2", "-x", "1BAD", "true"],
+        &["-n", "2", "--host", "a:0", "true"],
+    ] {
+        let run = launch(args);
+        assert_eq!(run.code, Some(2), "{args:?}: {run:#?}");
+        assert_eq!(run.stderr.lines().count(), 1, "{args:?}: {run:#?}");
+        assert!(run.stderr.starts_with("udrun: "), "{args:?}: {run:#?}");
+        assert!(run.stdout.is_empty(), "{args:?}: {run:#?}");
+    }
+    let run = launch(&["-n", "0", "true"]);
+    assert!(run.stderr.contains("'0' for '-n <N>'"), "{run:#?}");
+    let run = launch(&["-n", "2"]);
+    assert!(run.stderr.contains("<PROGRAM>"), "{run:#?}");
+}
+
+#[test]
+fn a_program_that_cannot_start_gets_127() {
+    let run = launch(&["-n", "2", "/no/such/program"]);
+    assert_eq!(run.code, Some(127), "{run:#?}");
+    assert_eq!(
+        run.stderr,
+        "udrun: cannot start /no/such/program: No such file or directory\n"
+    );
+    // Found but not executable: 126, as in a shell.
+    let run = launch(&["-n", "1", "/"]);
+    assert_eq!(run.code, Some(126), "{run:#?}");
+    assert_eq!(run.stderr, "udrun: cannot start /: Permission denied\n");
+}
+
+#[test]
+fn an_unreachable_host_fails_fast() {
+    let run = launch(&["-n", "2", "--host", "no-such-host.invalid", "true"]);
+    assert_fails(&run, 1, &["cannot reach host no-such-host.invalid: "]);
+    assert!(run.elapsed < Duration::from_secs(10), "{run:#?}");
+    // Without ssh.
+    let run = launch(&[
+        "-n",
+        "2",
+        "--host",
+        "no-such-host.invalid",
+        "--launcher-exec",
+        "/no/such/ssh",
+        "true",
+    ]);
+    assert_fails(
+        &run,
+        1,
+        &["cannot reach host no-such-host.invalid: /no/such/ssh not found"],
+    );
+}
+
+#[test]
+fn tag_output_prefixes_every_line() {
+    let run = launch(&[
+        "-n",
+        "2",
+        "--tag-output",
+        "sh",
+        "-c",
+        "echo one; echo two >&2; printf 'no newline'",
+    ]);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    for rank in 0..2 {
+        for (text, stream) in [
+            ("one", &run.stdout),
+            ("no newline", &run.stdout),
+            ("two", &run.stderr),
+        ] {
+            let line = format!("[{rank}] {text}");
+            assert!(stream.lines().any(|l| l == line), "{line:?}: {run:#?}");
+        }
+    }
+    assert_eq!(run.stdout.lines().count(), 4, "{run:#?}");
+    // Untagged, output passes unchanged.
+    let run = launch(&["-n", "1", "sh", "-c", "printf 'a\\nb'"]);
+    assert_eq!(run.stdout, "a\nb");
+}
+
+#[test]
+fn exports_and_job_variables_reach_the_ranks() {
+    let print = r#"echo "$PMI_RANK $UDBTL_JOB_KEY $UDRUN_JOB_KEY $UDRUN_LOCAL_RANK $UDRUN_LOCAL_SIZE ${UDRUN_TEST_VAR-unset}""#;
+    let launch = || {
+        let run = launch(&[
+            "-n",
+            "3",
+            "-x",
+            "UDRUN_TEST_VAR=a b=c",
+            "-x",
+            "HOME",
+            "sh",
+            "-c",
+            print,
+        ]);
+        assert_eq!(run.code, Some(0), "{run:#?}");
+        let mut keys = HashSet::new();
+        for line in run.stdout.lines() {
+            let words: Vec<&str> = line.splitn(6, ' ').collect();
+            assert_eq!(
+                words[1], words[2],
+                "UDBTL_JOB_KEY and UDRUN_JOB_KEY differ: {line}"
+            );
+            assert_ne!(words[1].parse::<u32>().unwrap(), 0, "{line}");
+            assert_eq!(words[0], words[3], "local rank: {line}");
+            assert_eq!(words[4], "3", "local size: {line}");
+            assert_eq!(words[5], "a b=c", "-x: {line}");
+            keys.insert(words[1].to_owned());
+        }
+        assert_eq!(run.stdout.lines().count(), 3, "{run:#?}");
+        assert_eq!(keys.len(), 1, "one key per job: {run:#?}");
+        keys.into_iter().next().unwrap()
+    };
+    assert_ne!(launch(), launch(), "two launches, one key");
+}
+
+/// The CPUs this process may use, from a `Cpus_allowed_list` value.
+fn cpu_list(text: &str) -> Vec<usize> {
+    text.trim()
+        .split(',')
+        .flat_map(|range| match range.split_once('-') {
+            Some((a, b)) => (a.parse().unwrap()..=b.parse().unwrap()).collect::<Vec<_>>(),
+            None => vec![range.parse().unwrap()],
+        })
+        .collect()
+}
+
+#[test]
+fn bind_to_core_pins_each_local_rank() {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let ours = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap();
+    let cpus = cpu_list(ours);
+    let show = r#"echo "$PMI_RANK $(grep Cpus_allowed_list /proc/self/status | cut -f2)""#;
+    let n = cpus.len() + 1;
+    let run = launch(&["-n", &n.to_string(), "--bind-to", "core", "sh", "-c", show]);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    for line in run.stdout.lines() {
+        let (rank, list) = line.split_once(' ').unwrap();
+        let rank: usize = rank.parse().unwrap();
+        assert_eq!(cpu_list(list), [cpus[rank % cpus.len()]], "{line}");
+    }
+    // --bind-to none (the default) leaves the mask alone.
+    let run = launch(&["-n", "1", "sh", "-c", show]);
+    assert_eq!(cpu_list(run.stdout.split_once(' ').unwrap().1), cpus);
+}
+
+#[test]
+fn report_startup_times_the_first_barrier() {
+    let run = run_script(&["-n", "4", "--report-startup"], &pmi_rank("", ""));
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    let reports = run.reports();
+    assert_eq!(reports.len(), 1, "{run:#?}");
+    let ms = reports[0]
+        .strip_prefix("udrun: 4 ranks, first barrier after ")
+        .and_then(|rest| rest.strip_suffix(" ms"))
+        .unwrap_or_else(|| panic!("{run:#?}"));
+    assert!(ms.parse::<f64>().unwrap() > 0.0);
+}
+
+#[test]
+fn hostfile_places_ranks_here_and_rejects_bad_lines() {
+    let dir = scratch("hostfile");
+    let good = dir.join("good");
+    std::fs::write(&good, "# this machine\nlocalhost slots=2\n127.0.0.1\n").unwrap();
+    let run = run_script(
+        &["-n", "3", "--hostfile", good.to_str().unwrap()],
+        &pmi_rank("", ""),
+    );
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert_all_saw(&run, 3);
+    let bad = dir.join("bad");
+    std::fs::write(&bad, "localhost\nnode2 cpus=4\n").unwrap();
+    let run = launch(&["-n", "2", "--hostfile", bad.to_str().unwrap(), "true"]);
+    assert_fails(&run, 2, &["line 2", "cpus=4"]);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A stand-in for ssh that runs COMMAND on this machine as sshd would: in
+/// a session of its own (so udrun's kill of "ssh" does not reach it) and
+/// with a fresh environment (so only what udrun passes gets there).
+const FAKE_SSH: &str = r#"#!/bin/sh
+# fake-ssh -o BatchMode=yes -o ConnectTimeout=5 HOST COMMAND
+while [ $# -gt 2 ]; do shift; done
+exec env -i PATH="$PATH" HOME="$HOME" setsid -w sh -c "$2"
+"#;
+
+#[test]
+fn remote_ranks_use_pmi_port_and_die_with_the_job() {
+    let dir = scratch("remote");
+    let ssh = script_file(&dir, "fake-ssh", FAKE_SSH);
+    let ssh = ssh.to_str().unwrap();
+    // Rank 0 here over PMI_FD; ranks 1 and 2 on "node" over PMI_PORT.
+    let after = r#"echo "rank $rank ${PMI_PORT:+port} $UDRUN_LOCAL_RANK/$UDRUN_LOCAL_SIZE ${UDRUN_TEST_VAR-unset}""#;
+    let script = pmi_rank("", after);
+    let mut cmd = udrun(&[
+        "-n",
+        "3",
+        "--host",
+        "localhost,node:2",
+        "--launcher-exec",
+        ssh,
+    ]);
+    cmd.env("UDRUN_TEST_VAR", "exported")
+        .args(["-x", "UDRUN_TEST_VAR", "bash", "-c", &script]);
+    let run = run_command(cmd);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert_all_saw(&run, 3);
+    for line in [
+        "rank 0  0/1 exported",
+        "rank 1 port 0/2 exported",
+        "rank 2 port 1/2 exported",
+    ] {
+        assert!(run.stdout.lines().any(|l| l == line), "{line:?}: {run:#?}");
+    }
+
+    // A remote rank that hangs is killed when a local one fails, through
+    // its ssh's stdin.
+    let hang = pmi_rank(
+        r#"echo "pid $$"; [ "$rank" = 0 ] && { sleep 0.5; exit 4; }; sleep 1000"#,
+        "",
+    );
+    let run = run_script(
+        &[
+            "-n",
+            "2",
+            "--host",
+            "localhost,node",
+            "--launcher-exec",
+            ssh,
+        ],
+        &hang,
+    );
+    assert_fails(&run, 4, &["rank 0 (pid ", "exited with code 4"]);
+    let pids: Vec<u32> = run
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("pid ")?.parse().ok())
+        .collect();
+    assert_eq!(pids.len(), 2, "{run:#?}");
+    eventually(&format!("remote rank left: {pids:?}"), || {
+        pids.iter().all(|&pid| gone(pid) || zombie(pid))
+    });
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Whether `pid` is a zombie (a "remote" rank runs in a session of its own
+/// that udrun does not reap; whoever adopted it does).
+fn zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z'))
+    })
+}
+
+#[test]
+fn what_a_rank_leaves_behind_is_killed_and_reaped() {
+    let run = launch(&["-n", "2", "sh", "-c", "sleep 1000 & echo $!"]);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert!(run.elapsed < Duration::from_secs(5), "{run:#?}");
+    let pids: Vec<u32> = run.stdout.lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(pids.len(), 2, "{run:#?}");
+    eventually(&format!("left behind: {pids:?}"), || {
+        pids.iter().all(|&pid| gone(pid))
+    });
+}
+
+#[test]
+fn a_closed_stdout_stops_the_ranks_as_in_a_pipeline() {
+    // `udrun -n 1 yes | head -c 10`: the rank gets SIGPIPE.
+    let mut udrun = Udrun::start(udrun(&["-n", "1", "yes"]));
+    let mut stdout = udrun.child.stdout.take().unwrap();
+    let mut head = [0; 10];
+    stdout.read_exact(&mut head).unwrap();
+    drop(stdout);
+    let stderr = collect(udrun.child.stderr.take().unwrap());
+    let (code, elapsed) = udrun.wait();
+    let stderr = stderr.join().unwrap();
+    assert_eq!(code, Some(141), "{stderr}");
+    assert!(stderr.contains("killed by signal 13 (SIGPIPE)"), "{stderr}");
+    assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+}
