@@ -1582,6 +1582,39 @@ impl<C: Context> fmt::Display for Module<C> {
             "  registration cache {} entries, {} bytes, hits {} misses {} evictions {}",
             rc.entries, rc.bytes, rc.hits, rc.misses, rc.evictions
         )?;
+        if let Some(rel) = &self.rel {
+            let r = rel.stats();
+            writeln!(
+                f,
+                "  reliability        sent {} retransmitted {} (fast {}, timeouts {}) acks sent {}",
+                r.sent, r.retransmitted, r.fast_retransmits, r.timeouts, r.acks_sent
+            )?;
+            writeln!(
+                f,
+                "                     received {} duplicates dropped {} out-of-order buffered {} \
+                 out-of-window {} peers lost {}",
+                r.received, r.duplicates, r.out_of_order, r.out_of_window, r.peers_lost
+            )?;
+            writeln!(
+                f,
+                "                     bad checksum {} unknown peer {} bad job key {} unacknowledged {}",
+                s.recv_bad_checksum,
+                s.recv_unknown_peer,
+                s.recv_bad_job_key,
+                self.unacknowledged()
+            )?;
+            let rtos: Vec<std::time::Duration> = (0..self.endpoints.len())
+                .filter(|i| self.endpoints[*i].is_some())
+                .filter_map(|i| rel.rto(udbtl_reliability::PeerId(i as u32)))
+                .collect();
+            if let (Some(min), Some(max)) = (rtos.iter().min(), rtos.iter().max()) {
+                writeln!(
+                    f,
+                    "                     rto {min:?} to {max:?} over {} peers",
+                    rtos.len()
+                )?;
+            }
+        }
         write!(
             f,
             "  fabric             tx {} rx {} dropped: no buffer {} bad qkey {} malformed {} too long {} kernel {}",
