@@ -427,7 +427,11 @@ impl World {
         self.barrier()?;
         if std::env::var_os("UDBTL_DUMP").is_some() {
             // The transport's counters, for a job run with UDBTL_DUMP=1.
-            eprintln!("rank {} transport state at finalize:\n{}", self.rank, self.dump());
+            eprintln!(
+                "rank {} transport state at finalize:\n{}",
+                self.rank,
+                self.dump()
+            );
         }
         let linger = Instant::now() + FINALIZE_LINGER;
         while Instant::now() < linger {

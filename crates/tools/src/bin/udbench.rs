@@ -28,7 +28,10 @@ const LARGE: usize = 8192;
 const WINDOW: u64 = 64;
 
 #[derive(Debug, Parser)]
-#[command(version, about = "OSU-style latency and bandwidth between ranks 0 and 1")]
+#[command(
+    version,
+    about = "OSU-style latency and bandwidth between ranks 0 and 1"
+)]
 struct Args {
     /// Largest message size in bytes.
     #[arg(long, default_value_t = 1 << 20)]
@@ -82,12 +85,18 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let acks = counter(&mut world, ACK);
     let buf = vec![0x5au8; args.max_size];
     if rank == 0 {
-        println!("# udbench: latency and bandwidth between ranks 0 and 1 over udbtl (reliable UD over UDP)");
+        println!(
+            "# udbench: latency and bandwidth between ranks 0 and 1 over udbtl (reliable UD over UDP)"
+        );
         println!("# Size          Latency (us)");
     }
     world.barrier()?;
     for len in sizes(args.max_size) {
-        let (iters, warmup) = if len > LARGE { (args.iterations / 10, 100) } else { (args.iterations, 1000) };
+        let (iters, warmup) = if len > LARGE {
+            (args.iterations / 10, 100)
+        } else {
+            (args.iterations, 1000)
+        };
         let total = iters + warmup;
         let base = pings.load(Ordering::Relaxed);
         let mut start = Instant::now();
@@ -142,7 +151,10 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             }
             if rank == 0 {
                 let bytes = (len as u64 * WINDOW * iters) as f64;
-                println!("{len:<15} {:.2}", bytes / start.elapsed().as_secs_f64() / 1e6);
+                println!(
+                    "{len:<15} {:.2}",
+                    bytes / start.elapsed().as_secs_f64() / 1e6
+                );
             }
         }
     }
