@@ -14,9 +14,10 @@
 //! # Ok::<(), udbtl::InitError>(())
 //! ```
 //!
-//! The transport underneath is the byte transfer layer of [`udbtl_btl`];
-//! [`World::btl`] gives direct access to it for programs that want the BTL
-//! contract itself (descriptors, tags, callbacks).
+//! The transport underneath is the byte transfer layer of [`udbtl_btl`]
+//! (re-exported as [`btl`]), reliable by default: messages between two ranks
+//! arrive exactly once and in order. Programs that want the BTL contract
+//! itself (descriptors, tags, callbacks) build a [`btl::Component`] directly.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
