@@ -11,6 +11,74 @@ use crate::table::{Handle, Table};
 use crate::types::*;
 use crate::{FabricError, PostError, Result};
 
+/// Implements the [`Context`](crate::Context) methods that every provider
+/// answers from its `verbs: Verbs<_, _>` field alone, so that providers
+/// write only what is theirs (transports, routes, polling).
+macro_rules! delegate_to_verbs {
+    () => {
+        fn device(&self) -> &$crate::DeviceInfo {
+            &self.verbs.device
+        }
+
+        fn alloc_pd(&mut self) -> $crate::Result<$crate::PdHandle> {
+            Ok(self.verbs.alloc_pd())
+        }
+
+        fn dealloc_pd(&mut self, pd: $crate::PdHandle) -> $crate::Result<()> {
+            self.verbs.dealloc_pd(pd)
+        }
+
+        fn reg_mr(&mut self, pd: $crate::PdHandle, len: usize) -> $crate::Result<$crate::Mr> {
+            self.verbs.reg_mr(pd, len)
+        }
+
+        fn reg_user_mr(
+            &mut self,
+            pd: $crate::PdHandle,
+            region: &[u8],
+        ) -> $crate::Result<$crate::Mr> {
+            self.verbs.reg_user_mr(pd, region)
+        }
+
+        fn dereg_mr(&mut self, mr: $crate::MrHandle) -> $crate::Result<()> {
+            self.verbs.dereg_mr(mr)
+        }
+
+        fn mr_bytes(&self, mr: $crate::MrHandle) -> $crate::Result<&[u8]> {
+            self.verbs.mr_bytes(mr)
+        }
+
+        fn mr_bytes_mut(&mut self, mr: $crate::MrHandle) -> $crate::Result<&mut [u8]> {
+            self.verbs.mr_bytes_mut(mr)
+        }
+
+        fn create_cq(&mut self, depth: u32) -> $crate::Result<$crate::CqHandle> {
+            self.verbs.create_cq(depth)
+        }
+
+        fn destroy_cq(&mut self, cq: $crate::CqHandle) -> $crate::Result<()> {
+            self.verbs.destroy_cq(cq)
+        }
+
+        fn modify_qp(
+            &mut self,
+            qp: $crate::QpHandle,
+            transition: &$crate::QpTransition,
+        ) -> $crate::Result<()> {
+            self.verbs.modify_qp(qp, transition)
+        }
+
+        fn qp_state(&self, qp: $crate::QpHandle) -> $crate::Result<$crate::QpState> {
+            Ok(self.verbs.qp(qp)?.state)
+        }
+
+        fn destroy_ah(&mut self, ah: $crate::AhHandle) -> $crate::Result<()> {
+            self.verbs.destroy_ah(ah)
+        }
+    };
+}
+pub(crate) use delegate_to_verbs;
+
 /// Largest number of registrations; lkeys carry the slot index in 16 bits.
 const MAX_MR: u32 = 1 << 16;
 
@@ -275,6 +343,12 @@ impl<Q, A> Verbs<Q, A> {
     // ----- completion queues --------------------------------------------
 
     pub(crate) fn create_cq(&mut self, depth: u32) -> Result<CqHandle> {
+        if self.cqs.len() >= self.device.attr.max_cq as usize {
+            return Err(FabricError::ResourceExhausted {
+                what: "completion queues",
+                limit: self.device.attr.max_cq,
+            });
+        }
         if depth == 0 || depth > self.device.attr.max_cqe {
             return Err(FabricError::InvalidArgument {
                 what: "completion queue depth",

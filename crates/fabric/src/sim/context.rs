@@ -126,56 +126,12 @@ impl Drop for SimContext {
 }
 
 impl Context for SimContext {
-    fn device(&self) -> &DeviceInfo {
-        &self.verbs.device
-    }
+    crate::verbs::delegate_to_verbs!();
 
     fn query_port(&self, port: u8) -> Result<PortAttr> {
         let mut attr = self.verbs.port(port)?.clone();
         attr.state = self.net.lock().port_state(self.port_id(port)?);
         Ok(attr)
-    }
-
-    fn alloc_pd(&mut self) -> Result<PdHandle> {
-        Ok(self.verbs.alloc_pd())
-    }
-
-    fn dealloc_pd(&mut self, pd: PdHandle) -> Result<()> {
-        self.verbs.dealloc_pd(pd)
-    }
-
-    fn reg_mr(&mut self, pd: PdHandle, len: usize) -> Result<Mr> {
-        self.verbs.reg_mr(pd, len)
-    }
-
-    fn reg_user_mr(&mut self, pd: PdHandle, region: &[u8]) -> Result<Mr> {
-        self.verbs.reg_user_mr(pd, region)
-    }
-
-    fn dereg_mr(&mut self, mr: MrHandle) -> Result<()> {
-        self.verbs.dereg_mr(mr)
-    }
-
-    fn mr_bytes(&self, mr: MrHandle) -> Result<&[u8]> {
-        self.verbs.mr_bytes(mr)
-    }
-
-    fn mr_bytes_mut(&mut self, mr: MrHandle) -> Result<&mut [u8]> {
-        self.verbs.mr_bytes_mut(mr)
-    }
-
-    fn create_cq(&mut self, depth: u32) -> Result<CqHandle> {
-        if self.verbs.resources().cqs >= DEVICE_ATTR.max_cq as usize {
-            return Err(FabricError::ResourceExhausted {
-                what: "completion queues",
-                limit: DEVICE_ATTR.max_cq,
-            });
-        }
-        self.verbs.create_cq(depth)
-    }
-
-    fn destroy_cq(&mut self, cq: CqHandle) -> Result<()> {
-        self.verbs.destroy_cq(cq)
     }
 
     fn create_qp(&mut self, pd: PdHandle, attr: &QpInitAttr) -> Result<QpInfo> {
@@ -186,14 +142,6 @@ impl Context for SimContext {
             .inspect_err(|_| {
                 self.net.lock().unregister_qp(qpn);
             })
-    }
-
-    fn modify_qp(&mut self, qp: QpHandle, transition: &QpTransition) -> Result<()> {
-        self.verbs.modify_qp(qp, transition)
-    }
-
-    fn qp_state(&self, qp: QpHandle) -> Result<QpState> {
-        Ok(self.verbs.qp(qp)?.state)
     }
 
     fn destroy_qp(&mut self, qp: QpHandle) -> Result<()> {
@@ -214,10 +162,6 @@ impl Context for SimContext {
             });
         }
         self.verbs.insert_ah(pd, attr, dest)
-    }
-
-    fn destroy_ah(&mut self, ah: AhHandle) -> Result<()> {
-        self.verbs.destroy_ah(ah)
     }
 
     fn post_recv(&mut self, qp: QpHandle, wrs: &[RecvWr]) -> Result<(), PostError> {

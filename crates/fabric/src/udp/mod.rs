@@ -29,9 +29,8 @@ use udbtl_wire::ud;
 use crate::verbs::{Memory, Verbs};
 use crate::{
     AhAttr, AhHandle, Context, CqHandle, DeviceAttr, DeviceInfo, FabricError, FabricStats, GRH_LEN,
-    Mr, MrHandle, NodeAddr, PdHandle, PortAttr, PortState, PostError, Provider, QpAddr, QpHandle,
-    QpInfo, QpInitAttr, QpState, QpTransition, RecvWr, ResourceCounts, Result, SendWr, WcOpcode,
-    WcStatus, WorkCompletion,
+    NodeAddr, PdHandle, PortAttr, PortState, PostError, Provider, QpAddr, QpHandle, QpInfo,
+    QpInitAttr, RecvWr, ResourceCounts, Result, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 /// The provider's name.
@@ -810,48 +809,10 @@ fn size_buffer(socket: &Socket, receive: bool, bytes: usize) {
 }
 
 impl Context for UdpContext {
-    fn device(&self) -> &DeviceInfo {
-        &self.verbs.device
-    }
+    crate::verbs::delegate_to_verbs!();
 
     fn query_port(&self, port: u8) -> Result<PortAttr> {
         self.verbs.port(port).cloned()
-    }
-
-    fn alloc_pd(&mut self) -> Result<PdHandle> {
-        Ok(self.verbs.alloc_pd())
-    }
-
-    fn dealloc_pd(&mut self, pd: PdHandle) -> Result<()> {
-        self.verbs.dealloc_pd(pd)
-    }
-
-    fn reg_mr(&mut self, pd: PdHandle, len: usize) -> Result<Mr> {
-        self.verbs.reg_mr(pd, len)
-    }
-
-    fn reg_user_mr(&mut self, pd: PdHandle, region: &[u8]) -> Result<Mr> {
-        self.verbs.reg_user_mr(pd, region)
-    }
-
-    fn dereg_mr(&mut self, mr: MrHandle) -> Result<()> {
-        self.verbs.dereg_mr(mr)
-    }
-
-    fn mr_bytes(&self, mr: MrHandle) -> Result<&[u8]> {
-        self.verbs.mr_bytes(mr)
-    }
-
-    fn mr_bytes_mut(&mut self, mr: MrHandle) -> Result<&mut [u8]> {
-        self.verbs.mr_bytes_mut(mr)
-    }
-
-    fn create_cq(&mut self, depth: u32) -> Result<CqHandle> {
-        self.verbs.create_cq(depth)
-    }
-
-    fn destroy_cq(&mut self, cq: CqHandle) -> Result<()> {
-        self.verbs.destroy_cq(cq)
     }
 
     fn create_qp(&mut self, pd: PdHandle, attr: &QpInitAttr) -> Result<QpInfo> {
@@ -880,14 +841,6 @@ impl Context for UdpContext {
         )
     }
 
-    fn modify_qp(&mut self, qp: QpHandle, transition: &QpTransition) -> Result<()> {
-        self.verbs.modify_qp(qp, transition)
-    }
-
-    fn qp_state(&self, qp: QpHandle) -> Result<QpState> {
-        Ok(self.verbs.qp(qp)?.state)
-    }
-
     fn destroy_qp(&mut self, qp: QpHandle) -> Result<()> {
         self.verbs.remove_qp(qp).map(drop)
     }
@@ -906,10 +859,6 @@ impl Context for UdpContext {
             });
         }
         self.verbs.insert_ah(pd, attr, ip)
-    }
-
-    fn destroy_ah(&mut self, ah: AhHandle) -> Result<()> {
-        self.verbs.destroy_ah(ah)
     }
 
     fn post_recv(&mut self, qp: QpHandle, wrs: &[RecvWr]) -> Result<(), PostError> {
