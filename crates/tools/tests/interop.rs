@@ -3,8 +3,10 @@
 //!
 //! Each test runs the real `udhello` (an all-pairs greeting whose payloads
 //! every rank checks) and passes vacuously, saying so, when the launcher is
-//! not installed. `.ci/run` installs MPICH and starts a one-node Slurm
-//! (`scripts/slurm-local.sh`), so in CI they all run.
+//! not installed. The last test turns it around: an MPICH-built program,
+//! with MPICH's own PMI client, under our `udrun`. `.ci/run` installs MPICH
+//! and starts a one-node Slurm (`scripts/slurm-local.sh`), so in CI they all
+//! run.
 
 #![allow(clippy::unwrap_used)]
 
@@ -88,4 +90,57 @@ fn udhello_under_slurm_srun_pmi2() {
         env!("CARGO_BIN_EXE_udhello"),
     ]);
     check(&run(command), 4);
+}
+
+/// An MPI program built with MPICH, whose PMI-1 client we did not write,
+/// runs under udrun: MPI_Init wires up through udrun's PMI server, and an
+/// Allreduce checks the ranks really found each other.
+#[test]
+fn an_mpich_program_under_udrun() {
+    if !available("mpicc.mpich", &["-show"]) {
+        eprintln!("SKIPPED: mpicc.mpich is not installed (apt-get install libmpich-dev)");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("udbtl-mpich-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let source = dir.join("hello.c");
+    std::fs::write(
+        &source,
+        r#"#include <mpi.h>
+#include <stdio.h>
+int main(int argc, char **argv) {
+    int rank, size, sum = 0;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Allreduce(&rank, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    printf("mpich rank %d of %d: sum %d\n", rank, size, sum);
+    MPI_Finalize();
+    return sum == size * (size - 1) / 2 ? 0 : 1;
+}
+"#,
+    )
+    .unwrap();
+    let binary = dir.join("hello");
+    let built = Command::new("mpicc.mpich")
+        .arg("-o")
+        .arg(&binary)
+        .arg(&source)
+        .status()
+        .unwrap();
+    assert!(built.success());
+    let mut command = Command::new(env!("CARGO_BIN_EXE_udrun"));
+    command
+        .args(["-n", "4"])
+        .arg(&binary)
+        .env("UCX_NET_DEVICES", "lo");
+    let output = run(command);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(stdout.matches("of 4: sum 6").count(), 4, "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
