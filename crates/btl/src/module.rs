@@ -683,6 +683,12 @@ impl<C: Context> Module<C> {
             let peer = rel.add_peer(reliable::now(self.epoch));
             self.endpoints.push(Some(endpoint));
             debug_assert_eq!(peer.0 as usize, self.endpoints.len() - 1);
+            // Every peer may fill its credit at once: share the receive pool
+            // so that all of them together cannot overrun it (a few buffers
+            // stay for acknowledgements).
+            let peers = self.endpoints.iter().flatten().count().max(1);
+            let share = (self.recv_count * 7 / 8) / peers;
+            rel.set_credit(u16::try_from(share).unwrap_or(u16::MAX).max(2));
             EndpointId(peer.0)
         } else if let Some(slot) = self.free_endpoints.pop() {
             self.endpoints[slot as usize] = Some(endpoint);
