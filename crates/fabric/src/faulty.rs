@@ -22,11 +22,11 @@
 //!
 //! # What stays honest
 //!
-//! A dropped or held request never reaches the wrapped provider, so the
-//! wrapper checks it itself, as verbs would: queue pair in RTS, gather list
-//! length, length against the port's maximum message size, inline limit,
-//! memory keys and ranges, the address handle, and send queue room. A request
-//! the wrapped provider would refuse is refused whatever its fate. Send
+//! A dropped or held request never reaches the wrapped provider's
+//! `post_send`, so the wrapper asks the provider's own
+//! [`check_send`](Context::check_send) first, and adds the send queue room
+//! its own completions take: a request the wrapped provider would refuse is
+//! refused whatever its fate. Send
 //! completions are returned in posting order per queue pair, including those
 //! the wrapper produces. Registrations the wrapper makes for held requests are
 //! not counted in [`resources`](Context::resources).
@@ -43,7 +43,7 @@
 //! seed 0); a value that does not parse or is out of range is an error naming
 //! the variable.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::mem;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -276,20 +276,6 @@ enum Fate {
     Reorder,
 }
 
-/// A registration of the caller, as far as the wrapper must check it.
-#[derive(Debug)]
-struct Registration {
-    handle: MrHandle,
-    pd: PdHandle,
-    memory: RegMemory,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum RegMemory {
-    Owned { len: usize },
-    User { start: usize, len: usize },
-}
-
 /// A send held back for reordering, with its bytes in a wrapper-owned
 /// registration (none for an empty payload).
 #[derive(Debug)]
@@ -335,9 +321,10 @@ pub struct FaultyContext<C> {
     config: FaultConfig,
     rng: fastrand::Rng,
     stats: FaultStats,
-    mrs: HashMap<LKey, Registration>,
+    /// The caller's registrations by key, to read the bytes of a send the
+    /// wrapper holds back.
+    mrs: HashMap<LKey, MrHandle>,
     mr_keys: HashMap<MrHandle, LKey>,
-    ahs: HashSet<AhHandle>,
     /// Queue pairs by number; ordered so that polling visits them in a
     /// reproducible order.
     qps: BTreeMap<u32, QpRecord>,
@@ -370,7 +357,6 @@ impl<C: Context> FaultyContext<C> {
             stats: FaultStats::default(),
             mrs: HashMap::new(),
             mr_keys: HashMap::new(),
-            ahs: HashSet::new(),
             qps: BTreeMap::new(),
             qp_nums: HashMap::new(),
             ready: HashMap::new(),
@@ -437,51 +423,12 @@ impl<C: Context> FaultyContext<C> {
         self.qp_nums.get(&qp).and_then(|qpn| self.qps.get_mut(qpn))
     }
 
-    /// Checks a send the wrapped provider will not see, in the order and
-    /// with the errors of the shared verbs checks, and returns its payload
-    /// length.
-    fn check_send(&self, qp: QpHandle, wr: &SendWr<'_>) -> Result<usize> {
-        let state = self.inner.qp_state(qp)?;
+    /// Checks a send the wrapped provider will not see: exactly what the
+    /// provider would refuse, plus the send queue room that the wrapper's own
+    /// completions take. Returns the payload length.
+    fn check_faulty_send(&self, qp: QpHandle, wr: &SendWr<'_>) -> Result<usize> {
+        let len = self.inner.check_send(qp, wr)?;
         let record = self.record(qp)?;
-        let qp_num = self.qp_nums.get(&qp).copied().unwrap_or_default();
-        if state != QpState::Rts {
-            return Err(FabricError::InvalidState {
-                qp_num,
-                state,
-                operation: "posting a send",
-            });
-        }
-        if wr.sg_list.len() > record.cap.max_send_sge as usize {
-            return Err(FabricError::InvalidArgument {
-                what: "scatter/gather list",
-                detail: format!(
-                    "{} entries exceed the granted {}",
-                    wr.sg_list.len(),
-                    record.cap.max_send_sge
-                ),
-            });
-        }
-        let len = wr.len();
-        if let Some(max) = record.max_msg_size {
-            if len > max {
-                return Err(FabricError::MessageTooLong { len, max });
-            }
-        }
-        if wr.flags.contains(SendFlags::INLINE) {
-            let max = record.cap.max_inline_data as usize;
-            if len > max {
-                return Err(FabricError::InlineTooLong { len, max });
-            }
-        } else {
-            for gather in wr.sg_list {
-                self.check_gather(gather, record.pd)?;
-            }
-        }
-        if !self.ahs.contains(&wr.ah) {
-            return Err(FabricError::InvalidHandle {
-                kind: "address handle",
-            });
-        }
         if wr.flags.contains(SendFlags::SIGNALED) && record.outstanding >= record.cap.max_send_wr {
             return Err(FabricError::QueueFull {
                 queue: "send queue",
@@ -489,45 +436,6 @@ impl<C: Context> FaultyContext<C> {
             });
         }
         Ok(len)
-    }
-
-    fn check_gather(&self, gather: &Gather<'_>, pd: PdHandle) -> Result<()> {
-        let (lkey, inside) = match gather {
-            Gather::Registered(sge) => (
-                sge.lkey,
-                self.mrs
-                    .get(&sge.lkey)
-                    .filter(|r| r.pd == pd)
-                    .is_some_and(|r| match r.memory {
-                        RegMemory::Owned { len } => sge
-                            .offset
-                            .checked_add(sge.len)
-                            .is_some_and(|end| end <= len),
-                        RegMemory::User { .. } => false,
-                    }),
-            ),
-            Gather::User { lkey, data } => (
-                *lkey,
-                self.mrs
-                    .get(lkey)
-                    .filter(|r| r.pd == pd)
-                    .is_some_and(|r| match r.memory {
-                        RegMemory::User { start, len } => {
-                            let begin = data.as_ptr() as usize;
-                            begin >= start
-                                && begin
-                                    .checked_add(data.len())
-                                    .is_some_and(|end| end <= start.saturating_add(len))
-                        }
-                        RegMemory::Owned { .. } => false,
-                    }),
-            ),
-        };
-        if inside {
-            Ok(())
-        } else {
-            Err(FabricError::ProtectionError { lkey })
-        }
     }
 
     /// Copies the bytes of a checked send into `scratch_bytes`.
@@ -542,7 +450,7 @@ impl<C: Context> FaultyContext<C> {
                     let range = self
                         .mrs
                         .get(&sge.lkey)
-                        .and_then(|r| self.inner.mr_bytes(r.handle).ok())
+                        .and_then(|handle| self.inner.mr_bytes(*handle).ok())
                         .and_then(|b| b.get(sge.offset..sge.offset.saturating_add(sge.len)));
                     bytes.extend_from_slice(range.unwrap_or_default());
                 }
@@ -724,6 +632,10 @@ impl<C: Context> FaultyContext<C> {
 }
 
 impl<C: Context> Context for FaultyContext<C> {
+    fn check_send(&self, qp: QpHandle, wr: &SendWr<'_>) -> Result<usize> {
+        self.check_faulty_send(qp, wr)
+    }
+
     fn device(&self) -> &DeviceInfo {
         self.inner.device()
     }
@@ -742,32 +654,14 @@ impl<C: Context> Context for FaultyContext<C> {
 
     fn reg_mr(&mut self, pd: PdHandle, len: usize) -> Result<Mr> {
         let mr = self.inner.reg_mr(pd, len)?;
-        self.mrs.insert(
-            mr.lkey,
-            Registration {
-                handle: mr.handle,
-                pd,
-                memory: RegMemory::Owned { len: mr.len },
-            },
-        );
+        self.mrs.insert(mr.lkey, mr.handle);
         self.mr_keys.insert(mr.handle, mr.lkey);
         Ok(mr)
     }
 
     fn reg_user_mr(&mut self, pd: PdHandle, region: &[u8]) -> Result<Mr> {
         let mr = self.inner.reg_user_mr(pd, region)?;
-        let memory = RegMemory::User {
-            start: region.as_ptr() as usize,
-            len: region.len(),
-        };
-        self.mrs.insert(
-            mr.lkey,
-            Registration {
-                handle: mr.handle,
-                pd,
-                memory,
-            },
-        );
+        self.mrs.insert(mr.lkey, mr.handle);
         self.mr_keys.insert(mr.handle, mr.lkey);
         Ok(mr)
     }
@@ -853,15 +747,11 @@ impl<C: Context> Context for FaultyContext<C> {
     }
 
     fn create_ah(&mut self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle> {
-        let ah = self.inner.create_ah(pd, attr)?;
-        self.ahs.insert(ah);
-        Ok(ah)
+        self.inner.create_ah(pd, attr)
     }
 
     fn destroy_ah(&mut self, ah: AhHandle) -> Result<()> {
-        self.inner.destroy_ah(ah)?;
-        self.ahs.remove(&ah);
-        Ok(())
+        self.inner.destroy_ah(ah)
     }
 
     fn post_recv(&mut self, qp: QpHandle, wrs: &[RecvWr]) -> Result<(), PostError> {
@@ -918,7 +808,7 @@ impl<C: Context> Context for FaultyContext<C> {
                     self.flush_run(qp, wrs, run_start, i)?;
                     (run_start, run_signaled) = (i + 1, 0);
                     let len = self
-                        .check_send(qp, wr)
+                        .check_faulty_send(qp, wr)
                         .map_err(|error| PostError { posted: i, error })?;
                     if fate == Fate::Drop {
                         self.stats.dropped += 1;

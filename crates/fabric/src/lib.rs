@@ -190,6 +190,17 @@ pub trait Context: Send {
     /// The first refused request, with the number accepted before it.
     fn post_recv(&mut self, qp: QpHandle, wrs: &[RecvWr]) -> Result<(), PostError>;
 
+    /// Checks a send as [`post_send`](Self::post_send) would (queue pair
+    /// state, length against the port MTU, inline limit, memory keys, send
+    /// and completion queue room) without posting it, and returns its
+    /// payload length. A wrapper that decides a send's fate itself (the
+    /// [`faulty`] provider) uses it to refuse exactly what the provider
+    /// refuses.
+    ///
+    /// # Errors
+    /// What `post_send` would refuse the request with.
+    fn check_send(&self, qp: QpHandle, wr: &SendWr<'_>) -> Result<usize>;
+
     /// Posts sends, in order. A provider may transmit a batch with one
     /// system call. Each request is checked (queue pair in RTS, length against
     /// the port MTU, inline limit, memory keys, send queue room) before any

@@ -128,6 +128,10 @@ impl Drop for SimContext {
 impl Context for SimContext {
     crate::verbs::delegate_to_verbs!();
 
+    fn check_send(&self, qp: QpHandle, wr: &SendWr<'_>) -> Result<usize> {
+        self.verbs.check_send(self.verbs.qp(qp)?, wr)
+    }
+
     fn query_port(&self, port: u8) -> Result<PortAttr> {
         let mut attr = self.verbs.port(port)?.clone();
         attr.state = self.net.lock().port_state(self.port_id(port)?);

@@ -26,7 +26,7 @@ use std::os::fd::AsFd;
 use socket2::{Domain, Protocol, Socket, Type};
 use udbtl_wire::ud;
 
-use crate::verbs::{Memory, Verbs};
+use crate::verbs::{Memory, QpEntry, Verbs};
 use crate::{
     AhAttr, AhHandle, Context, CqHandle, DeviceAttr, DeviceInfo, FabricError, FabricStats, GRH_LEN,
     NodeAddr, PdHandle, PortAttr, PortState, PostError, Provider, QpAddr, QpHandle, QpInfo,
@@ -734,6 +734,23 @@ impl UdpContext {
     }
 }
 
+/// The verbs checks of a send, plus this provider's own: the remote QP
+/// number is a UDP port.
+fn check_udp_send(
+    verbs: &Verbs<UdpQp, IpAddr>,
+    entry: &QpEntry<UdpQp>,
+    wr: &SendWr<'_>,
+) -> Result<usize> {
+    let len = verbs.check_send(entry, wr)?;
+    if wr.remote_qpn == 0 || wr.remote_qpn > u32::from(u16::MAX) {
+        return Err(FabricError::InvalidArgument {
+            what: "remote queue pair number",
+            detail: format!("{} is not a UDP port", wr.remote_qpn),
+        });
+    }
+    Ok(len)
+}
+
 /// The encapsulation header of a received datagram, if it has a valid one.
 fn parse_header(meta: &sys::RecvMeta) -> Option<ud::Repr> {
     let header = meta.header.get(..meta.len.min(ud::HEADER_LEN))?;
@@ -811,6 +828,10 @@ fn size_buffer(socket: &Socket, receive: bool, bytes: usize) {
 impl Context for UdpContext {
     crate::verbs::delegate_to_verbs!();
 
+    fn check_send(&self, qp: QpHandle, wr: &SendWr<'_>) -> Result<usize> {
+        check_udp_send(&self.verbs, self.verbs.qp(qp)?, wr)
+    }
+
     fn query_port(&self, port: u8) -> Result<PortAttr> {
         self.verbs.port(port).cloned()
     }
@@ -881,16 +902,7 @@ impl Context for UdpContext {
                     .qp(qp)
                     .map_err(|error| PostError { posted, error })?;
                 for wr in wrs[posted..].iter().take(sys::MAX_BATCH) {
-                    let checked = self.verbs.check_send(entry, wr).and_then(|len| {
-                        if wr.remote_qpn == 0 || wr.remote_qpn > u32::from(u16::MAX) {
-                            Err(FabricError::InvalidArgument {
-                                what: "remote queue pair number",
-                                detail: format!("{} is not a UDP port", wr.remote_qpn),
-                            })
-                        } else {
-                            Ok(len)
-                        }
-                    });
+                    let checked = check_udp_send(&self.verbs, entry, wr);
                     match checked {
                         Ok(len) => {
                             lens[accepted] = len;
