@@ -142,19 +142,20 @@ impl Peer {
     /// retransmission timer runs: while one does, its expiries check for
     /// failure, which keeps the timer heap from gaining an entry per send.
     fn next_deadline(&self, config: &Config) -> Option<Instant> {
-        let linger = match self.mode {
-            Mode::Lingering(until) => Some(until),
-            _ => None,
+        // Runs on every send and receive: plain comparisons, no iterator.
+        let earliest = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, None) => a,
+            (None, b) => b,
         };
-        let fail = if self.rto_at.is_none() {
-            self.fail_at(config)
-        } else {
-            None
-        };
-        [self.rto_at, self.ack_at, fail, linger]
-            .into_iter()
-            .flatten()
-            .min()
+        let mut next = earliest(self.rto_at, self.ack_at);
+        if self.rto_at.is_none() {
+            next = earliest(next, self.fail_at(config));
+        }
+        if let Mode::Lingering(until) = self.mode {
+            next = earliest(next, Some(until));
+        }
+        next
     }
 }
 

@@ -33,10 +33,12 @@ impl Instant {
 impl Add<Duration> for Instant {
     type Output = Self;
     fn add(self, rhs: Duration) -> Self {
-        Self(
-            self.0
-                .saturating_add(u64::try_from(rhs.as_nanos()).unwrap_or(u64::MAX)),
-        )
+        // u64 arithmetic: `as_nanos` would go through u128 on every timer.
+        let nanos = rhs
+            .as_secs()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(u64::from(rhs.subsec_nanos()));
+        Self(self.0.saturating_add(nanos))
     }
 }
 

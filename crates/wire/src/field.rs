@@ -9,6 +9,7 @@ use core::ops::Range;
 /// A field: a half-open byte range inside a header.
 pub(crate) type Field = Range<usize>;
 
+#[inline]
 pub(crate) fn read_u16(bytes: &[u8], field: Field) -> u16 {
     bytes
         .get(field)
@@ -16,6 +17,7 @@ pub(crate) fn read_u16(bytes: &[u8], field: Field) -> u16 {
         .map_or(0, u16::from_be_bytes)
 }
 
+#[inline]
 pub(crate) fn read_u32(bytes: &[u8], field: Field) -> u32 {
     bytes
         .get(field)
@@ -23,12 +25,14 @@ pub(crate) fn read_u32(bytes: &[u8], field: Field) -> u32 {
         .map_or(0, u32::from_be_bytes)
 }
 
+#[inline]
 pub(crate) fn write_u16(bytes: &mut [u8], field: Field, value: u16) {
     if let Some(b) = bytes.get_mut(field) {
         b.copy_from_slice(&value.to_be_bytes());
     }
 }
 
+#[inline]
 pub(crate) fn write_u32(bytes: &mut [u8], field: Field, value: u32) {
     if let Some(b) = bytes.get_mut(field) {
         b.copy_from_slice(&value.to_be_bytes());
