@@ -8,8 +8,9 @@
 //! ```
 //!
 //! Exit status 0 means every rank heard from, and was acknowledged by, every
-//! rank (itself included) with intact payloads. The transport is unreliable,
-//! so greetings are resent until acknowledged, up to `--timeout`.
+//! rank (itself included) with intact payloads. The transport is reliable, so
+//! each greeting and acknowledgement is sent once; `--timeout` bounds the
+//! wait.
 
 use std::collections::BTreeSet;
 use std::process::ExitCode;
@@ -120,7 +121,9 @@ fn run(args: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         }
     });
     let deadline = Instant::now() + Duration::from_secs(args.timeout);
-    let mut next_round = Instant::now();
+    for peer in 0..size {
+        world.send_bytes(peer, HELLO, &greeting(rank, peer))?;
+    }
     loop {
         let (done, to_ack, missing_acks) = {
             let mut state = state
@@ -151,13 +154,6 @@ fn run(args: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 .len();
             return Err(format!("rank {rank}: timed out; heard {heard} of {size}, unacknowledged by {missing_acks:?}").into());
         }
-        if Instant::now() >= next_round {
-            // Greet whoever has not acknowledged yet; UD may have lost it.
-            for peer in &missing_acks {
-                world.send_bytes(*peer, HELLO, &greeting(rank, *peer))?;
-            }
-            next_round = Instant::now() + Duration::from_millis(100);
-        }
         world.progress();
     }
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
@@ -175,22 +171,6 @@ fn run(args: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if let Some((who, code)) = args.exit {
         if who == rank {
             return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
-        }
-    }
-    // A peer whose acknowledgement from us was lost greets us again: keep
-    // answering for a while before the final barrier, where nothing is
-    // progressed. (The reliable transport will make this unnecessary.)
-    let linger = Instant::now() + Duration::from_millis(300);
-    while Instant::now() < linger {
-        world.progress();
-        let to_ack = std::mem::take(
-            &mut state
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .to_ack,
-        );
-        for peer in to_ack {
-            world.send_bytes(peer, ACK, &rank.to_be_bytes())?;
         }
     }
     world.finalize()?;
