@@ -211,6 +211,8 @@ pub struct Module<C: Context> {
     reassembly: HashMap<u32, (u8, Vec<u8>)>,
     /// The reliability clock as read at the start of the current batch.
     clock: udbtl_reliability::Instant,
+    /// Senders not known yet, by process id (see `take_unknown_peers`).
+    unknown_peers: Vec<u32>,
     /// The sender of the last datagram received, and its endpoint: most
     /// traffic comes in runs from one peer, which then costs no hash lookup.
     last_sender: Option<(QpAddr, EndpointId)>,
@@ -492,6 +494,7 @@ impl<C: Context> Module<C> {
             reassembly: HashMap::new(),
             clock: udbtl_reliability::Instant::ZERO,
             last_sender: None,
+            unknown_peers: Vec::new(),
         }
     }
 }

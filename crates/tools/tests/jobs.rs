@@ -113,3 +113,43 @@ fn all_to_all_among_four_ranks_through_loss_duplication_and_reordering() {
         "{stdout}"
     );
 }
+
+#[test]
+fn lazily_fetched_addresses_still_receive_from_strangers() {
+    // With UDBTL_MODEX=lazy a rank fetches a peer's address on first use,
+    // so rank 1 of a bulk transfer first hears from rank 0 before it knows
+    // it: it looks the sender up by the id its datagrams carry, connects,
+    // and accepts the retransmissions.
+    let output = udrun(
+        &[
+            "-n",
+            "2",
+            env!("CARGO_BIN_EXE_udstress"),
+            "bulk",
+            "--bytes",
+            "16M",
+        ],
+        &[("UDBTL_MODEX", "lazy")],
+    );
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("udstress bulk: 16777216 bytes"), "{stdout}");
+    let output = udrun(
+        &[
+            "-n",
+            "4",
+            env!("CARGO_BIN_EXE_udstress"),
+            "alltoall",
+            "--messages",
+            "200",
+        ],
+        &[("UDBTL_MODEX", "lazy"), ("UDBTL_FAULT_DROP", "0.05")],
+    );
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.matches("received 600 messages from 3 ranks").count(),
+        4,
+        "{stdout}"
+    );
+}

@@ -1,5 +1,6 @@
 //! Job wire-up: PMI, the transport, and the address exchange (the modex).
 
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use udbtl_btl::params::Source;
@@ -100,6 +101,9 @@ pub struct World {
     size: u32,
     /// Module 0's endpoint for every rank, filled in bulk or lazily.
     endpoints: Vec<Option<EndpointId>>,
+    /// The rank behind each endpoint (indexed by its raw id), shared with
+    /// the receive callbacks so they can name senders connected later.
+    ranks: Arc<RwLock<Vec<Option<u32>>>>,
     modex: ModexMode,
     started: Instant,
 }
@@ -117,6 +121,13 @@ impl std::fmt::Debug for World {
 /// The PMI key under which `rank` publishes its addresses.
 fn address_key(rank: u32) -> String {
     format!("udbtl-addr-{rank}")
+}
+
+/// The PMI key under which a process publishes its rank, by the process id
+/// its datagrams carry: a rank that fetches addresses lazily looks up a
+/// sender it does not know yet.
+fn process_key(proc_id: u32) -> String {
+    format!("udbtl-proc-{proc_id:08x}")
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -192,6 +203,8 @@ impl World {
         };
         let blob = with_btl!(&btl, c => c.modex());
         pmi.put_long(&address_key(rank), &hex(&blob))?;
+        let proc_id = with_btl!(&btl, c => c.modules()[0].process_id());
+        pmi.put(&process_key(proc_id), &rank.to_string())?;
         pmi.barrier()?;
         let mut world = Self {
             pmi,
@@ -199,6 +212,7 @@ impl World {
             rank,
             size,
             endpoints: vec![None; size as usize],
+            ranks: Arc::default(),
             modex,
             started,
         };
@@ -229,12 +243,23 @@ impl World {
         let views: Vec<Option<&[u8]>> = blobs.iter().map(|b| Some(b.as_slice())).collect();
         let added = with_btl!(&mut self.btl, c => c.add_procs(&views))?;
         for (rank, slot) in added[0].endpoints.iter().enumerate() {
-            self.endpoints[rank] = Some(slot.ok_or_else(|| InitError::Unreachable {
+            let endpoint = slot.ok_or_else(|| InitError::Unreachable {
                 rank: rank as u32,
                 reason: "no address on a shared network".into(),
-            })?);
+            })?;
+            self.endpoints[rank] = Some(endpoint);
+            self.record_rank(endpoint, rank as u32);
         }
         Ok(())
+    }
+
+    fn record_rank(&self, endpoint: EndpointId, rank: u32) {
+        let mut ranks = self.ranks.write().unwrap_or_else(PoisonError::into_inner);
+        let index = endpoint.raw() as usize;
+        if ranks.len() <= index {
+            ranks.resize(index + 1, None);
+        }
+        ranks[index] = Some(rank);
     }
 
     /// This process's rank.
@@ -281,6 +306,7 @@ impl World {
             reason: "no address on a shared network".into(),
         })?;
         self.endpoints[rank as usize] = Some(endpoint);
+        self.record_rank(endpoint, rank);
         Ok(endpoint)
     }
 
@@ -292,18 +318,18 @@ impl World {
         tag: Tag,
         callback: impl FnMut(Option<u32>, &[u8]) + Send + Clone + 'static,
     ) {
-        let ranks = self.endpoints.clone();
         with_btl!(&mut self.btl, c => {
             for module in c.modules_mut() {
                 let mut callback = callback.clone();
-                let ranks = ranks.clone();
+                let ranks = self.ranks.clone();
                 module.register(
                     tag,
                     Box::new(move |ev: &RecvEvent<'_>| {
-                        let rank = ev
-                            .endpoint
-                            .and_then(|ep| ranks.iter().position(|slot| *slot == Some(ep)));
-                        callback(rank.map(|r| r as u32), ev.payload);
+                        let rank = ev.endpoint.and_then(|ep| {
+                            let ranks = ranks.read().unwrap_or_else(PoisonError::into_inner);
+                            ranks.get(ep.raw() as usize).copied().flatten()
+                        });
+                        callback(rank, ev.payload);
                     }),
                 );
             }
@@ -373,7 +399,36 @@ impl World {
 
     /// Progresses the transport once; returns the completions handled.
     pub fn progress(&mut self) -> usize {
-        with_btl!(&mut self.btl, c => c.progress())
+        let handled = with_btl!(&mut self.btl, c => c.progress());
+        if self.modex == ModexMode::Lazy {
+            self.connect_unknown_senders();
+        }
+        handled
+    }
+
+    /// Connects to ranks that sent to this one before it fetched their
+    /// address: their datagrams were dropped, and are accepted once
+    /// retransmitted.
+    fn connect_unknown_senders(&mut self) {
+        let unknown = with_btl!(&mut self.btl, c => c.modules_mut()[0].take_unknown_peers());
+        for proc_id in unknown {
+            let rank = match self.pmi.get(&process_key(proc_id)) {
+                Ok(Some(text)) => text.parse::<u32>().ok(),
+                Ok(None) => None,
+                Err(err) => {
+                    tracing::warn!(%err, proc_id, "looking up an unknown sender failed");
+                    None
+                }
+            };
+            match rank {
+                Some(rank) => {
+                    if let Err(err) = self.endpoint(rank) {
+                        tracing::warn!(%err, rank, "connecting to a sender failed");
+                    }
+                }
+                None => tracing::debug!(proc_id, "datagrams from a process outside this job"),
+            }
+        }
     }
 
     /// Waits until every rank has called `barrier` (through the launcher),

@@ -26,6 +26,9 @@ use crate::frag::{Descriptor, FragState};
 use crate::params::Params;
 use crate::{EndpointId, NUM_QP};
 
+/// Most unknown senders remembered between two `take_unknown_peers` calls.
+const UNKNOWN_PEERS_MAX: usize = 1024;
+
 /// The reliability state the parameters ask for, if any.
 pub(super) fn endpoint_state(params: &Params) -> Option<Reliability<Descriptor, u32>> {
     if !params.reliable {
@@ -297,6 +300,15 @@ impl<C: Context> Module<C> {
         });
         let Some(endpoint) = endpoint.filter(|_| known == Some(header.src)) else {
             self.stats.recv_unknown_peer += 1;
+            // A process that knows us before we know it (addresses fetched
+            // lazily): the caller can look it up by the id it carries; the
+            // sender retransmits once it is connected.
+            if endpoint.is_none()
+                && self.unknown_peers.len() < UNKNOWN_PEERS_MAX
+                && !self.unknown_peers.contains(&header.src)
+            {
+                self.unknown_peers.push(header.src);
+            }
             self.repost(slot);
             return;
         };
@@ -432,6 +444,20 @@ impl<C: Context> Module<C> {
             self.release(des);
         }
         self.tx_backlog.clear();
+    }
+
+    /// Process ids (as published in the modex) of senders this module does
+    /// not know yet, collected since the last call. A caller that fetches
+    /// addresses lazily connects to them; their retransmissions are then
+    /// accepted.
+    pub fn take_unknown_peers(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.unknown_peers)
+    }
+
+    /// This module's process id, as published in the modex and carried in
+    /// every reliable datagram.
+    pub const fn process_id(&self) -> u32 {
+        self.proc_id
     }
 
     /// Descriptors sent reliably and not yet acknowledged.
