@@ -40,6 +40,9 @@ pub struct RecvEvent<'a> {
     pub tag: Tag,
     /// The sender's endpoint on this module, if the sender was added.
     pub endpoint: Option<EndpointId>,
+    /// The value the caller attached to that endpoint with
+    /// [`Module::set_endpoint_context`] (a rank, say), if any.
+    pub endpoint_context: Option<u64>,
     /// The sender's queue pair.
     pub src: QpAddr,
     /// The bytes after the BTL header.
@@ -155,6 +158,8 @@ struct Endpoint {
     /// The peer process's id, which its reliable datagrams carry.
     proc_id: u32,
     ah: AhHandle,
+    /// The caller's value for this endpoint, handed to receive callbacks.
+    context: Option<u64>,
 }
 
 /// One module per active port.
@@ -680,6 +685,7 @@ impl<C: Context> Module<C> {
             senders: qps,
             proc_id,
             ah,
+            context: None,
         };
         let id = if let Some(rel) = self.rel.as_mut() {
             // Reliable endpoints are never reused: a closed one lingers.
@@ -750,6 +756,32 @@ impl<C: Context> Module<C> {
                 })?;
         }
         Ok(())
+    }
+
+    /// Attaches a value of the caller's to an endpoint (the peer's rank,
+    /// say); receive callbacks get it back as
+    /// [`RecvEvent::endpoint_context`], so mapping a sender costs no lookup.
+    ///
+    /// # Errors
+    /// An unknown endpoint.
+    pub fn set_endpoint_context(
+        &mut self,
+        endpoint: EndpointId,
+        context: u64,
+    ) -> Result<(), BtlError> {
+        let entry = self
+            .endpoints
+            .get_mut(endpoint.0 as usize)
+            .and_then(Option::as_mut)
+            .ok_or(BtlError::BadEndpoint {
+                endpoint: endpoint.0,
+            })?;
+        entry.context = Some(context);
+        Ok(())
+    }
+
+    fn endpoint_context(&self, endpoint: Option<EndpointId>) -> Option<u64> {
+        self.endpoints.get(endpoint?.0 as usize)?.as_ref()?.context
     }
 
     /// The remote queue pair of an endpoint.
@@ -1367,6 +1399,7 @@ impl<C: Context> Module<C> {
         src: QpAddr,
     ) {
         let start = slot as usize * self.recv_stride + GRH_LEN;
+        let endpoint_context = self.endpoint_context(endpoint);
         let Some(callback) = self.callbacks[usize::from(tag)].as_mut() else {
             self.stats.recv_no_callback += 1;
             return;
@@ -1383,6 +1416,7 @@ impl<C: Context> Module<C> {
         callback(&RecvEvent {
             tag: Tag(tag),
             endpoint,
+            endpoint_context,
             src,
             payload,
         });

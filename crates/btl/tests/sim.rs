@@ -747,10 +747,7 @@ fn finalize_reports_leaked_descriptors_but_releases_everything() {
     let _forgotten = btl.modules_mut()[0]
         .alloc(NO_ORDER, 8, DesFlags::NONE)
         .unwrap();
-    match btl.modules_mut().len() {
-        1 => {}
-        n => panic!("{n} modules"),
-    }
+    assert_eq!(btl.modules().len(), 1);
     let err = Component::finalize(btl).unwrap_err();
     assert!(err.to_string().contains("descriptor"), "{err}");
 }
@@ -828,4 +825,27 @@ fn assert_send<T: Send>() {}
 #[allow(dead_code)]
 fn modules_are_send() {
     assert_send::<Module<SimContext>>();
+}
+
+#[test]
+fn receive_callbacks_get_the_endpoint_context_back() {
+    let net = SimNetwork::new(18);
+    let (mut a, mut b, ab, ba) = pair(&net, small());
+    b.modules_mut()[0].set_endpoint_context(ba, 42).unwrap();
+    let seen: Arc<Mutex<Vec<Option<u64>>>> = Arc::default();
+    let sink = seen.clone();
+    b.modules_mut()[0].register(
+        Tag::PML,
+        Box::new(move |ev: &RecvEvent<'_>| sink.lock().unwrap().push(ev.endpoint_context)),
+    );
+    send_bytes(&mut a, ab, Tag::PML, b"x", DesFlags::BTL_OWNERSHIP).unwrap();
+    drive(&mut a, &mut b, 4);
+    assert_eq!(*seen.lock().unwrap(), [Some(42)]);
+    b.modules_mut()[0].del_procs(&[ba]).unwrap();
+    assert!(matches!(
+        b.modules_mut()[0].set_endpoint_context(ba, 1),
+        Err(BtlError::BadEndpoint { .. })
+    ));
+    finalize_clean(a);
+    finalize_clean(b);
 }

@@ -1,6 +1,5 @@
 //! Job wire-up: PMI, the transport, and the address exchange (the modex).
 
-use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use udbtl_btl::params::Source;
@@ -101,9 +100,6 @@ pub struct World {
     size: u32,
     /// Module 0's endpoint for every rank, filled in bulk or lazily.
     endpoints: Vec<Option<EndpointId>>,
-    /// The rank behind each endpoint (indexed by its raw id), shared with
-    /// the receive callbacks so they can name senders connected later.
-    ranks: Arc<RwLock<Vec<Option<u32>>>>,
     modex: ModexMode,
     started: Instant,
 }
@@ -212,7 +208,6 @@ impl World {
             rank,
             size,
             endpoints: vec![None; size as usize],
-            ranks: Arc::default(),
             modex,
             started,
         };
@@ -248,18 +243,15 @@ impl World {
                 reason: "no address on a shared network".into(),
             })?;
             self.endpoints[rank] = Some(endpoint);
-            self.record_rank(endpoint, rank as u32);
+            self.record_rank(endpoint, rank as u32)?;
         }
         Ok(())
     }
 
-    fn record_rank(&self, endpoint: EndpointId, rank: u32) {
-        let mut ranks = self.ranks.write().unwrap_or_else(PoisonError::into_inner);
-        let index = endpoint.raw() as usize;
-        if ranks.len() <= index {
-            ranks.resize(index + 1, None);
-        }
-        ranks[index] = Some(rank);
+    /// Tags the endpoint with its rank, which receive callbacks get back.
+    fn record_rank(&mut self, endpoint: EndpointId, rank: u32) -> Result<(), InitError> {
+        with_btl!(&mut self.btl, c => c.modules_mut()[0].set_endpoint_context(endpoint, u64::from(rank)))?;
+        Ok(())
     }
 
     /// This process's rank.
@@ -306,7 +298,7 @@ impl World {
             reason: "no address on a shared network".into(),
         })?;
         self.endpoints[rank as usize] = Some(endpoint);
-        self.record_rank(endpoint, rank);
+        self.record_rank(endpoint, rank)?;
         Ok(endpoint)
     }
 
@@ -321,14 +313,10 @@ impl World {
         with_btl!(&mut self.btl, c => {
             for module in c.modules_mut() {
                 let mut callback = callback.clone();
-                let ranks = self.ranks.clone();
                 module.register(
                     tag,
                     Box::new(move |ev: &RecvEvent<'_>| {
-                        let rank = ev.endpoint.and_then(|ep| {
-                            let ranks = ranks.read().unwrap_or_else(PoisonError::into_inner);
-                            ranks.get(ep.raw() as usize).copied().flatten()
-                        });
+                        let rank = ev.endpoint_context.and_then(|r| u32::try_from(r).ok());
                         callback(rank, ev.payload);
                     }),
                 );

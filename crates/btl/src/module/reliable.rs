@@ -403,11 +403,13 @@ impl<C: Context> Module<C> {
         };
         let tag = *tag;
         let message = std::mem::take(bytes);
+        let endpoint_context = self.endpoint_context(Some(endpoint));
         match self.callbacks[usize::from(tag)].as_mut() {
             Some(callback) => {
                 callback(&super::RecvEvent {
                     tag: crate::Tag(tag),
                     endpoint: Some(endpoint),
+                    endpoint_context,
                     src,
                     payload: &message,
                 });

@@ -34,8 +34,8 @@ const WINDOW: u64 = 64;
 )]
 struct Args {
     /// Largest message size in bytes.
-    #[arg(long, default_value_t = 1 << 20)]
-    max_size: usize,
+    #[arg(long, default_value_t = 1 << 20, value_parser = clap::value_parser!(u32).range(1..=1 << 30))]
+    max_size: u32,
     /// Iterations per size (small sizes; large sizes use a tenth).
     #[arg(long, default_value_t = 10_000)]
     iterations: u64,
@@ -83,7 +83,8 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let pings = counter(&mut world, PING);
     let acks = counter(&mut world, ACK);
-    let buf = vec![0x5au8; args.max_size];
+    let max_size = args.max_size as usize;
+    let buf = vec![0x5au8; max_size];
     if rank == 0 {
         println!(
             "# udbench: latency and bandwidth between ranks 0 and 1 over udbtl (reliable UD over UDP)"
@@ -91,7 +92,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         println!("# Size          Latency (us)");
     }
     world.barrier()?;
-    for len in sizes(args.max_size) {
+    for len in sizes(max_size) {
         let (iters, warmup) = if len > LARGE {
             (args.iterations / 10, 100)
         } else {
@@ -126,7 +127,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             println!("# Size          Bandwidth (MB/s)");
         }
         world.barrier()?;
-        for len in sizes(args.max_size) {
+        for len in sizes(max_size) {
             let (iters, warmup) = if len > LARGE { (20, 2) } else { (100, 10) };
             let mut start = Instant::now();
             for i in 0..iters + warmup {

@@ -174,6 +174,9 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             if size < 2 {
                 return Err("bulk needs at least 2 ranks".into());
             }
+            if chunk > 1 << 30 {
+                return Err(format!("--size {chunk} exceeds 1G per message").into());
+            }
             let count = bytes.div_ceil(chunk);
             if rank == 0 {
                 vec![(1, count, chunk as usize)]
