@@ -13,6 +13,8 @@ use udbtl_fabric::faulty::{
 use udbtl_fabric::sim::{SimContext, SimNetwork};
 use udbtl_fabric::*;
 
+mod common;
+
 const QKEY: u32 = 0x0133_0133;
 const SLOT: usize = 128;
 
@@ -37,28 +39,7 @@ impl<C: Context> Ep<C> {
             max_send_sge: 2,
             max_inline_data: 32,
         };
-        let qp = ctx
-            .create_qp(
-                pd,
-                &QpInitAttr {
-                    send_cq: cq,
-                    recv_cq: cq,
-                    cap,
-                },
-            )
-            .unwrap();
-        ctx.modify_qp(
-            qp.handle,
-            &QpTransition::Init {
-                pkey_index: 0,
-                qkey: QKEY,
-                port: 1,
-            },
-        )
-        .unwrap();
-        ctx.modify_qp(qp.handle, &QpTransition::Rtr).unwrap();
-        ctx.modify_qp(qp.handle, &QpTransition::Rts { sq_psn: 0 })
-            .unwrap();
+        let qp = common::ud_qp(&mut ctx, pd, cq, cap, QKEY);
         let recv_mr = ctx.reg_mr(pd, slots * SLOT).unwrap();
         let send_mr = ctx.reg_mr(pd, 4096).unwrap();
         let NodeAddr::Sim(port_id) = ctx.query_port(1).unwrap().addr else {

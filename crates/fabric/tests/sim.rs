@@ -10,6 +10,8 @@ use std::time::Duration;
 use udbtl_fabric::sim::{LinkConfig, SimContext, SimDeviceSpec, SimNetStats, SimNetwork};
 use udbtl_fabric::*;
 
+mod common;
+
 const QKEY: u32 = 0x0133_0133;
 
 /// How to build a [`Node`].
@@ -60,17 +62,7 @@ impl Node {
             max_send_sge: 4,
             max_inline_data: 64,
         };
-        let qp = ctx
-            .create_qp(
-                pd,
-                &QpInitAttr {
-                    send_cq: cq,
-                    recv_cq: cq,
-                    cap,
-                },
-            )
-            .unwrap();
-        to_rts(&mut ctx, qp.handle, opts.qkey);
+        let qp = common::ud_qp(&mut ctx, pd, cq, cap, opts.qkey);
         let recv_mr = ctx.reg_mr(pd, opts.slots * opts.slot_len).unwrap();
         let send_mr = ctx.reg_mr(pd, 8192).unwrap();
         let port_id = ctx.port_id(1).unwrap();
@@ -185,20 +177,6 @@ impl Node {
         let start = wc.wr_id as usize * self.opts.slot_len + GRH_LEN;
         self.ctx.mr_bytes(self.recv_mr.handle).unwrap()[start..start + wc.payload_len()].to_vec()
     }
-}
-
-fn to_rts(ctx: &mut impl Context, qp: QpHandle, qkey: u32) {
-    ctx.modify_qp(
-        qp,
-        &QpTransition::Init {
-            pkey_index: 0,
-            qkey,
-            port: 1,
-        },
-    )
-    .unwrap();
-    ctx.modify_qp(qp, &QpTransition::Rtr).unwrap();
-    ctx.modify_qp(qp, &QpTransition::Rts { sq_psn: 0 }).unwrap();
 }
 
 /// Two hosts with one single-port device each, on a network seeded `seed`.

@@ -37,28 +37,7 @@ impl<C: Context> Endpoint<C> {
             max_send_sge: 2,
             max_inline_data: 128,
         };
-        let qp = ctx
-            .create_qp(
-                pd,
-                &QpInitAttr {
-                    send_cq: cq,
-                    recv_cq: cq,
-                    cap,
-                },
-            )
-            .unwrap();
-        ctx.modify_qp(
-            qp.handle,
-            &QpTransition::Init {
-                pkey_index: 0,
-                qkey,
-                port: 1,
-            },
-        )
-        .unwrap();
-        ctx.modify_qp(qp.handle, &QpTransition::Rtr).unwrap();
-        ctx.modify_qp(qp.handle, &QpTransition::Rts { sq_psn: 0 })
-            .unwrap();
+        let qp = ud_qp(&mut ctx, pd, cq, cap, qkey);
         let recv_mr = ctx.reg_mr(pd, slots * buf_len).unwrap();
         let send_mr = ctx.reg_mr(pd, 256 * 1024).unwrap();
         let mut ep = Self {
@@ -175,6 +154,34 @@ impl<C: Context> Endpoint<C> {
         );
         self.ctx
     }
+}
+
+/// Creates a UD queue pair on `cq` and moves it to RTS on port 1 with
+/// `qkey`.
+pub fn ud_qp<C: Context>(ctx: &mut C, pd: PdHandle, cq: CqHandle, cap: QpCap, qkey: u32) -> QpInfo {
+    let qp = ctx
+        .create_qp(
+            pd,
+            &QpInitAttr {
+                send_cq: cq,
+                recv_cq: cq,
+                cap,
+            },
+        )
+        .unwrap();
+    ctx.modify_qp(
+        qp.handle,
+        &QpTransition::Init {
+            pkey_index: 0,
+            qkey,
+            port: 1,
+        },
+    )
+    .unwrap();
+    ctx.modify_qp(qp.handle, &QpTransition::Rtr).unwrap();
+    ctx.modify_qp(qp.handle, &QpTransition::Rts { sq_psn: 0 })
+        .unwrap();
+    qp
 }
 
 /// Runs the `#[ignore]`d test `name` of this test binary as a child process,
