@@ -866,6 +866,10 @@ impl<C: Context> Context for FaultyContext<C> {
         Ok(written)
     }
 
+    fn now(&self) -> std::time::Duration {
+        self.inner.now()
+    }
+
     fn stats(&self) -> FabricStats {
         self.inner.stats()
     }

@@ -217,6 +217,14 @@ pub trait Context: Send {
     /// Bad handle, or a provider failure that is not a per-datagram loss.
     fn poll_cq(&mut self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize>;
 
+    /// The provider's clock: monotonic time since an epoch the provider
+    /// fixes. `udp` reads the host's monotonic clock (no system call: the
+    /// vDSO); `sim` reads its network's virtual time, so everything timed
+    /// above the fabric (retransmission, acknowledgement delay, peer
+    /// failure) runs on virtual time in simulation. Contexts of one provider
+    /// share one epoch.
+    fn now(&self) -> core::time::Duration;
+
     /// Datagram counters.
     fn stats(&self) -> FabricStats;
 

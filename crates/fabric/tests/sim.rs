@@ -1382,3 +1382,12 @@ fn the_same_seed_gives_the_same_run() {
     assert_ne!(first.received, other.received, "the seed drives the faults");
     assert_eq!(first.rx.rx_datagrams, first.received.len() as u64);
 }
+
+#[test]
+fn the_context_clock_is_the_networks_virtual_time() {
+    let net = SimNetwork::new(11);
+    let ctx = net.add_device("clock0", 1).unwrap().open("clock0").unwrap();
+    assert_eq!(ctx.now(), std::time::Duration::ZERO);
+    net.advance(std::time::Duration::from_secs(30));
+    assert_eq!(ctx.now(), std::time::Duration::from_secs(30));
+}

@@ -216,6 +216,10 @@ impl Context for SimContext {
         self.verbs.drain_completions(cq, out)
     }
 
+    fn now(&self) -> std::time::Duration {
+        self.net.now()
+    }
+
     fn stats(&self) -> FabricStats {
         self.verbs.stats
     }

@@ -790,6 +790,13 @@ fn classify_send_error(err: &io::Error, gso: bool) -> Outcome {
     }
 }
 
+/// The host's monotonic clock, from an epoch fixed the first time any
+/// context reads it: every context of the process shares it.
+fn monotonic_since_epoch() -> std::time::Duration {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(std::time::Instant::now).elapsed()
+}
+
 /// Sets a socket buffer size, forcing past the sysctl cap where the process
 /// may, and warns when the kernel grants less than asked.
 fn size_buffer(socket: &Socket, receive: bool, bytes: usize) {
@@ -976,6 +983,10 @@ impl Context for UdpContext {
             self.receive(cq, out.len() - queued)?;
         }
         self.verbs.drain_completions(cq, out)
+    }
+
+    fn now(&self) -> std::time::Duration {
+        monotonic_since_epoch()
     }
 
     fn stats(&self) -> FabricStats {
