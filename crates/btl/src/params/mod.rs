@@ -1,0 +1,477 @@
+//! The parameter registry: every tunable of the BTL, in one table.
+//!
+//! Each parameter has a name (the seed's `btl_ofud_<name>` without the
+//! prefix, where the seed had one), a type, a default, bounds and a help line.
+//! Its value is resolved at load time, each source replacing the one before:
+//!
+//! 1. the default;
+//! 2. the program's [`BtlConfig`] (a field that is `Some`);
+//! 3. the environment variable `UDBTL_<NAME>` (upper case, e.g.
+//!    `UDBTL_SD_NUM=256`).
+//!
+//! The environment comes last so that a job can be tuned, or a compiled-in
+//! choice overridden, without recompiling. [`Params::source`] tells where each
+//! value came from and [`Params::describe`] lists every parameter with its
+//! value, default, bounds and help (it is what `udinfo` prints). Each field of
+//! [`Params`] documents one parameter.
+//!
+//! # Syntax
+//!
+//! * Integers: decimal or `0x` hex. Sizes (`*_size`, `rcache_max_bytes`,
+//!   `udp_mtu`) also take the suffixes `k`, `m` and `g` (powers of 1024, either
+//!   case), e.g. `UDBTL_MAX_SEND_SIZE=4k`.
+//! * Booleans: `1`/`0`, `true`/`false`, `yes`/`no`, `on`/`off`.
+//! * Port lists (`if_include`, `if_exclude`): comma-separated `dev` or
+//!   `dev:port`, e.g. `mlx4_0,mlx4_1:2`.
+//!
+//! Surrounding whitespace is ignored; an empty environment value is an error,
+//! not a way to unset a parameter. Only the value in force is validated: an
+//! environment value replaces the config value before either is checked.
+//!
+//! # Parameters that are not the seed's
+//!
+//! `provider`, `rcache_max_entries`, `rcache_max_bytes`, `send_frags_max`,
+//! `user_frags_max`, `job_key`, `udp_if`, `udp_ipv6` and `udp_mtu` are udbtl
+//! additions; [`ParamInfo::from_seed`] is `false` for them. The seed's
+//! `min_send_size` and `max_send_size` defaulted to 2048 on the assumption of a
+//! 2 KB InfiniBand MTU that was never queried; here they are unset by default
+//! and the provider's MTU decides.
+//!
+//! # Adding a parameter
+//!
+//! Add one line to the `parameters!` invocation below: [`BtlConfig`],
+//! [`Params`], loading, [`Params::source`] and [`Params::describe`] all follow
+//! from it.
+
+use std::fmt;
+
+mod selector;
+#[cfg(test)]
+mod tests;
+mod value;
+
+pub use selector::{PortSelector, SelectorError};
+use value::{BOOL, Kind, PORTS, TEXT, Value, choice, hex, int, size};
+
+/// Where a parameter's value came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// The built-in default.
+    Default,
+    /// The program's [`BtlConfig`].
+    Config,
+    /// The environment variable `UDBTL_<NAME>`.
+    Environment,
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Default => "default",
+            Self::Config => "config",
+            Self::Environment => "environment",
+        })
+    }
+}
+
+/// A parameter could not be loaded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ParamError {
+    /// A value does not parse or is out of bounds.
+    #[error("invalid value {value:?} for {}: {reason}", origin(.name, .from))]
+    Invalid {
+        /// The parameter.
+        name: &'static str,
+        /// The value as given (for a config value, as rendered).
+        value: String,
+        /// Where the value came from.
+        from: Source,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Two parameters that are valid alone cannot be set together.
+    #[error(
+        "{} conflicts with {}: {reason}",
+        origin(.first, .first_from),
+        origin(.second, .second_from)
+    )]
+    Conflict {
+        /// The first parameter.
+        first: &'static str,
+        /// Where its value came from.
+        first_from: Source,
+        /// The second parameter.
+        second: &'static str,
+        /// Where its value came from.
+        second_from: Source,
+        /// Why they conflict.
+        reason: &'static str,
+    },
+}
+
+/// Names a parameter in an error message, with the environment variable when
+/// the value came from there, since that is what the user has to fix.
+fn origin(name: &str, from: &Source) -> String {
+    match from {
+        Source::Environment => format!("parameter {name} (environment variable {})", env_var(name)),
+        Source::Config => format!("parameter {name} (from the config)"),
+        Source::Default => format!("parameter {name} (default)"),
+    }
+}
+
+/// The environment variable that sets parameter `name`: `UDBTL_<NAME>`.
+pub fn env_var(name: &str) -> String {
+    format!("UDBTL_{}", name.to_ascii_uppercase())
+}
+
+/// One row of [`Params::describe`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamInfo {
+    /// The parameter's name.
+    pub name: &'static str,
+    /// The environment variable that sets it.
+    pub env_var: String,
+    /// The value in force, rendered as it could be written back.
+    pub value: String,
+    /// The default, rendered the same way (`unset` for an optional parameter).
+    pub default: String,
+    /// Where the value in force came from.
+    pub source: Source,
+    /// What the parameter does.
+    pub help: &'static str,
+    /// What values are accepted, e.g. `integer 1..=64`.
+    pub syntax: String,
+    /// `true` if the seed (`btl_ofud`) had this parameter; `false` for udbtl
+    /// additions.
+    pub from_seed: bool,
+}
+
+/// Declares the parameters. Each line is
+/// `name: Type = (default) | unset, kind, seed | udbtl, "help";`
+/// where `unset` makes the [`Params`] field an `Option<Type>` that defaults to
+/// `None`.
+macro_rules! parameters {
+    (@field $ty:ty, unset) => { Option<$ty> };
+    (@field $ty:ty, ($default:expr)) => { $ty };
+    (@default unset) => { None };
+    (@default ($default:expr)) => { $default };
+    (@wrap unset, $value:expr) => { Some($value) };
+    (@wrap ($default:expr), $value:expr) => { $value };
+    (@render unset, $value:expr, $kind:expr) => {
+        match $value {
+            Some(value) => Value::render(value, $kind),
+            None => String::from("unset"),
+        }
+    };
+    (@render ($default:expr), $value:expr, $kind:expr) => { Value::render($value, $kind) };
+    (@seed seed) => { true };
+    (@seed udbtl) => { false };
+    ($(
+        $name:ident: $ty:ty = $default:tt, $kind:expr, $origin:ident, $help:literal;
+    )*) => {
+        /// Parameter values chosen by the program. A field left `None` keeps
+        /// the default; the environment overrides any field.
+        ///
+        /// Build it with `BtlConfig::default()` and assign the fields to set.
+        #[derive(Debug, Clone, Default, PartialEq, Eq)]
+        pub struct BtlConfig {
+            $(
+                #[doc = $help]
+                pub $name: Option<$ty>,
+            )*
+        }
+
+        /// The parameters in force, after defaults, config and environment.
+        ///
+        /// Load them with [`Params::load`]. The fields are public so that a
+        /// test or a tool can adjust a loaded set; such changes are not
+        /// validated and keep their recorded [`Source`].
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub struct Params {
+            $(
+                #[doc = $help]
+                pub $name: parameters!(@field $ty, $default),
+            )*
+            sources: Sources,
+        }
+
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        struct Sources {
+            $($name: Source,)*
+        }
+
+        impl Params {
+            fn defaults() -> Self {
+                Self {
+                    $($name: parameters!(@default $default),)*
+                    sources: Sources { $($name: Source::Default,)* },
+                }
+            }
+
+            fn resolve(
+                config: &BtlConfig,
+                env: &dyn Fn(&str) -> Option<String>,
+            ) -> Result<Self, ParamError> {
+                let mut params = Self::defaults();
+                $(
+                    if let Some((value, source)) =
+                        resolve::<$ty>(stringify!($name), &$kind, config.$name.as_ref(), env)?
+                    {
+                        params.$name = parameters!(@wrap $default, value);
+                        params.sources.$name = source;
+                    }
+                )*
+                Ok(params)
+            }
+
+            /// Where the value of parameter `name` came from, or `None` if
+            /// there is no such parameter.
+            pub fn source(&self, name: &str) -> Option<Source> {
+                match name {
+                    $(stringify!($name) => Some(self.sources.$name),)*
+                    _ => None,
+                }
+            }
+
+            /// Every parameter, in table order, with its value in force.
+            pub fn describe(&self) -> Vec<ParamInfo> {
+                let defaults = Self::defaults();
+                vec![$(
+                    ParamInfo {
+                        name: stringify!($name),
+                        env_var: env_var(stringify!($name)),
+                        value: parameters!(@render $default, &self.$name, &$kind),
+                        default: parameters!(@render $default, &defaults.$name, &$kind),
+                        source: self.sources.$name,
+                        help: $help,
+                        syntax: $kind.syntax(),
+                        from_seed: parameters!(@seed $origin),
+                    },
+                )*]
+            }
+        }
+
+        /// Every parameter with a default, set in a config to that default.
+        #[cfg(test)]
+        fn defaults_as_config() -> BtlConfig {
+            let defaults = Params::defaults();
+            BtlConfig {
+                $($name: defaults_as_config!($default, defaults.$name),)*
+            }
+        }
+    };
+}
+
+#[cfg(test)]
+macro_rules! defaults_as_config {
+    (unset, $value:expr) => {
+        None
+    };
+    (($default:expr), $value:expr) => {
+        Some($value)
+    };
+}
+
+// ----- the table ---------------------------------------------------------------
+
+const MIB: u64 = 1 << 20;
+/// The largest UDP payload over IPv6 (65535 less the UDP header); IPv4 allows
+/// less, which the provider checks against the interface.
+const MAX_UDP_PAYLOAD: u64 = 65_527;
+const USIZE_MAX: u64 = usize::MAX as u64;
+
+parameters! {
+    max_btls: u32 = (4), int(1, 64), seed,
+        "Maximum number of modules (active ports) to use";
+    sd_num: u32 = (128), int(1, 65_536), seed,
+        "Send work requests outstanding per module; also each queue pair's max_send_wr";
+    rd_num: u32 = (6000), int(1, 65_536), seed,
+        "Receive buffers posted per module; also each queue pair's max_recv_wr";
+    min_send_size: usize = unset, size(64, 16 * MIB), seed,
+        "Data size of a rendezvous's first fragment (the BTL's rndv_eager_limit); \
+         unset: the eager limit";
+    max_send_size: usize = unset, size(64, 16 * MIB), seed,
+        "Largest datagram payload, BTL header included; the eager limit and maximum \
+         send size are this less the header; unset: the provider's MTU";
+    ib_pkey_index: u16 = (0), int(0, 0xffff), seed,
+        "Partition key index set on each queue pair when it moves to INIT";
+    ib_qkey: u32 = (0x0133_0133), hex(0, 0xffff_ffff), seed,
+        "Queue key of every queue pair and every send";
+    ib_service_level: u8 = (0), int(0, 15), seed,
+        "Service level put into each address handle";
+    ib_src_path_bits: u8 = (0), int(0, 127), seed,
+        "Source path bits put into each address handle";
+    mpool: String = (String::from("rdma")), choice(&["rdma", "grdma", "none"]), seed,
+        "Registration cache: rdma or grdma (both the LRU cache), or none \
+         (register and deregister on every use)";
+    exclusivity: u32 = (1024), int(0, 0xffff_ffff), seed,
+        "Exclusivity: of the BTLs that reach a peer, those with the highest are used";
+    bandwidth: u32 = (800), int(0, 0xffff_ffff), seed,
+        "Bandwidth in MB/s, for striping weights";
+    if_include: Vec<PortSelector> = unset, PORTS, seed,
+        "Devices or ports to use (dev or dev:port, comma-separated); exclusive with if_exclude";
+    if_exclude: Vec<PortSelector> = unset, PORTS, seed,
+        "Devices or ports to skip (dev or dev:port, comma-separated); exclusive with if_include";
+    provider: String = (String::from("udp")), choice(&["udp", "sim"]), udbtl,
+        "Fabric provider: udp or sim";
+    rcache_max_entries: usize = (256), int(1, 65_536), udbtl,
+        "Registrations the registration cache keeps";
+    rcache_max_bytes: usize = (1 << 30), size(1, USIZE_MAX), udbtl,
+        "Bytes of user memory the registration cache keeps registered";
+    rd_mem: usize = (64 << 20), size(MIB, USIZE_MAX), udbtl,
+        "Bytes of receive buffers per module while rd_num is left at its default: rd_num \
+         is lowered until the pool fits (64 KiB loopback datagrams would make 6000 buffers \
+         pin 375 MiB)";
+    send_frags_max: usize = (8192), int(1, 1 << 20), udbtl,
+        "Send fragments a module's free list may grow to (the seed's bound of sd_num<<2 \
+         hung alltoall; unbounded lists pin unbounded memory)";
+    user_frags_max: usize = (8192), int(1, 1 << 20), udbtl,
+        "User (zero-copy) fragments a module's free list may grow to";
+    reliable: bool = (true), BOOL, udbtl,
+        "Reliable, ordered, exactly-once delivery per peer (sequence numbers, ACKs, \
+         retransmission); off gives the seed's unreliable behaviour";
+    rel_window: u32 = (64), int(1, 65), udbtl,
+        "Datagrams in flight per peer at most, and the receive credit advertised";
+    peer_timeout: u32 = (30_000), int(10, 86_400_000), udbtl,
+        "Milliseconds without acknowledgement, while data waits, before a peer is \
+         declared lost (time, not a retry count, decides)";
+    checksum: String = (String::from("auto")), choice(&["auto", "on", "off"]), udbtl,
+        "Checksum every reliable datagram: auto does so on fabrics that do not check \
+         integrity themselves (sim); UDP has its own checksum";
+    job_key: u32 = (0), int(0, 0xffff_ffff), udbtl,
+        "Key carried in every BTL header; datagrams carrying another key are dropped";
+    udp_if: String = unset, TEXT, udbtl,
+        "Network interface for the udp provider; unset: loopback";
+    udp_ipv6: bool = (false), BOOL, udbtl,
+        "Prefer IPv6 addresses for the udp provider";
+    udp_mtu: usize = unset, size(64, MAX_UDP_PAYLOAD), udbtl,
+        "Largest payload per UDP datagram; unset: the interface MTU less the IP and UDP headers";
+}
+
+impl Params {
+    /// Loads the parameters from their defaults, `config` and the process
+    /// environment (see the [module documentation](self) for precedence).
+    ///
+    /// # Errors
+    /// The first invalid value or conflicting pair, naming the parameter and,
+    /// for a value from the environment, the variable.
+    pub fn load(config: &BtlConfig) -> Result<Self, ParamError> {
+        // A variable that is not UTF-8 is kept (lossily) so that it fails
+        // validation with its name, instead of being silently ignored.
+        Self::load_from(config, |key| {
+            std::env::var_os(key).map(|v| v.to_string_lossy().into_owned())
+        })
+    }
+
+    /// As [`load`](Self::load), reading the environment through `env`, which
+    /// maps a variable name to its value. `|_| None` gives the defaults
+    /// overridden by `config` only.
+    ///
+    /// # Errors
+    /// As [`load`](Self::load).
+    pub fn load_from(
+        config: &BtlConfig,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ParamError> {
+        let params = Self::resolve(config, &env)?;
+        params.check_conflicts()?;
+        Ok(params)
+    }
+
+    /// `true` unless `mpool` is `none`: whether user registrations are cached.
+    pub fn rcache_enabled(&self) -> bool {
+        self.mpool != "none"
+    }
+
+    /// Whether `if_include`/`if_exclude` let a module be built on `port` of
+    /// `device`: with an include list, only the ports it names; with an
+    /// exclude list, all but those it names; with neither, every port.
+    pub fn port_allowed(&self, device: &str, port: u8) -> bool {
+        let named = |list: &[PortSelector]| list.iter().any(|s| s.matches(device, port));
+        match (&self.if_include, &self.if_exclude) {
+            (Some(include), _) => named(include),
+            (None, Some(exclude)) => !named(exclude),
+            (None, None) => true,
+        }
+    }
+
+    fn check_conflicts(&self) -> Result<(), ParamError> {
+        let conflict = |first, second, reason| {
+            Err(ParamError::Conflict {
+                first,
+                first_from: self.source(first).unwrap_or(Source::Default),
+                second,
+                second_from: self.source(second).unwrap_or(Source::Default),
+                reason,
+            })
+        };
+        if self.if_include.is_some() && self.if_exclude.is_some() {
+            return conflict(
+                "if_include",
+                "if_exclude",
+                "set either the ports to include or those to exclude, not both",
+            );
+        }
+        if let (Some(min), Some(max)) = (self.min_send_size, self.max_send_size) {
+            if min > max {
+                return conflict(
+                    "min_send_size",
+                    "max_send_size",
+                    "a rendezvous's first fragment cannot exceed the largest send",
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for Params {
+    /// The built-in defaults, ignoring the environment: the same as
+    /// `Params::load_from(&BtlConfig::default(), |_| None)`.
+    fn default() -> Self {
+        Self::defaults()
+    }
+}
+
+/// Resolves one parameter: the environment's value if set, else the config's.
+/// `None` leaves the default in place.
+fn resolve<T: Value>(
+    name: &'static str,
+    kind: &Kind,
+    config: Option<&T>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<(T, Source)>, ParamError> {
+    if let Some(text) = env(&env_var(name)) {
+        let invalid = |reason| ParamError::Invalid {
+            name,
+            value: text.clone(),
+            from: Source::Environment,
+            reason,
+        };
+        let trimmed = text.trim();
+        if trimmed.is_empty() {
+            return Err(invalid("empty value".to_owned()));
+        }
+        let value = T::from_text(trimmed, kind)
+            .and_then(|v| v.validate(kind))
+            .map_err(invalid)?;
+        tracing::debug!(parameter = name, value = %value.render(kind), "set from the environment");
+        return Ok(Some((value, Source::Environment)));
+    }
+    match config {
+        Some(value) => {
+            let value = value
+                .clone()
+                .validate(kind)
+                .map_err(|reason| ParamError::Invalid {
+                    name,
+                    value: value.render(kind),
+                    from: Source::Config,
+                    reason,
+                })?;
+            Ok(Some((value, Source::Config)))
+        }
+        None => Ok(None),
+    }
+}
