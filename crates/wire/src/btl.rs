@@ -36,13 +36,24 @@ mod field {
 }
 
 /// A view over a BTL header and the payload after it.
+///
+/// # Panics
+/// The accessors index the buffer directly. On a view made by
+/// [`Packet::new_checked`] they cannot panic; on one made by
+/// [`Packet::new_unchecked`] over a buffer shorter than [`HEADER_LEN`] they
+/// panic.
 #[derive(Debug, Clone, Copy)]
 pub struct Packet<T: AsRef<[u8]>> {
     buffer: T,
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a buffer without checking its length.
+    /// Wraps a buffer without checking its length. Use only on buffers this
+    /// process sized itself, such as when emitting.
+    ///
+    /// # Panics
+    /// Never here, but every accessor and setter panics if the buffer is
+    /// shorter than [`HEADER_LEN`]: the length is the caller's promise.
     pub const fn new_unchecked(buffer: T) -> Self {
         Self { buffer }
     }
@@ -71,16 +82,12 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// The header version.
     pub fn version(&self) -> u8 {
-        self.buffer
-            .as_ref()
-            .get(field::VERSION)
-            .copied()
-            .unwrap_or(0)
+        self.buffer.as_ref()[field::VERSION]
     }
 
     /// The active-message tag.
     pub fn tag(&self) -> u8 {
-        self.buffer.as_ref().get(field::TAG).copied().unwrap_or(0)
+        self.buffer.as_ref()[field::TAG]
     }
 
     /// The flag bits.
@@ -95,23 +102,19 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// The bytes after the header.
     pub fn payload(&self) -> &[u8] {
-        self.buffer.as_ref().get(HEADER_LEN..).unwrap_or_default()
+        &self.buffer.as_ref()[HEADER_LEN..]
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the version.
     pub fn set_version(&mut self, value: u8) {
-        if let Some(b) = self.buffer.as_mut().get_mut(field::VERSION) {
-            *b = value;
-        }
+        self.buffer.as_mut()[field::VERSION] = value;
     }
 
     /// Sets the tag.
     pub fn set_tag(&mut self, value: u8) {
-        if let Some(b) = self.buffer.as_mut().get_mut(field::TAG) {
-            *b = value;
-        }
+        self.buffer.as_mut()[field::TAG] = value;
     }
 
     /// Sets the flag bits.
@@ -159,6 +162,9 @@ impl Repr {
     }
 
     /// Writes the header into the first [`HEADER_LEN`] bytes of `packet`.
+    ///
+    /// # Panics
+    /// If `packet`'s buffer is shorter than [`HEADER_LEN`].
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
         packet.set_version(VERSION);
         packet.set_tag(self.tag);
@@ -212,6 +218,24 @@ mod tests {
         let mut bad = BYTES;
         bad[3] = 2;
         assert!(Repr::parse(&Packet::new_checked(&bad[..]).unwrap()).is_err());
+    }
+
+    #[test]
+    #[should_panic(expected = "out of range")]
+    fn unchecked_short_buffer_panics() {
+        let _ = Packet::new_unchecked(&BYTES[..HEADER_LEN - 1]).job_key();
+    }
+
+    #[test]
+    #[should_panic(expected = "out of range")]
+    fn emit_into_short_buffer_panics() {
+        let mut bytes = [0u8; HEADER_LEN - 1];
+        Repr {
+            tag: 1,
+            job_key: 2,
+            reliable: true,
+        }
+        .emit(&mut Packet::new_unchecked(&mut bytes[..]));
     }
 
     proptest! {

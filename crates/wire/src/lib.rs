@@ -5,10 +5,15 @@
 //! * `Packet<T: AsRef<[u8]>>` is a *view* over a byte buffer. `Packet::new_checked`
 //!   (one per header) verifies the buffer is long enough; after it succeeds no
 //!   accessor can panic, whatever the bytes contain. Bytes that came from the
-//!   network must always go through `new_checked`.
+//!   network must always go through `new_checked`. `Packet::new_unchecked`
+//!   takes the length on the caller's word: accessors index the buffer
+//!   directly and panic on a short one rather than make up a value.
 //! * `Repr` is the validated, owned value of a header. `Repr::parse` reads a
 //!   checked packet and rejects semantically invalid contents; `Repr::emit`
 //!   writes exactly `Repr::buffer_len()` bytes.
+//! * [`datagram`] covers the reliable datagram as a whole (BTL header,
+//!   reliability extension, payload): its checksum is computed, written and
+//!   verified there, so no caller adds header offsets itself.
 //! * All multi-byte fields are big-endian, so the formats do not depend on the
 //!   byte order of either host.
 //!
@@ -29,8 +34,10 @@
 #![warn(missing_docs)]
 
 pub mod btl;
+pub mod datagram;
 mod error;
 pub(crate) mod field;
+pub mod hash;
 pub mod modex;
 pub mod rel;
 pub mod seq;

@@ -71,13 +71,25 @@ pub enum Location {
 }
 
 /// A view over one entry.
+///
+/// # Panics
+/// The accessors index the buffer directly. On a view made by
+/// [`Entry::new_checked`] they cannot panic; on one made by
+/// [`Entry::new_unchecked`] over a buffer shorter than [`ENTRY_LEN`] they
+/// panic.
 #[derive(Debug, Clone, Copy)]
 pub struct Entry<T: AsRef<[u8]>> {
     buffer: T,
 }
 
 impl<T: AsRef<[u8]>> Entry<T> {
-    /// Wraps a buffer without checking its length.
+    /// Wraps a buffer without checking its length. Use only on buffers this
+    /// process sized itself, such as when emitting.
+    ///
+    /// # Panics
+    /// Never here, but every accessor panics, and [`Address::emit`] panics,
+    /// if the buffer is shorter than [`ENTRY_LEN`]: the length is the
+    /// caller's promise.
     pub const fn new_unchecked(buffer: T) -> Self {
         Self { buffer }
     }
@@ -88,15 +100,24 @@ impl<T: AsRef<[u8]>> Entry<T> {
     /// [`Error`] if the buffer is shorter than [`ENTRY_LEN`].
     pub fn new_checked(buffer: T) -> Result<Self> {
         let entry = Self::new_unchecked(buffer);
-        if entry.buffer.as_ref().len() < ENTRY_LEN {
+        entry.check_len()?;
+        Ok(entry)
+    }
+
+    /// Checks the buffer is long enough for every accessor.
+    ///
+    /// # Errors
+    /// [`Error`] if the buffer is shorter than [`ENTRY_LEN`].
+    pub fn check_len(&self) -> Result<()> {
+        if self.buffer.as_ref().len() < ENTRY_LEN {
             Err(Error)
         } else {
-            Ok(entry)
+            Ok(())
         }
     }
 
     fn byte(&self, index: usize) -> u8 {
-        self.buffer.as_ref().get(index).copied().unwrap_or(0)
+        self.buffer.as_ref()[index]
     }
 
     /// The address kind byte.
@@ -125,9 +146,7 @@ impl<T: AsRef<[u8]>> Entry<T> {
     /// The 16-byte address field.
     pub fn address(&self) -> [u8; 16] {
         let mut out = [0u8; 16];
-        if let Some(bytes) = self.buffer.as_ref().get(field::ADDRESS) {
-            out.copy_from_slice(bytes);
-        }
+        out.copy_from_slice(&self.buffer.as_ref()[field::ADDRESS]);
         out
     }
 
@@ -156,9 +175,7 @@ impl<T: AsRef<[u8]>> Entry<T> {
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Entry<T> {
     fn set_byte(&mut self, index: usize, value: u8) {
-        if let Some(b) = self.buffer.as_mut().get_mut(index) {
-            *b = value;
-        }
+        self.buffer.as_mut()[index] = value;
     }
 
     /// Sets every field from `address`.
@@ -186,9 +203,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Entry<T> {
             let start = field::QPNS + 4 * i;
             write_u32(buffer, start..start + 4, *qpn);
         }
-        if let Some(dst) = buffer.get_mut(field::ADDRESS) {
-            dst.copy_from_slice(&bytes);
-        }
+        buffer[field::ADDRESS].copy_from_slice(&bytes);
         write_u32(buffer, field::MAX_MSG, address.max_msg_size);
         write_u32(buffer, field::RESERVED, 0);
         write_u32(buffer, field::NETWORK_HI, (address.network >> 32) as u32);
@@ -218,9 +233,10 @@ impl Address {
     /// Parses a checked entry.
     ///
     /// # Errors
-    /// [`Error`] on an unknown kind, a non-zero reserved field, or padding
-    /// bytes that should be zero.
+    /// [`Error`] on a buffer shorter than [`ENTRY_LEN`], an unknown kind, a
+    /// non-zero reserved field, or padding bytes that should be zero.
     pub fn parse<T: AsRef<[u8]>>(entry: &Entry<T>) -> Result<Self> {
+        entry.check_len()?;
         let bytes = entry.address();
         let four = [bytes[0], bytes[1], bytes[2], bytes[3]];
         let tail_clear = bytes[4..].iter().all(|b| *b == 0);
@@ -248,6 +264,9 @@ impl Address {
     }
 
     /// Writes the entry into the first [`ENTRY_LEN`] bytes of `entry`.
+    ///
+    /// # Panics
+    /// If `entry`'s buffer is shorter than [`ENTRY_LEN`].
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, entry: &mut Entry<T>) {
         entry.fill(self);
     }
@@ -336,6 +355,19 @@ mod tests {
         }
     }
 
+    #[test]
+    fn parse_of_a_short_unchecked_entry_is_an_error() {
+        let entry = Entry::new_unchecked(&ONE_IPV4[PREAMBLE_LEN..ONE_IPV4.len() - 1]);
+        assert!(Address::parse(&entry).is_err());
+    }
+
+    #[test]
+    #[should_panic(expected = "out of range")]
+    fn emit_into_short_buffer_panics() {
+        let mut bytes = [0u8; ENTRY_LEN - 1];
+        ipv4().emit(&mut Entry::new_unchecked(&mut bytes[..]));
+    }
+
     fn location() -> impl Strategy<Value = Location> {
         prop_oneof![
             any::<[u8; 4]>().prop_map(Location::Ipv4),
@@ -360,6 +392,7 @@ mod tests {
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..128)) {
             let _ = parse_blob(&bytes);
+            let _ = Address::parse(&Entry::new_unchecked(&bytes[..]));
         }
     }
 }

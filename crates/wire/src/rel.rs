@@ -9,17 +9,22 @@
 //!  +--------+--------+--------+-----------------+--------+--------+--------+--------+
 //! ```
 //!
-//! * `src id` names the sender in the receiver's peer table, for O(1)
-//!   demultiplexing.
+//! * `src id` identifies the sending process (the id it published in its
+//!   modex entry, [`crate::modex::Address::proc_id`]). The receiver
+//!   demultiplexes by the datagram's source address, not by this field; it
+//!   checks `src` against the id it knows for that endpoint, so datagrams from
+//!   a process that reused the address are dropped.
 //! * `seq` is this datagram's sequence number on the sender→receiver
 //!   stream (unused on an ACK-only datagram).
 //! * `ack` is cumulative: every sequence number before it has arrived.
 //! * `sack` bit `i` says `ack + 1 + i` arrived too (a selective ACK of the
 //!   64 datagrams after the first gap).
 //! * `credit` is how many datagrams past `ack` the receiver will accept.
-//! * `checksum` is a CRC-32C of the whole datagram with this field zeroed,
-//!   present when the `CHECKSUM` flag is set: on fabrics that do not check
-//!   integrity themselves.
+//! * `checksum` is the IEEE CRC-32 (the polynomial of Ethernet and zlib, not
+//!   CRC-32C) of the whole datagram (BTL header, this extension and the
+//!   payload) with this field counted as zeros, meaningful when the
+//!   `CHECKSUM` flag is set: on fabrics that do not check integrity
+//!   themselves. [`crate::datagram`] computes, writes and verifies it.
 
 use crate::field::{Field, read_u16, read_u32, write_u16, write_u32};
 use crate::seq::SeqNum;
@@ -57,13 +62,24 @@ mod field {
 pub const CHECKSUM_FIELD: core::ops::Range<usize> = field::CHECKSUM;
 
 /// A view over the extension.
+///
+/// # Panics
+/// The accessors index the buffer directly. On a view made by
+/// [`Packet::new_checked`] they cannot panic; on one made by
+/// [`Packet::new_unchecked`] over a buffer shorter than [`HEADER_LEN`] they
+/// panic.
 #[derive(Debug, Clone, Copy)]
 pub struct Packet<T: AsRef<[u8]>> {
     buffer: T,
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a buffer without checking its length.
+    /// Wraps a buffer without checking its length. Use only on buffers this
+    /// process sized itself, such as when emitting.
+    ///
+    /// # Panics
+    /// Never here, but every accessor and setter panics if the buffer is
+    /// shorter than [`HEADER_LEN`]: the length is the caller's promise.
     pub const fn new_unchecked(buffer: T) -> Self {
         Self { buffer }
     }
@@ -74,10 +90,19 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// [`Error`] if the buffer is shorter than [`HEADER_LEN`].
     pub fn new_checked(buffer: T) -> Result<Self> {
         let packet = Self::new_unchecked(buffer);
-        if packet.buffer.as_ref().len() < HEADER_LEN {
+        packet.check_len()?;
+        Ok(packet)
+    }
+
+    /// Checks the buffer is long enough for every accessor.
+    ///
+    /// # Errors
+    /// [`Error`] if the buffer is shorter than [`HEADER_LEN`].
+    pub fn check_len(&self) -> Result<()> {
+        if self.buffer.as_ref().len() < HEADER_LEN {
             Err(Error)
         } else {
-            Ok(packet)
+            Ok(())
         }
     }
 
@@ -148,7 +173,8 @@ pub struct Repr {
     pub credit: u16,
     /// Flag bits (`FLAG_*`).
     pub flags: u16,
-    /// CRC-32C, meaningful with [`FLAG_CHECKSUM`].
+    /// IEEE CRC-32 of the datagram (see [`crate::datagram::checksum`]),
+    /// meaningful with [`FLAG_CHECKSUM`].
     pub checksum: u32,
 }
 
@@ -156,8 +182,10 @@ impl Repr {
     /// Parses a checked packet.
     ///
     /// # Errors
-    /// [`Error`] on unknown flag bits or a non-zero reserved field.
+    /// [`Error`] on a buffer shorter than [`HEADER_LEN`], unknown flag bits
+    /// or a non-zero reserved field.
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Self> {
+        packet.check_len()?;
         if packet.flags() & !KNOWN_FLAGS != 0 || packet.reserved() != 0 {
             return Err(Error);
         }
@@ -178,6 +206,9 @@ impl Repr {
     }
 
     /// Writes the extension into the first [`HEADER_LEN`] bytes of `packet`.
+    ///
+    /// # Panics
+    /// If `packet`'s buffer is shorter than [`HEADER_LEN`].
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
         let b = packet.buffer.as_mut();
         write_u32(b, field::SRC, self.src);
@@ -243,6 +274,17 @@ mod tests {
         assert!(Repr::parse(&Packet::new_checked(&bad[..]).unwrap()).is_err());
     }
 
+    #[test]
+    fn parse_of_a_short_unchecked_view_is_an_error() {
+        assert!(Repr::parse(&Packet::new_unchecked(&BYTES[..HEADER_LEN - 1])).is_err());
+    }
+
+    #[test]
+    #[should_panic(expected = "out of range")]
+    fn unchecked_short_buffer_panics() {
+        let _ = Packet::new_unchecked(&BYTES[..HEADER_LEN - 1]).reserved();
+    }
+
     proptest! {
         #[test]
         fn emit_then_parse(src: u32, seq: u32, ack: u32, sack: u64, credit: u16, flags in 0u16..0x20, checksum: u32) {
@@ -256,7 +298,10 @@ mod tests {
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..48)) {
             if let Ok(packet) = Packet::new_checked(&bytes[..]) {
                 let _ = Repr::parse(&packet);
+                let _ = (packet.src(), packet.seq(), packet.ack(), packet.sack(), packet.credit());
+                let _ = (packet.flags(), packet.checksum(), packet.reserved());
             }
+            let _ = Repr::parse(&Packet::new_unchecked(&bytes[..]));
         }
     }
 }

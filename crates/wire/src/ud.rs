@@ -40,6 +40,12 @@ mod field {
 }
 
 /// A view over a UD encapsulation header and the payload that follows it.
+///
+/// # Panics
+/// The accessors index the buffer directly. On a view made by
+/// [`Packet::new_checked`] they cannot panic; on one made by
+/// [`Packet::new_unchecked`] over a buffer shorter than [`HEADER_LEN`] they
+/// panic.
 #[derive(Debug, Clone, Copy)]
 pub struct Packet<T: AsRef<[u8]>> {
     buffer: T,
@@ -48,6 +54,10 @@ pub struct Packet<T: AsRef<[u8]>> {
 impl<T: AsRef<[u8]>> Packet<T> {
     /// Wraps a buffer without checking its length. Use only on buffers this
     /// process sized itself, such as when emitting.
+    ///
+    /// # Panics
+    /// Never here, but every accessor and setter panics if the buffer is
+    /// shorter than [`HEADER_LEN`]: the length is the caller's promise.
     pub const fn new_unchecked(buffer: T) -> Self {
         Self { buffer }
     }
@@ -86,16 +96,12 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// The header version.
     pub fn version(&self) -> u8 {
-        self.buffer
-            .as_ref()
-            .get(field::VERSION)
-            .copied()
-            .unwrap_or(0)
+        self.buffer.as_ref()[field::VERSION]
     }
 
     /// The raw flag byte.
     pub fn flags(&self) -> u8 {
-        self.buffer.as_ref().get(field::FLAGS).copied().unwrap_or(0)
+        self.buffer.as_ref()[field::FLAGS]
     }
 
     /// The partition key.
@@ -120,7 +126,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// The bytes after the header.
     pub fn payload(&self) -> &[u8] {
-        self.buffer.as_ref().get(HEADER_LEN..).unwrap_or_default()
+        &self.buffer.as_ref()[HEADER_LEN..]
     }
 }
 
@@ -132,16 +138,12 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
     /// Sets the version.
     pub fn set_version(&mut self, value: u8) {
-        if let Some(b) = self.buffer.as_mut().get_mut(field::VERSION) {
-            *b = value;
-        }
+        self.buffer.as_mut()[field::VERSION] = value;
     }
 
     /// Sets the raw flag byte.
     pub fn set_flags(&mut self, value: u8) {
-        if let Some(b) = self.buffer.as_mut().get_mut(field::FLAGS) {
-            *b = value;
-        }
+        self.buffer.as_mut()[field::FLAGS] = value;
     }
 
     /// Sets the partition key.
@@ -205,6 +207,9 @@ impl Repr {
     }
 
     /// Writes the header into the first [`HEADER_LEN`] bytes of `packet`.
+    ///
+    /// # Panics
+    /// If `packet`'s buffer is shorter than [`HEADER_LEN`].
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
         packet.set_magic(MAGIC);
         packet.set_version(VERSION);
@@ -287,6 +292,12 @@ mod tests {
                 "byte {index} = {value:#x}"
             );
         }
+    }
+
+    #[test]
+    #[should_panic(expected = "out of range")]
+    fn unchecked_short_buffer_panics() {
+        let _ = Packet::new_unchecked(&WITH_IMM[..HEADER_LEN - 1]).imm();
     }
 
     proptest! {
