@@ -66,6 +66,16 @@ pub enum BtlError {
         /// Index of the peer in the call.
         peer: usize,
     },
+    /// The reliability settings derived from the parameters are
+    /// inconsistent.
+    #[error(transparent)]
+    Reliability(#[from] udbtl_reliability::ConfigError),
+    /// No send fragment became free while waiting, progressing, for one.
+    #[error("no send fragment became free within {waited:?}")]
+    NoFragment {
+        /// How long the call waited.
+        waited: std::time::Duration,
+    },
     /// Resources were still in use at finalize.
     #[error("finalize found {what} still in use")]
     Leak {

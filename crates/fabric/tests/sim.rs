@@ -1387,7 +1387,7 @@ fn the_same_seed_gives_the_same_run() {
 fn the_context_clock_is_the_networks_virtual_time() {
     let net = SimNetwork::new(11);
     let ctx = net.add_device("clock0", 1).unwrap().open("clock0").unwrap();
-    assert_eq!(ctx.now(), std::time::Duration::ZERO);
-    net.advance(std::time::Duration::from_secs(30));
-    assert_eq!(ctx.now(), std::time::Duration::from_secs(30));
+    assert_eq!(ctx.now(), Duration::ZERO);
+    net.advance(Duration::from_secs(30));
+    assert_eq!(ctx.now(), Duration::from_secs(30));
 }

@@ -19,6 +19,17 @@ impl Instant {
         Self(nanos)
     }
 
+    /// A span after the epoch, such as a fabric clock's reading
+    /// (saturating at about 584 years).
+    pub const fn from_duration(since_epoch: Duration) -> Self {
+        Self(
+            since_epoch
+                .as_secs()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(since_epoch.subsec_nanos() as u64),
+        )
+    }
+
     /// Nanoseconds since the epoch.
     pub const fn as_nanos(self) -> u64 {
         self.0

@@ -43,7 +43,11 @@ pub const FLAG_CHECKSUM: u16 = 0x4;
 pub const FLAG_FIRST: u16 = 0x8;
 /// Flag: the last fragment of a message.
 pub const FLAG_LAST: u16 = 0x10;
-const KNOWN_FLAGS: u16 = FLAG_ACK_ONLY | FLAG_ACK_REQ | FLAG_CHECKSUM | FLAG_FIRST | FLAG_LAST;
+/// Flag: the sender gave up on the message in progress (set on an empty
+/// last fragment); the receiver drops what it has of it.
+pub const FLAG_ABORT: u16 = 0x20;
+const KNOWN_FLAGS: u16 =
+    FLAG_ACK_ONLY | FLAG_ACK_REQ | FLAG_CHECKSUM | FLAG_FIRST | FLAG_LAST | FLAG_ABORT;
 
 mod field {
     use super::Field;

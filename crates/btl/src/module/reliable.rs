@@ -1,5 +1,5 @@
-//! The module's reliable path: it drives the sans-IO reliability state with
-//! what the fabric delivers (see `architecture.md`, "The drive loop").
+//! The reliable path: drives the sans-IO reliability state with what the
+//! fabric delivers (the drive loop of `../shared/reference/architecture.md`).
 //!
 //! * `send` hands a descriptor to the reliability state, which sequences it
 //!   and keeps a handle to it for retransmission: nothing is copied.
@@ -16,62 +16,114 @@
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
-use udbtl_fabric::{Context, Gather, QpAddr, SendFlags, SendWr, Sge};
-use udbtl_reliability::{Config, Event, Instant, PeerId, Receipt, Reliability, SendError};
-use udbtl_wire::{btl, rel};
+use udbtl_fabric::{Context, Gather, Mr, MrHandle, QpAddr, Sge};
+use udbtl_reliability::{
+    Config, ConfigError, Event, Instant, PeerId, Receipt, Reliability, SendError,
+};
+use udbtl_wire::{btl, datagram, rel};
 
-use super::{ACK_LEN, ACK_SLOTS, HEADER_MAX, Module, SendStatus};
+use super::build::HEADER_MAX;
+use super::reassembly::{Piece, Reassembly};
+use super::recv::Held;
+use super::send::WaitingSend;
+use super::{Module, RecvEvent, SendStatus};
 use crate::error::{BtlError, SendFailure};
-use crate::frag::{Descriptor, FragState};
+use crate::frag::{DesFlags, Descriptor, FragState};
 use crate::params::Params;
-use crate::{EndpointId, NUM_QP};
+use crate::{EndpointId, NO_ORDER, Tag};
 
 /// Most unknown senders remembered between two `take_unknown_peers` calls.
 const UNKNOWN_PEERS_MAX: usize = 1024;
+/// Registered buffers for acknowledgement-only datagrams, used in turn.
+const ACK_SLOTS: usize = 64;
+/// Bytes of one acknowledgement buffer.
+const ACK_LEN: usize = HEADER_MAX;
 
-/// The reliability state the parameters ask for, if any.
-pub(super) fn endpoint_state(params: &Params) -> Option<Reliability<Descriptor, u32>> {
-    if !params.reliable {
-        return None;
+/// The reliable part of a module.
+#[derive(Debug)]
+pub(super) struct Reliable {
+    pub(super) core: Reliability<Descriptor, Held>,
+    /// Checksum every datagram (fabrics that do not check integrity).
+    checksum: bool,
+    /// Registered buffers for acknowledgement-only datagrams, used in turn:
+    /// such a datagram is unsignaled, so it needs no fragment and no credit.
+    ack_ring: Mr,
+    ack_next: usize,
+    /// Senders not known yet, by process id (see `take_unknown_peers`).
+    unknown_peers: Vec<u32>,
+    reassembly: Reassembly,
+}
+
+impl Reliable {
+    /// Bytes of the acknowledgement ring's registration.
+    pub(super) const ACK_RING_BYTES: usize = ACK_SLOTS * ACK_LEN;
+
+    pub(super) fn new(params: &Params, ack_ring: Mr, checksum: bool) -> Result<Self, ConfigError> {
+        Ok(Self {
+            core: reliability_state(params)?,
+            checksum,
+            ack_ring,
+            ack_next: 0,
+            unknown_peers: Vec::new(),
+            reassembly: Reassembly::default(),
+        })
     }
-    let window = u16::try_from(params.rel_window).unwrap_or(udbtl_reliability::MAX_WINDOW);
-    let config = Config {
-        window,
-        initial_cwnd: window.min(16),
-        peer_timeout: Duration::from_millis(u64::from(params.peer_timeout)),
-        // A lost peer is reported within one RTO of the timeout; keep the RTO
-        // well under it, as UCX does (a third).
-        rto_max: Duration::from_millis(u64::from(params.peer_timeout) / 3)
-            .clamp(Duration::from_millis(3), Duration::from_secs(2)),
-        ..Config::default()
-    };
-    match Reliability::new(config) {
-        Ok(state) => Some(state),
-        Err(err) => {
-            // The parameter bounds make this unreachable; fall back to the
-            // defaults rather than run unreliably.
-            tracing::error!(%err, "reliability settings rejected; using defaults");
-            Reliability::new(Config::default()).ok()
+
+    /// Peers with a multi-datagram message in progress.
+    pub(super) fn messages_in_progress(&self) -> usize {
+        self.reassembly.in_progress()
+    }
+
+    pub(super) const fn ack_ring_handle(&self) -> MrHandle {
+        self.ack_ring.handle
+    }
+
+    /// The next acknowledgement buffer.
+    fn next_ack_slot(&mut self) -> Sge {
+        let offset = (self.ack_next % ACK_SLOTS) * ACK_LEN;
+        self.ack_next = self.ack_next.wrapping_add(1);
+        Sge {
+            lkey: self.ack_ring.lkey,
+            offset,
+            len: ACK_LEN,
         }
     }
 }
 
-/// A random id for this process: published in the modex and carried in every
-/// reliable datagram, so a receiver can tell a restarted process that
-/// reused an address from the one it knew.
-pub(super) fn process_id() -> u32 {
+/// The reliability state the parameters ask for.
+fn reliability_state(params: &Params) -> Result<Reliability<Descriptor, Held>, ConfigError> {
+    let window = u16::try_from(params.rel_window).unwrap_or(udbtl_reliability::MAX_WINDOW);
+    // A lost peer is reported within one RTO of the timeout; keep the RTO
+    // well under it, as UCX does (a third).
+    let rto_max = Duration::from_millis(u64::from(params.peer_timeout) / 3)
+        .clamp(Duration::from_millis(3), Duration::from_secs(2));
+    let config = Config {
+        window,
+        initial_cwnd: window.min(16),
+        peer_timeout: Duration::from_millis(u64::from(params.peer_timeout)),
+        rto_max,
+        rto_initial: Config::default().rto_initial.min(rto_max),
+        ..Config::default()
+    };
+    Reliability::new(config)
+}
+
+/// A random id for this process, for modules whose caller does not name the
+/// process (see [`Module::set_process_id`]): unique only with high
+/// probability.
+pub(super) fn random_process_id() -> u32 {
     // RandomState is seeded from the OS's randomness once per process.
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u32(std::process::id());
-    (hasher.finish() as u32).max(1)
-}
-
-/// The reliability clock: nanoseconds since the module was built.
-pub(super) fn now(epoch: std::time::Instant) -> Instant {
-    Instant::from_nanos(u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    hasher.finish() as u32
 }
 
 impl<C: Context> Module<C> {
+    /// The fabric's clock, as the reliability state counts time.
+    pub(super) fn clock(&self) -> Instant {
+        Instant::from_duration(self.ctx.now())
+    }
+
     /// `send` for a reliable module: the descriptor is owned by the BTL until
     /// acknowledged.
     pub(super) fn send_reliable(
@@ -79,11 +131,16 @@ impl<C: Context> Module<C> {
         endpoint: EndpointId,
         des: Descriptor,
     ) -> Result<SendStatus, BtlError> {
-        let now = now(self.epoch);
-        let Some(rel) = self.rel.as_mut() else {
-            return Err(Self::bad(des, "sent reliably by an unreliable module"));
+        let now = self.clock();
+        let Some(reliable) = self.reliable.as_mut() else {
+            return Err(super::descriptors::bad(
+                des,
+                "sent reliably by an unreliable module",
+            ));
         };
-        rel.send(now, PeerId(endpoint.0), des)
+        reliable
+            .core
+            .send(now, PeerId(endpoint.0), des)
             .map_err(|err| match err {
                 SendError::NoPeer(_) => BtlError::BadEndpoint {
                     endpoint: endpoint.0,
@@ -93,40 +150,43 @@ impl<C: Context> Module<C> {
                     reason: err.to_string(),
                 },
             })?;
-        if let Some(frag) = self.pool_mut(des).frag_mut(des) {
+        if let Some(frag) = self.frags.get_mut(des) {
             frag.state = FragState::Posted;
         }
         // Send at once rather than at the next progress call: latency.
         self.flush_transmits(now);
-        self.clock = now;
-        Ok(if self.tx_backlog.is_empty() {
+        Ok(if self.sends.len() == 0 {
             SendStatus::Posted
         } else {
             SendStatus::Queued
         })
     }
 
-    /// Timers, events and transmissions, after a progress call's completions.
-    pub(super) fn drive_reliability(&mut self) {
-        let now = self.clock;
-        let Some(rel) = self.rel.as_mut() else { return };
-        if rel.poll_timeout().is_some_and(|at| at <= now) {
-            rel.handle_timeout(now);
+    /// Timers, transmissions and events, after a progress call's
+    /// completions.
+    pub(super) fn drive_reliability(&mut self, now: Instant) {
+        let Some(reliable) = self.reliable.as_mut() else {
+            return;
+        };
+        if reliable.core.poll_timeout().is_some_and(|at| at <= now) {
+            reliable.core.handle_timeout(now);
         }
         self.flush_transmits(now);
         self.process_events();
     }
 
-    /// Runs callbacks for acknowledged and failed descriptors; returns
+    /// Runs callbacks for acknowledged and failed descriptors; reposts
     /// buffers the state gave back.
     fn process_events(&mut self) {
         loop {
-            let Some(rel) = self.rel.as_mut() else { return };
-            if let Some(slot) = rel.poll_reclaim() {
-                self.repost(slot);
+            let Some(reliable) = self.reliable.as_mut() else {
+                return;
+            };
+            if let Some(held) = reliable.core.poll_reclaim() {
+                self.recv.repost(held.slot);
                 continue;
             }
-            let Some(event) = rel.poll_event() else {
+            let Some(event) = reliable.core.poll_event() else {
                 return;
             };
             match event {
@@ -139,313 +199,246 @@ impl<C: Context> Module<C> {
                     ))),
                 ),
                 Event::PeerLost { peer } => {
+                    reliable.reassembly.discard(EndpointId(peer.0));
                     let message = format!(
                         "endpoint {} was declared lost: no acknowledgement within peer_timeout",
                         peer.0
                     );
-                    self.report_error(false, message);
+                    self.report_error(Some(EndpointId(peer.0)), false, message);
                 }
-                Event::PeerClosed { .. } => {}
+                Event::PeerClosed { peer } => reliable.reassembly.discard(EndpointId(peer.0)),
             }
         }
     }
 
-    /// Puts on the wire what the reliability state wants sent, oldest first,
-    /// while send credits last; data waits in the backlog for credits.
-    fn flush_transmits(&mut self, now: Instant) {
-        while self.sd_wqe > 0 {
-            let Some(tx) = self.tx_backlog.pop_front() else {
-                break;
-            };
-            self.transmit(tx);
-        }
+    /// Puts on the wire what the reliability state wants sent, oldest first:
+    /// data takes a send credit or waits for one behind earlier sends;
+    /// acknowledgements need none.
+    pub(super) fn flush_transmits(&mut self, now: Instant) {
+        self.post_waiting();
         loop {
-            let Some(rel) = self.rel.as_mut() else { return };
-            let Some(tx) = rel.poll_transmit(now) else {
-                break;
+            let Some(reliable) = self.reliable.as_mut() else {
+                return;
             };
-            if tx.frag.is_some() && (self.sd_wqe == 0 || !self.tx_backlog.is_empty()) {
-                self.tx_backlog.push_back(tx);
-            } else {
-                self.transmit(tx);
+            let Some(tx) = reliable.core.poll_transmit(now) else {
+                return;
+            };
+            let mut header = tx.header;
+            header.src = self.proc_id;
+            if reliable.checksum {
+                header.flags |= rel::FLAG_CHECKSUM;
+            }
+            match tx.frag {
+                Some(des) if self.sends.can_post() => self.transmit_data(des, header),
+                Some(des) => self.sends.push(WaitingSend {
+                    des,
+                    header: Some(header),
+                }),
+                None => self.transmit_ack(EndpointId(tx.peer.0), header),
             }
         }
     }
 
-    fn transmit(&mut self, tx: udbtl_reliability::Transmit<Descriptor>) {
-        let Some(Some(endpoint)) = self.endpoints.get(tx.peer.0 as usize) else {
-            return;
-        };
-        let (ah, remote_qpn) = (endpoint.ah, endpoint.remote.qpn);
-        let mut header = tx.header;
-        header.src = self.proc_id;
-        if self.checksum {
-            header.flags |= rel::FLAG_CHECKSUM;
-        }
-        match tx.frag {
-            Some(des) => self.transmit_data(des, header),
-            None => self.transmit_ack(ah, remote_qpn, header),
-        }
-    }
-
-    /// Writes the reliability header into a descriptor and posts it.
-    fn transmit_data(&mut self, des: Descriptor, mut header: rel::Repr) {
-        let Some(frag) = self.pool(des).frag(des) else {
+    /// Writes the reliability header into a descriptor and posts it. A
+    /// refusal is a loss to the protocol: the retransmission timer repairs
+    /// it.
+    pub(super) fn transmit_data(&mut self, des: Descriptor, mut header: rel::Repr) {
+        let Some(frag) = self.frags.get(des) else {
             return;
         };
         header.flags |= frag.msg_flags;
-        let (seg_len, user) = (frag.seg_len, frag.user.clone());
-        let Some((mr, sge)) = self.pool(des).sge(des.index(), self.header_len + seg_len) else {
+        let Some((mr, sge)) = self.frags.head(des, self.header_len + frag.seg_len) else {
             return;
         };
         let Ok(bytes) = self.ctx.mr_bytes_mut(mr.handle) else {
             return;
         };
         let head = &mut bytes[sge.offset..sge.offset + sge.len];
-        header.checksum = 0;
-        header.emit(&mut rel::Packet::new_unchecked(
-            &mut head[btl::HEADER_LEN..HEADER_MAX],
-        ));
+        let Ok(mut ext) = datagram::extension_mut(head) else {
+            return;
+        };
+        header.emit(&mut ext);
         if header.has(rel::FLAG_CHECKSUM) {
-            let user_bytes = user.as_ref().map_or(&[][..], |u| &u.data[u.range.clone()]);
-            let sum = checksum(&[head, user_bytes]);
-            rel::Packet::new_unchecked(&mut head[btl::HEADER_LEN..HEADER_MAX]).set_checksum(sum);
+            let user = frag
+                .user
+                .as_ref()
+                .map_or(&[][..], |u| &u.data[u.range.clone()]);
+            datagram::fill_checksum(head, &[user]);
         }
-        if self.post(des).is_err() {
-            // A refusal is a loss to the protocol: the retransmission timer
-            // repairs it.
+        if self.post_descriptor(des).is_err() {
             self.stats.transmit_failures += 1;
         }
     }
 
     /// Sends an acknowledgement-only datagram from the ack ring, unsignaled:
     /// it needs no completion and no send credit.
-    fn transmit_ack(&mut self, ah: udbtl_fabric::AhHandle, remote_qpn: u32, mut header: rel::Repr) {
-        let offset = (self.ack_next % ACK_SLOTS) * ACK_LEN;
-        self.ack_next = self.ack_next.wrapping_add(1);
-        let Ok(bytes) = self.ctx.mr_bytes_mut(self.ack_mr.handle) else {
+    fn transmit_ack(&mut self, endpoint: EndpointId, header: rel::Repr) {
+        let Some(route) = self.endpoints.route(endpoint) else {
             return;
         };
-        let buf = &mut bytes[offset..offset + ACK_LEN];
+        let Some(reliable) = self.reliable.as_mut() else {
+            return;
+        };
+        let slot = reliable.next_ack_slot();
+        let Ok(bytes) = self.ctx.mr_bytes_mut(reliable.ack_ring.handle) else {
+            return;
+        };
+        let buf = &mut bytes[slot.offset..slot.offset + slot.len];
         btl::Repr {
             tag: 0,
             job_key: self.job_key,
             reliable: true,
         }
-        .emit(&mut btl::Packet::new_unchecked(&mut buf[..btl::HEADER_LEN]));
-        header.checksum = 0;
-        header.emit(&mut rel::Packet::new_unchecked(&mut buf[btl::HEADER_LEN..]));
-        if header.has(rel::FLAG_CHECKSUM) {
-            let sum = checksum(&[buf]);
-            rel::Packet::new_unchecked(&mut buf[btl::HEADER_LEN..]).set_checksum(sum);
-        }
-        let sg = [Gather::Registered(Sge {
-            lkey: self.ack_mr.lkey,
-            offset,
-            len: ACK_LEN,
-        })];
-        let mut flags = SendFlags::NONE;
-        if ACK_LEN <= self.limits.inline_max {
-            flags = flags | SendFlags::INLINE;
-        }
-        let qp = self.qps[(self.qp_next as usize) % NUM_QP].handle;
-        self.qp_next = self.qp_next.wrapping_add(1);
-        let wr = SendWr {
-            wr_id: u64::MAX,
-            sg_list: &sg,
-            ah,
-            remote_qpn,
-            remote_qkey: self.qkey,
-            imm: None,
-            flags,
+        .emit(&mut btl::Packet::new_unchecked(&mut *buf));
+        let Ok(mut ext) = datagram::extension_mut(buf) else {
+            return;
         };
-        if self.ctx.post_send(qp, &[wr]).is_err() {
+        header.emit(&mut ext);
+        if header.has(rel::FLAG_CHECKSUM) {
+            datagram::fill_checksum(buf, &[]);
+        }
+        let sg = [Gather::Registered(slot)];
+        if poster!(self)
+            .post(&mut self.ctx, &route, &sg, u64::MAX, false)
+            .is_err()
+        {
             self.stats.transmit_failures += 1;
         }
     }
 
-    /// A received reliable datagram in `slot`.
-    pub(super) fn on_reliable_receive(&mut self, slot: u32, len: usize, src: QpAddr) {
-        let parsed = self.received(slot, len).and_then(|datagram| {
-            let ext = datagram.get(btl::HEADER_LEN..HEADER_MAX)?;
-            let header = rel::Repr::parse(&rel::Packet::new_checked(ext).ok()?).ok()?;
-            Some((
-                header,
-                !header.has(rel::FLAG_CHECKSUM) || verify_checksum(datagram, header.checksum),
-            ))
+    /// A received reliable datagram.
+    pub(super) fn on_reliable_receive(&mut self, held: Held, src: QpAddr, now: Instant) {
+        let parsed = self.recv.datagram(&self.ctx, held).and_then(|bytes| {
+            let tag = btl::Packet::new_checked(bytes).ok()?.tag();
+            let header = rel::Repr::parse(&datagram::extension(bytes).ok()?).ok()?;
+            let intact = !header.has(rel::FLAG_CHECKSUM) || datagram::verify_checksum(bytes);
+            Some((tag, header, intact))
         });
-        let Some((header, intact)) = parsed else {
+        let Some((tag, header, intact)) = parsed else {
             self.stats.recv_malformed += 1;
-            self.repost(slot);
+            self.recv.repost(held.slot);
             return;
         };
         if !intact {
             self.stats.recv_bad_checksum += 1;
-            self.repost(slot);
+            self.recv.repost(held.slot);
             return;
         }
-        let endpoint = match self.last_sender {
-            Some((addr, endpoint)) if addr == src => Some(endpoint),
-            _ => {
-                let endpoint = self.by_addr.get(&src).copied();
-                self.last_sender = endpoint.map(|ep| (src, ep));
-                endpoint
-            }
-        };
-        let known = endpoint.and_then(|ep| {
-            self.endpoints
-                .get(ep.0 as usize)?
-                .as_ref()
-                .map(|e| e.proc_id)
-        });
-        let Some(endpoint) = endpoint.filter(|_| known == Some(header.src)) else {
+        let endpoint = self.endpoints.lookup(src);
+        let known = endpoint
+            .and_then(|ep| self.endpoints.get(ep))
+            .map(|e| e.proc_id);
+        let (Some(endpoint), Some(reliable)) = (
+            endpoint.filter(|_| known == Some(header.src)),
+            self.reliable.as_mut(),
+        ) else {
             self.stats.recv_unknown_peer += 1;
             // A process that knows us before we know it (addresses fetched
             // lazily): the caller can look it up by the id it carries; the
             // sender retransmits once it is connected.
-            if endpoint.is_none()
-                && self.unknown_peers.len() < UNKNOWN_PEERS_MAX
-                && !self.unknown_peers.contains(&header.src)
-            {
-                self.unknown_peers.push(header.src);
-            }
-            self.repost(slot);
-            return;
-        };
-        let now = self.clock;
-        let Some(rel) = self.rel.as_mut() else { return };
-        match rel.on_datagram(now, PeerId(endpoint.0), &header, slot) {
-            Receipt::Deliver(slot) => {
-                self.deliver_in_order(slot, len, endpoint, header.flags);
-                while let Some((peer, slot)) = self.rel.as_mut().and_then(Reliability::poll_deliver)
+            if let Some(reliable) = self.reliable.as_mut() {
+                if endpoint.is_none()
+                    && reliable.unknown_peers.len() < UNKNOWN_PEERS_MAX
+                    && !reliable.unknown_peers.contains(&header.src)
                 {
-                    let (len, flags) = self.buffered_length(slot);
-                    self.deliver_in_order(slot, len, EndpointId(peer.0), flags);
+                    reliable.unknown_peers.push(header.src);
                 }
             }
-            Receipt::Buffered => self.note_buffered(slot, len, header.flags),
-            Receipt::Discard(slot, _) => self.repost(slot),
+            self.recv.repost(held.slot);
+            return;
+        };
+        match reliable
+            .core
+            .on_datagram(now, PeerId(endpoint.0), &header, held)
+        {
+            Receipt::Deliver(held) => {
+                self.deliver_in_order(held, endpoint, Tag(tag), header.flags);
+                while let Some((peer, held)) =
+                    self.reliable.as_mut().and_then(|r| r.core.poll_deliver())
+                {
+                    self.deliver_held(held, EndpointId(peer.0));
+                }
+            }
+            Receipt::Buffered => {}
+            Receipt::Discard(held, _) => self.recv.repost(held.slot),
         }
     }
 
-    /// Records a buffered datagram's length and flags in its buffer's GRH
-    /// area (bytes the fabric leaves untouched), for its later delivery.
-    fn note_buffered(&mut self, slot: u32, len: usize, flags: u16) {
-        let start = slot as usize * self.recv_stride;
-        if let Ok(bytes) = self.ctx.mr_bytes_mut(self.recv_mr.handle) {
-            if let Some(note) = bytes.get_mut(start..start + 6) {
-                note[..4].copy_from_slice(&(len as u32).to_be_bytes());
-                note[4..].copy_from_slice(&flags.to_be_bytes());
+    /// Delivers a datagram that waited for an earlier one: its headers are
+    /// read again from its buffer.
+    fn deliver_held(&mut self, held: Held, endpoint: EndpointId) {
+        let headers = self.recv.datagram(&self.ctx, held).and_then(|bytes| {
+            let tag = btl::Packet::new_checked(bytes).ok()?.tag();
+            Some((tag, datagram::extension(bytes).ok()?.flags()))
+        });
+        match headers {
+            Some((tag, flags)) => self.deliver_in_order(held, endpoint, Tag(tag), flags),
+            None => {
+                self.stats.recv_malformed += 1;
+                self.recv.repost(held.slot);
             }
         }
-    }
-
-    /// Length and reliability flags of a datagram held while buffered: the
-    /// completion that reported its length is gone, so it is kept in the
-    /// buffer's GRH area, which the fabric leaves to the BTL.
-    fn buffered_length(&self, slot: u32) -> (usize, u16) {
-        let start = slot as usize * self.recv_stride;
-        let note = self
-            .ctx
-            .mr_bytes(self.recv_mr.handle)
-            .ok()
-            .and_then(|b| b.get(start..start + 8))
-            .map(|b| {
-                (
-                    u32::from_be_bytes([b[0], b[1], b[2], b[3]]),
-                    u16::from_be_bytes([b[4], b[5]]),
-                )
-            });
-        note.map_or((0, 0), |(len, flags)| (len as usize, flags))
     }
 
     /// Delivers one in-order datagram, reassembling multi-datagram messages,
     /// and reposts its buffer.
-    fn deliver_in_order(&mut self, slot: u32, len: usize, endpoint: EndpointId, flags: u16) {
-        let Some(datagram) = self.received(slot, len) else {
-            self.repost(slot);
-            return;
-        };
-        let tag = datagram.get(1).copied().unwrap_or(0);
-        let src = self
-            .endpoints
-            .get(endpoint.0 as usize)
-            .and_then(|e| e.as_ref())
-            .map(|e| e.remote);
-        let Some(src) = src else {
-            self.repost(slot);
+    fn deliver_in_order(&mut self, held: Held, endpoint: EndpointId, tag: Tag, flags: u16) {
+        let Some(src) = self.endpoints.get(endpoint).map(|e| e.remote) else {
+            self.recv.repost(held.slot);
             return;
         };
         let whole = rel::FLAG_FIRST | rel::FLAG_LAST;
-        if flags & whole == whole {
-            self.deliver(slot, len, HEADER_MAX, tag, Some(endpoint), src);
-        } else {
-            let payload = datagram.get(HEADER_MAX..).unwrap_or_default().to_vec();
-            let entry = self
-                .reassembly
-                .entry(endpoint.0)
-                .or_insert_with(|| (tag, Vec::new()));
-            if flags & rel::FLAG_FIRST != 0 {
-                entry.0 = tag;
-                entry.1.clear();
-            }
-            entry.1.extend_from_slice(&payload);
-            if flags & rel::FLAG_LAST != 0 {
-                self.deliver_reassembled(endpoint, src);
-            }
+        if flags & (whole | rel::FLAG_ABORT) == whole {
+            self.deliver(held, HEADER_MAX, tag, Some(endpoint), src);
+            self.recv.repost(held.slot);
+            return;
         }
-        self.repost(slot);
+        let piece = match (
+            self.recv
+                .datagram(&self.ctx, held)
+                .and_then(|d| d.get(HEADER_MAX..)),
+            self.reliable.as_mut(),
+        ) {
+            (Some(payload), Some(reliable)) => reliable.reassembly.push(
+                endpoint,
+                tag.0,
+                flags & rel::FLAG_FIRST != 0,
+                flags & rel::FLAG_LAST != 0,
+                flags & rel::FLAG_ABORT != 0,
+                payload,
+            ),
+            _ => Piece::Orphan,
+        };
+        self.recv.repost(held.slot);
+        match piece {
+            Piece::Added => {}
+            Piece::Complete(tag, message) => {
+                self.deliver_message(endpoint, src, Tag(tag), &message);
+                if let Some(reliable) = self.reliable.as_mut() {
+                    reliable.reassembly.recycle(endpoint, message);
+                }
+            }
+            Piece::Aborted => self.stats.messages_aborted += 1,
+            Piece::Orphan => self.stats.recv_orphan_pieces += 1,
+        }
     }
 
-    fn deliver_reassembled(&mut self, endpoint: EndpointId, src: QpAddr) {
-        let Some((tag, bytes)) = self.reassembly.get_mut(&endpoint.0) else {
+    /// Runs the tag callback on a reassembled message.
+    fn deliver_message(&mut self, endpoint: EndpointId, src: QpAddr, tag: Tag, message: &[u8]) {
+        let endpoint_context = self.endpoints.context(Some(endpoint));
+        let Some(callback) = self.callbacks.recv[usize::from(tag.0)].as_mut() else {
+            self.stats.recv_no_callback += 1;
             return;
         };
-        let tag = *tag;
-        let message = std::mem::take(bytes);
-        let endpoint_context = self.endpoint_context(Some(endpoint));
-        match self.callbacks[usize::from(tag)].as_mut() {
-            Some(callback) => {
-                callback(&super::RecvEvent {
-                    tag: crate::Tag(tag),
-                    endpoint: Some(endpoint),
-                    endpoint_context,
-                    src,
-                    payload: &message,
-                });
-                self.stats.recvs_delivered += 1;
-                self.stats.messages_reassembled += 1;
-            }
-            None => self.stats.recv_no_callback += 1,
-        }
-        // Keep the allocation for the next message.
-        if let Some((_, bytes)) = self.reassembly.get_mut(&endpoint.0) {
-            *bytes = message;
-            bytes.clear();
-        }
-    }
-
-    /// Releases descriptors the reliability state still holds (finalize).
-    pub(super) fn abandon_in_flight(&mut self) {
-        let live: Vec<Descriptor> = self
-            .send_frags
-            .live()
-            .map(|(i, f)| (i, f, false))
-            .chain(self.user_frags.live().map(|(i, f)| (i, f, true)))
-            .filter(|(_, f, _)| f.state == FragState::Posted)
-            .filter_map(|(i, _, user)| {
-                let pool = if user {
-                    &self.user_frags
-                } else {
-                    &self.send_frags
-                };
-                pool.descriptor_at(i)
-            })
-            .collect();
-        for des in live {
-            self.release(des);
-        }
-        self.tx_backlog.clear();
+        callback(&RecvEvent {
+            tag,
+            endpoint: Some(endpoint),
+            endpoint_context,
+            src,
+            payload: message,
+        });
+        self.stats.recvs_delivered += 1;
+        self.stats.messages_reassembled += 1;
     }
 
     /// Process ids (as published in the modex) of senders this module does
@@ -453,7 +446,10 @@ impl<C: Context> Module<C> {
     /// addresses lazily connects to them; their retransmissions are then
     /// accepted.
     pub fn take_unknown_peers(&mut self) -> Vec<u32> {
-        std::mem::take(&mut self.unknown_peers)
+        self.reliable
+            .as_mut()
+            .map(|r| std::mem::take(&mut r.unknown_peers))
+            .unwrap_or_default()
     }
 
     /// This module's process id, as published in the modex and carried in
@@ -462,23 +458,35 @@ impl<C: Context> Module<C> {
         self.proc_id
     }
 
+    /// Names this process for its peers: the id published in the modex and
+    /// carried in every reliable datagram, by which receivers tell it from
+    /// another process that reuses its address, and look up a sender they
+    /// do not know yet. A launcher sets it from the process's rank, which is
+    /// unique in the job (the job key tells jobs apart); left unset it is
+    /// random. Set it before publishing the modex.
+    pub fn set_process_id(&mut self, id: u32) {
+        self.proc_id = id;
+    }
+
     /// Descriptors sent reliably and not yet acknowledged.
     pub fn unacknowledged(&self) -> usize {
+        let Some(reliable) = self.reliable.as_ref() else {
+            return 0;
+        };
         self.endpoints
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| e.is_some())
-            .filter_map(|(i, _)| self.rel.as_ref()?.queued(PeerId(i as u32)))
+            .ids()
+            .filter_map(|id| reliable.core.queued(PeerId(id.0)))
             .map(|(in_flight, backlog)| in_flight + backlog)
             .sum()
     }
 
-    /// Progresses until every reliable send is acknowledged, or `limit`
-    /// passes; returns whether everything was acknowledged.
+    /// Progresses until every reliable send is acknowledged (or failed with
+    /// its lost peer), or `limit` passes on the fabric's clock; returns
+    /// whether nothing is left unacknowledged.
     pub fn quiesce(&mut self, limit: Duration) -> bool {
-        let end = std::time::Instant::now() + limit;
+        let end = self.ctx.now() + limit;
         while self.unacknowledged() > 0 {
-            if std::time::Instant::now() >= end {
+            if self.ctx.now() >= end {
                 return false;
             }
             self.progress();
@@ -486,86 +494,113 @@ impl<C: Context> Module<C> {
         true
     }
 
-    /// Marks whether a descriptor starts and/or ends a message, for
-    /// messages sent as several descriptors (the receiver delivers them as
-    /// one). By default a descriptor is a whole message.
-    ///
-    /// # Errors
-    /// A stale descriptor.
-    pub fn set_message_bounds(
-        &mut self,
-        des: Descriptor,
-        first: bool,
-        last: bool,
-    ) -> Result<(), BtlError> {
-        let frag = self
-            .pool_mut(des)
-            .frag_mut(des)
-            .ok_or_else(|| Self::bad(des, "not allocated"))?;
-        frag.msg_flags =
-            if first { rel::FLAG_FIRST } else { 0 } | if last { rel::FLAG_LAST } else { 0 };
-        Ok(())
-    }
-
     /// Sends `message`, of any length, to `endpoint`: it is cut into
     /// datagrams that the receiver reassembles and delivers to the `tag`
     /// callback once, whole. Requires a reliable module (reassembly relies
     /// on in-order, exactly-once delivery). Waits, progressing, for free
-    /// fragments.
+    /// fragments, at most `peer_timeout` on the fabric's clock for each.
+    ///
+    /// If the message cannot be finished (no fragment became free, or the
+    /// peer was lost), the fragments taken are released and, when part of
+    /// the message was already sent, an abort marker follows it so that the
+    /// receiver drops the part it has.
     ///
     /// # Errors
-    /// An unreliable module, an unknown or lost endpoint.
+    /// An unreliable module, an unknown or lost endpoint, or no fragment
+    /// freed in time.
     pub fn send_message(
         &mut self,
         endpoint: EndpointId,
-        tag: crate::Tag,
+        tag: Tag,
         message: &[u8],
     ) -> Result<(), BtlError> {
-        if self.rel.is_none() {
+        let Some(reliable) = self.reliable.as_ref() else {
             return Err(BtlError::PeerUnavailable {
                 endpoint: endpoint.0,
                 reason: "multi-datagram messages need reliable = true".into(),
             });
-        }
+        };
+        let wait = reliable.core.config().peer_timeout;
         let chunk = self.limits.eager_limit.max(1);
         let pieces = message.len().div_ceil(chunk).max(1);
+        // A fragment kept aside for the abort marker, so the receiver can
+        // always be told to drop a message cut short.
+        let spare = if pieces > 1 {
+            Some(self.alloc_waiting(0, wait)?)
+        } else {
+            None
+        };
+        let mut result = Ok(());
         for (i, piece) in message
             .chunks(chunk)
             .chain(message.is_empty().then_some(&[][..]))
             .enumerate()
         {
-            let des = loop {
-                if let Some(des) =
-                    self.alloc(crate::NO_ORDER, piece.len(), crate::DesFlags::BTL_OWNERSHIP)
-                {
-                    break des;
+            result = self.send_piece(endpoint, tag, piece, i == 0, i + 1 == pieces, wait);
+            if result.is_err() {
+                if let Some(spare) = spare.filter(|_| i > 0) {
+                    // Best effort: if the peer is gone the marker is moot.
+                    if self.set_abort(spare).is_ok() && self.send(endpoint, spare, tag).is_ok() {
+                        return result;
+                    }
                 }
-                self.progress();
-            };
-            self.segment_mut(des)?.copy_from_slice(piece);
-            self.set_message_bounds(des, i == 0, i + 1 == pieces)?;
-            self.send(endpoint, des, tag)?;
+                break;
+            }
         }
+        if let Some(spare) = spare {
+            let _ = self.free(spare);
+        }
+        result
+    }
+
+    /// One piece of a message, in a fragment the BTL frees once it is
+    /// acknowledged; the fragment is freed on every error.
+    fn send_piece(
+        &mut self,
+        endpoint: EndpointId,
+        tag: Tag,
+        piece: &[u8],
+        first: bool,
+        last: bool,
+        wait: Duration,
+    ) -> Result<(), BtlError> {
+        let des = self.alloc_waiting(piece.len(), wait)?;
+        let sent = self
+            .segment_mut(des)
+            .map(|seg| seg.copy_from_slice(piece))
+            .and_then(|()| self.set_message_bounds(des, first, last))
+            .and_then(|()| {
+                self.frags.checked_mut(des)?.flags = DesFlags::BTL_OWNERSHIP;
+                self.send(endpoint, des, tag)
+            });
+        if sent.is_err() {
+            let _ = self.free(des);
+        }
+        sent.map(drop)
+    }
+
+    /// Allocates a send fragment, progressing while none is free, for at
+    /// most `wait` on the fabric's clock.
+    fn alloc_waiting(&mut self, size: usize, wait: Duration) -> Result<Descriptor, BtlError> {
+        let end = self.ctx.now() + wait;
+        loop {
+            if let Some(des) = self.alloc(NO_ORDER, size, DesFlags::NONE) {
+                return Ok(des);
+            }
+            if self.ctx.now() >= end {
+                return Err(BtlError::NoFragment { waited: wait });
+            }
+            self.progress();
+        }
+    }
+
+    /// Turns the spare fragment into an abort marker: an empty last piece
+    /// the BTL frees once acknowledged.
+    fn set_abort(&mut self, des: Descriptor) -> Result<(), BtlError> {
+        let frag = self.frags.checked_mut(des)?;
+        frag.seg_len = 0;
+        frag.flags = DesFlags::BTL_OWNERSHIP;
+        frag.msg_flags = rel::FLAG_LAST | rel::FLAG_ABORT;
         Ok(())
     }
-}
-
-/// CRC-32 over `parts`, as carried in the reliability header.
-fn checksum(parts: &[&[u8]]) -> u32 {
-    let mut hasher = crc32fast::Hasher::new();
-    for part in parts {
-        hasher.update(part);
-    }
-    hasher.finalize()
-}
-
-/// Recomputes a received datagram's checksum with its field zeroed.
-fn verify_checksum(datagram: &[u8], expected: u32) -> bool {
-    let field =
-        btl::HEADER_LEN + rel::CHECKSUM_FIELD.start..btl::HEADER_LEN + rel::CHECKSUM_FIELD.end;
-    let (Some(before), Some(after)) = (datagram.get(..field.start), datagram.get(field.end..))
-    else {
-        return false;
-    };
-    checksum(&[before, &[0; 4], after]) == expected
 }

@@ -1,0 +1,461 @@
+//! Bringing a module up in the seed's order, unwinding a failed start, the
+//! sizes it works with, and tearing it down in the verbs order.
+
+use udbtl_fabric::{
+    Context, FabricError, GRH_LEN, Mr, PdHandle, PortAttr, QpCap, QpInfo, QpInitAttr, QpTransition,
+    RecvWr,
+};
+use udbtl_wire::btl;
+
+use super::descriptors::{Frags, USER_FRAG_STRIDE};
+use super::endpoints::Endpoints;
+use super::events::Callbacks;
+use super::recv::RecvPool;
+use super::reliable::Reliable;
+use super::send::SendQueue;
+use super::{Module, ModuleStats, deregister};
+use crate::error::BtlError;
+use crate::frag::{FragKind, FragPool};
+use crate::params::{Params, Source};
+use crate::rcache::RegCache;
+use crate::{EndpointId, NUM_QP};
+
+/// Alignment of every fragment in registered memory.
+const FRAG_ALIGN: usize = 64;
+/// Inline data requested for each queue pair (the seed asked for 200).
+const INLINE_REQUEST: u32 = 200;
+/// The longest BTL header: base header plus reliability extension.
+pub(super) const HEADER_MAX: usize = udbtl_wire::datagram::HEADER_LEN;
+/// Fewest receive buffers `rd_mem` may lower the pool to.
+const MIN_RECV_BUFFERS: usize = 64;
+
+/// The most a caller may reserve in front of zero-copy data.
+pub const USER_RESERVE_MAX: usize = USER_FRAG_STRIDE - btl::HEADER_LEN;
+
+/// Sizes a module works with, derived from the parameters and the port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest payload of an `alloc`ed fragment (max send size less the BTL
+    /// header).
+    pub eager_limit: usize,
+    /// Largest payload of one fragment of any kind.
+    pub max_send_size: usize,
+    /// Data size of the first fragment of a rendezvous (`min_send_size`).
+    pub rndv_eager_limit: usize,
+    /// Bytes a send may carry inline.
+    pub inline_max: usize,
+    /// Exclusivity, for choosing between BTLs.
+    pub exclusivity: u32,
+    /// Bandwidth in MB/s, for striping weights.
+    pub bandwidth: u32,
+    /// Receive buffers posted.
+    pub recv_buffers: usize,
+    /// Bytes of each receive buffer (see [`recv_buffer_len`]).
+    pub recv_buffer_len: usize,
+    /// BTL header bytes in front of every payload: 8, or 40 with the
+    /// reliability extension.
+    pub header_len: usize,
+}
+
+fn round_up(value: usize, align: usize) -> usize {
+    value.div_ceil(align) * align
+}
+
+/// Receive buffer size for a maximum send size: the GRH the fabric writes in
+/// front, the BTL header and the largest payload, rounded to the fragment
+/// alignment. Allocation and posting both use this one value, which fixes
+/// the seed's bug of allocating fewer bytes than it posted.
+pub fn recv_buffer_len(max_send_size: usize) -> usize {
+    round_up(GRH_LEN + HEADER_MAX + max_send_size, FRAG_ALIGN)
+}
+
+/// BTL header bytes in front of every payload.
+fn header_len(params: &Params) -> usize {
+    if params.reliable {
+        HEADER_MAX
+    } else {
+        btl::HEADER_LEN
+    }
+}
+
+/// Receive buffers to post: `rd_num`, unless it was left at its default and
+/// that many buffers of `stride` bytes exceed `rd_mem`. The seed's 6000
+/// assumed 2 KB datagrams; on UDP loopback a buffer holds 64 KiB.
+fn recv_pool_size(params: &Params, stride: usize) -> usize {
+    let asked = params.rd_num as usize;
+    if params.source("rd_num") == Some(Source::Default) {
+        asked.min((params.rd_mem / stride).max(MIN_RECV_BUFFERS))
+    } else {
+        asked
+    }
+}
+
+/// Where a parameter is unset, the port's largest datagram decides: the
+/// seed's 2048 bytes assumed a 2 KB InfiniBand MTU.
+fn limits_for(port: &PortAttr, params: &Params) -> Limits {
+    let max_send_size = match params.max_send_size {
+        Some(asked) if asked > port.max_msg_size => {
+            tracing::warn!(
+                asked,
+                port_max = port.max_msg_size,
+                "max_send_size exceeds the port's largest datagram; using the port's"
+            );
+            port.max_msg_size
+        }
+        Some(asked) => asked,
+        None => port.max_msg_size,
+    };
+    let eager_limit = max_send_size.saturating_sub(header_len(params));
+    Limits {
+        eager_limit,
+        max_send_size: eager_limit,
+        rndv_eager_limit: params.min_send_size.unwrap_or(eager_limit).min(eager_limit),
+        inline_max: 0,
+        exclusivity: params.exclusivity,
+        bandwidth: params.bandwidth,
+        recv_buffers: 0,
+        recv_buffer_len: 0,
+        header_len: header_len(params),
+    }
+}
+
+/// Resources created so far by module initialisation, released in reverse
+/// order if a later step fails.
+#[derive(Default)]
+struct Partial {
+    pd: Option<PdHandle>,
+    cq: Option<udbtl_fabric::CqHandle>,
+    qps: Vec<QpInfo>,
+    recv_mr: Option<Mr>,
+    ack_mr: Option<Mr>,
+    send_frags: Option<FragPool>,
+    user_frags: Option<FragPool>,
+}
+
+impl Partial {
+    fn unwind<C: Context>(self, ctx: &mut C) {
+        for mut pool in [self.send_frags, self.user_frags].into_iter().flatten() {
+            let _ = pool.release(ctx);
+        }
+        for mr in [self.recv_mr, self.ack_mr].into_iter().flatten() {
+            let _ = ctx.dereg_mr(mr.handle);
+        }
+        for qp in self.qps {
+            let _ = ctx.destroy_qp(qp.handle);
+        }
+        if let Some(cq) = self.cq {
+            let _ = ctx.destroy_cq(cq);
+        }
+        if let Some(pd) = self.pd {
+            let _ = ctx.dealloc_pd(pd);
+        }
+    }
+}
+
+/// What [`Module::build`] found out besides the resources.
+struct Built {
+    port: PortAttr,
+    limits: Limits,
+    recv_stride: usize,
+    recv_count: usize,
+}
+
+impl<C: Context> Module<C> {
+    /// Builds a module on `port` of an opened device, in the seed's order:
+    /// protection domain, registration cache, completion queue of depth
+    /// `rd_num + sd_num`, [`NUM_QP`] queue pairs moved to RTS, `rd_num`
+    /// receive buffers posted at once, then the send and user free lists.
+    /// A failure unwinds what was built, in reverse, and hands the context
+    /// back with the error.
+    ///
+    /// # Errors
+    /// The failing step and its verbs error.
+    pub fn new(mut ctx: C, port: u8, params: &Params) -> Result<Self, (C, BtlError)> {
+        let mut partial = Partial::default();
+        match Self::build(&mut ctx, port, params, &mut partial) {
+            Ok(built) => match Self::assemble(ctx, partial, built, params) {
+                Ok(module) => Ok(module),
+                Err((mut ctx, partial, err)) => {
+                    partial.unwind(&mut ctx);
+                    Err((ctx, err))
+                }
+            },
+            Err(err) => {
+                partial.unwind(&mut ctx);
+                Err((ctx, err))
+            }
+        }
+    }
+
+    fn build(
+        ctx: &mut C,
+        port_num: u8,
+        params: &Params,
+        partial: &mut Partial,
+    ) -> Result<Built, BtlError> {
+        let device = ctx.device().name.clone();
+        let fail = |step: &'static str| {
+            let device = device.clone();
+            move |source: FabricError| BtlError::Fabric {
+                step,
+                device,
+                port: port_num,
+                source,
+            }
+        };
+        let port = ctx.query_port(port_num).map_err(fail("query port"))?;
+        let limits = limits_for(&port, params);
+        let pd = ctx.alloc_pd().map_err(fail("allocate protection domain"))?;
+        partial.pd = Some(pd);
+        let depth = params.rd_num + params.sd_num;
+        let cq = ctx
+            .create_cq(depth)
+            .map_err(fail("create completion queue"))?;
+        partial.cq = Some(cq);
+        let cap = QpCap {
+            max_send_wr: params.sd_num,
+            max_recv_wr: params.rd_num,
+            max_send_sge: 2,
+            max_inline_data: INLINE_REQUEST,
+        };
+        let mut inline_max = usize::MAX;
+        for _ in 0..NUM_QP {
+            let qp = ctx
+                .create_qp(
+                    pd,
+                    &QpInitAttr {
+                        send_cq: cq,
+                        recv_cq: cq,
+                        cap,
+                    },
+                )
+                .map_err(fail("create queue pair"))?;
+            partial.qps.push(qp);
+            // The smallest grant over all queue pairs, not the last one's
+            // (a seed bug): any queue pair may carry any send.
+            inline_max = inline_max.min(qp.cap.max_inline_data as usize);
+            let init = QpTransition::Init {
+                pkey_index: params.ib_pkey_index,
+                qkey: params.ib_qkey,
+                port: port_num,
+            };
+            ctx.modify_qp(qp.handle, &init)
+                .map_err(fail("move queue pair to INIT"))?;
+            ctx.modify_qp(qp.handle, &QpTransition::Rtr)
+                .map_err(fail("move queue pair to RTR"))?;
+            ctx.modify_qp(qp.handle, &QpTransition::Rts { sq_psn: 0 })
+                .map_err(fail("move queue pair to RTS"))?;
+        }
+        let recv_stride = recv_buffer_len(limits.max_send_size);
+        let recv_count = recv_pool_size(params, recv_stride);
+        let recv_mr = ctx
+            .reg_mr(pd, recv_count * recv_stride)
+            .map_err(fail("register receive buffers"))?;
+        partial.recv_mr = Some(recv_mr);
+        // Receives are posted on queue pair 0 only: it is the one published.
+        let wrs: Vec<RecvWr> = (0..recv_count)
+            .map(|i| RecvWr {
+                wr_id: i as u64,
+                sge: udbtl_fabric::Sge {
+                    lkey: recv_mr.lkey,
+                    offset: i * recv_stride,
+                    len: recv_stride,
+                },
+            })
+            .collect();
+        ctx.post_recv(partial.qps[0].handle, &wrs)
+            .map_err(|e| fail("post receive buffers")(e.error))?;
+        if params.reliable {
+            let ack_mr = ctx
+                .reg_mr(pd, Reliable::ACK_RING_BYTES)
+                .map_err(fail("register acknowledgement buffers"))?;
+            partial.ack_mr = Some(ack_mr);
+        }
+        let send_stride = round_up(header_len(params) + limits.eager_limit, FRAG_ALIGN);
+        let increment = (params.sd_num as usize >> 1).max(1);
+        let mut send_frags = FragPool::new(
+            FragKind::Send,
+            send_stride,
+            increment,
+            params.send_frags_max.max(increment),
+        );
+        let grown = send_frags.grow(ctx, pd, increment);
+        partial.send_frags = Some(send_frags);
+        grown.map_err(fail("register send fragments"))?;
+        let mut user_frags = FragPool::new(
+            FragKind::User,
+            USER_FRAG_STRIDE,
+            increment,
+            params.user_frags_max.max(increment),
+        );
+        let grown = user_frags.grow(ctx, pd, increment);
+        partial.user_frags = Some(user_frags);
+        grown.map_err(fail("register user fragments"))?;
+        Ok(Built {
+            port,
+            limits: Limits {
+                inline_max,
+                recv_buffers: recv_count,
+                recv_buffer_len: recv_stride,
+                ..limits
+            },
+            recv_stride,
+            recv_count,
+        })
+    }
+
+    #[allow(clippy::result_large_err)]
+    fn assemble(
+        ctx: C,
+        partial: Partial,
+        built: Built,
+        params: &Params,
+    ) -> Result<Self, (C, Partial, BtlError)> {
+        let missing = BtlError::Leak {
+            what: "a resource initialisation did not create".into(),
+        };
+        let Partial {
+            pd: Some(pd),
+            cq: Some(cq),
+            recv_mr: Some(recv_mr),
+            send_frags: Some(send_frags),
+            user_frags: Some(user_frags),
+            ack_mr,
+            qps,
+        } = partial
+        else {
+            return Err((ctx, partial, missing));
+        };
+        let reliable = match ack_mr {
+            Some(ack_mr) => {
+                // UDP checks its own checksum; the simulator corrupts.
+                let fabric_checks_integrity = built.port.link_layer != "sim";
+                let checksum = match params.checksum.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    _ => !fabric_checks_integrity,
+                };
+                match Reliable::new(params, ack_mr, checksum) {
+                    Ok(reliable) => Some(reliable),
+                    Err(err) => {
+                        let partial = Partial {
+                            pd: Some(pd),
+                            cq: Some(cq),
+                            recv_mr: Some(recv_mr),
+                            send_frags: Some(send_frags),
+                            user_frags: Some(user_frags),
+                            ack_mr: Some(ack_mr),
+                            qps,
+                        };
+                        return Err((ctx, partial, err.into()));
+                    }
+                }
+            }
+            None => None,
+        };
+        let qp_handles = qps.iter().map(|qp| qp.handle).collect();
+        Ok(Self {
+            device: ctx.device().name.clone(),
+            recv: RecvPool::new(recv_mr, built.recv_stride, built.recv_count, qps[0].handle),
+            ctx,
+            port: built.port,
+            pd,
+            cq,
+            qps,
+            qp_handles,
+            frags: Frags {
+                send: send_frags,
+                user: user_frags,
+            },
+            rcache: RegCache::new(
+                params.rcache_max_entries,
+                params.rcache_max_bytes,
+                params.mpool != "none",
+            ),
+            sends: SendQueue::new(params.sd_num),
+            endpoints: Endpoints::default(),
+            callbacks: Callbacks::new(),
+            limits: built.limits,
+            qkey: params.ib_qkey,
+            job_key: params.job_key,
+            sl: params.ib_service_level,
+            path_bits: params.ib_src_path_bits,
+            stats: ModuleStats::default(),
+            header_len: header_len(params),
+            proc_id: super::reliable::random_process_id(),
+            reliable,
+        })
+    }
+
+    /// Releases everything, in the verbs order: address handles, queue
+    /// pairs, completion queue, registrations (fragments, receive buffers,
+    /// cache), protection domain. Returns the fabric context.
+    ///
+    /// # Errors
+    /// Descriptors still owned by the caller, cached registrations still
+    /// referenced, or a fabric refusal: each is a leak the caller should
+    /// hear about. Teardown still goes as far as it can.
+    pub fn finalize(mut self) -> Result<C, (C, BtlError)> {
+        let mut problems = Vec::new();
+        // Descriptors the BTL still owns (unacknowledged, or waiting for a
+        // credit) are its own to release: their peers are gone or leaving.
+        self.sends.clear();
+        for des in self.frags.owned_by_btl() {
+            self.release(des);
+        }
+        let live = self.frags.live();
+        if live > 0 {
+            problems.push(format!("{live} descriptors"));
+        }
+        let endpoints: Vec<EndpointId> = self.endpoints.ids().collect();
+        if let Err(err) = self.del_procs(&endpoints) {
+            problems.push(err.to_string());
+        }
+        let Self {
+            mut ctx,
+            qps,
+            cq,
+            mut frags,
+            recv,
+            reliable,
+            mut rcache,
+            pd,
+            ..
+        } = self;
+        let mut fabric = |result: Result<(), FabricError>, what: &str| {
+            if let Err(err) = result {
+                problems.push(format!("{what}: {err}"));
+            }
+        };
+        for qp in qps {
+            fabric(ctx.destroy_qp(qp.handle), "queue pair");
+        }
+        fabric(ctx.destroy_cq(cq), "completion queue");
+        fabric(frags.send.release(&mut ctx), "send fragments");
+        fabric(frags.user.release(&mut ctx), "user fragments");
+        fabric(ctx.dereg_mr(recv.mr.handle), "receive buffers");
+        if let Some(reliable) = reliable {
+            fabric(
+                ctx.dereg_mr(reliable.ack_ring_handle()),
+                "acknowledgement buffers",
+            );
+        }
+        let referenced = rcache.drain(&mut ctx, deregister);
+        if referenced > 0 {
+            problems.push(format!("{referenced} registrations"));
+        }
+        if let Err(err) = ctx.dealloc_pd(pd) {
+            problems.push(format!("protection domain: {err}"));
+        }
+        if problems.is_empty() {
+            Ok(ctx)
+        } else {
+            Err((
+                ctx,
+                BtlError::Leak {
+                    what: problems.join(", "),
+                },
+            ))
+        }
+    }
+}

@@ -1,0 +1,334 @@
+//! The descriptor API: fragments from the free lists (`alloc`,
+//! `prepare_src`), the caller's access to their segments, and their return
+//! (`free`), with user fragments holding registrations from the cache.
+
+use std::sync::Arc;
+
+use udbtl_fabric::{Context, Mr, Sge};
+use udbtl_wire::rel;
+
+use super::{Module, deregister};
+use crate::convertor::Convertor;
+use crate::error::BtlError;
+use crate::frag::{DesFlags, Descriptor, Frag, FragKind, FragPool, FragState, UserData};
+use crate::rcache::RegId;
+
+/// Bytes of registered memory a user fragment has for the BTL header and the
+/// caller's reserved header.
+pub(super) const USER_FRAG_STRIDE: usize = 64;
+
+/// The two free lists.
+#[derive(Debug)]
+pub(super) struct Frags {
+    /// Payload packed into BTL-owned registered memory.
+    pub(super) send: FragPool,
+    /// Payload gathered from registered user memory.
+    pub(super) user: FragPool,
+}
+
+impl Frags {
+    pub(super) fn pool(&self, des: Descriptor) -> &FragPool {
+        match des.kind() {
+            FragKind::Send => &self.send,
+            FragKind::User => &self.user,
+        }
+    }
+
+    pub(super) fn pool_mut(&mut self, des: Descriptor) -> &mut FragPool {
+        match des.kind() {
+            FragKind::Send => &mut self.send,
+            FragKind::User => &mut self.user,
+        }
+    }
+
+    pub(super) fn get(&self, des: Descriptor) -> Option<&Frag> {
+        self.pool(des).frag(des)
+    }
+
+    pub(super) fn get_mut(&mut self, des: Descriptor) -> Option<&mut Frag> {
+        self.pool_mut(des).frag_mut(des)
+    }
+
+    /// The live fragment named by `des`, or the error naming the handle.
+    pub(super) fn checked_mut(&mut self, des: Descriptor) -> Result<&mut Frag, BtlError> {
+        self.get_mut(des).ok_or_else(|| bad(des, "not allocated"))
+    }
+
+    /// The registered bytes holding the first `len` bytes of `des` (BTL
+    /// header onwards).
+    pub(super) fn head(&self, des: Descriptor, len: usize) -> Option<(Mr, Sge)> {
+        self.pool(des).sge(des.index(), len)
+    }
+
+    /// Every descriptor the BTL owns (posted, waiting, or unacknowledged).
+    pub(super) fn owned_by_btl(&self) -> Vec<Descriptor> {
+        [&self.send, &self.user]
+            .into_iter()
+            .flat_map(|pool| {
+                pool.live()
+                    .filter(|(_, f)| matches!(f.state, FragState::Posted | FragState::Pending))
+                    .filter_map(|(i, _)| pool.descriptor_at(i))
+            })
+            .collect()
+    }
+
+    /// Fragments not on a free list.
+    pub(super) fn live(&self) -> usize {
+        self.send.live().count() + self.user.live().count()
+    }
+}
+
+/// The error for a descriptor that cannot be used as asked.
+pub(super) fn bad(des: Descriptor, problem: &'static str) -> BtlError {
+    BtlError::BadDescriptor {
+        descriptor: des.raw(),
+        problem,
+    }
+}
+
+impl<C: Context> Module<C> {
+    /// A send fragment with room for `size` bytes, from the send free list.
+    /// `None` if `size` exceeds the eager limit or the list is at its bound;
+    /// the caller retries after completions return fragments.
+    pub fn alloc(&mut self, order: u8, size: usize, flags: DesFlags) -> Option<Descriptor> {
+        if size > self.limits.eager_limit {
+            return None;
+        }
+        let des = self.frags.send.get(&mut self.ctx, self.pd)?;
+        let frag = self.frags.send.frag_mut(des)?;
+        frag.seg_len = size;
+        frag.flags = flags;
+        frag.order = order;
+        Some(des)
+    }
+
+    /// Returns a descriptor the caller owns. A send fragment goes back to its
+    /// list; a user fragment releases its registration first.
+    ///
+    /// # Errors
+    /// A stale descriptor, or one still owned by the BTL (waiting or
+    /// posted): a descriptor may only be freed after local completion.
+    pub fn free(&mut self, des: Descriptor) -> Result<(), BtlError> {
+        let state = self
+            .frags
+            .get(des)
+            .ok_or_else(|| bad(des, "not allocated"))?
+            .state;
+        if state != FragState::Allocated {
+            return Err(bad(des, "still owned by the BTL"));
+        }
+        self.release(des);
+        Ok(())
+    }
+
+    /// Puts a descriptor back on its free list, whoever owned it.
+    pub(super) fn release(&mut self, des: Descriptor) {
+        if let Some(user) = self.frags.get_mut(des).and_then(|f| f.user.take()) {
+            if let Err(err) = self.rcache.release(&mut self.ctx, user.reg, deregister) {
+                tracing::error!(%err, "user fragment held no registration reference");
+            }
+        }
+        self.frags.pool_mut(des).put(des);
+    }
+
+    /// Prepares a descriptor holding `reserve` bytes for the caller's header
+    /// followed by up to `*size` bytes from `convertor`; sets `*size` to the
+    /// number of data bytes taken.
+    ///
+    /// Data is sent from user memory, without a copy, when the convertor is
+    /// zero-copy capable (shared memory), `reserve` fits the user fragment's
+    /// header room, and either `registration` is given or the data exceeds
+    /// the eager limit. The data is then cut at the maximum datagram size, so
+    /// a large buffer takes several calls. Otherwise the data is packed into
+    /// a send fragment. Unlike the seed, the zero-copy branch returns a
+    /// working descriptor, carries the BTL header in its own gather entry, and
+    /// never exceeds one datagram.
+    ///
+    /// `None` when no fragment is free or `reserve` leaves no room.
+    pub fn prepare_src(
+        &mut self,
+        registration: Option<RegId>,
+        convertor: &mut Convertor<'_>,
+        order: u8,
+        reserve: usize,
+        size: &mut usize,
+        flags: DesFlags,
+    ) -> Option<Descriptor> {
+        let max_data = self.limits.max_send_size.checked_sub(reserve)?;
+        let want = (*size).min(convertor.remaining());
+        let zero_copy = convertor.is_contiguous()
+            && reserve <= super::USER_RESERVE_MAX
+            && (registration.is_some() || want > self.limits.eager_limit.saturating_sub(reserve));
+        if zero_copy {
+            if let Some(des) =
+                self.prepare_user(registration, convertor, reserve, want.min(max_data), size)
+            {
+                let frag = self.frags.user.frag_mut(des)?;
+                frag.flags = flags;
+                frag.order = order;
+                return Some(des);
+            }
+        }
+        let take = want.min(self.limits.eager_limit.checked_sub(reserve)?);
+        let des = self.frags.send.get(&mut self.ctx, self.pd)?;
+        let packed = {
+            let (mr, sge) = self
+                .frags
+                .send
+                .sge(des.index(), self.header_len + reserve + take)?;
+            let bytes = self.ctx.mr_bytes_mut(mr.handle).ok()?;
+            let start = sge.offset + self.header_len + reserve;
+            convertor.pack(&mut bytes[start..start + take])
+        };
+        let frag = self.frags.send.frag_mut(des)?;
+        frag.seg_len = reserve + packed;
+        frag.flags = flags;
+        frag.order = order;
+        *size = packed;
+        Some(des)
+    }
+
+    fn prepare_user(
+        &mut self,
+        registration: Option<RegId>,
+        convertor: &mut Convertor<'_>,
+        reserve: usize,
+        take: usize,
+        size: &mut usize,
+    ) -> Option<Descriptor> {
+        let (data, range) = convertor.zero_copy(take)?;
+        let Some(des) = self.frags.user.get(&mut self.ctx, self.pd) else {
+            convertor.rewind(range.len());
+            return None;
+        };
+        let pd = self.pd;
+        let reg = match registration {
+            Some(reg) => self.rcache.retain(reg).ok().map(|lkey| (reg, lkey)),
+            // Register the whole shared buffer, not just this piece: the
+            // caller cuts a large message into datagram-sized pieces, and
+            // every later piece then hits the cache.
+            None => self
+                .rcache
+                .acquire(
+                    &mut self.ctx,
+                    &data,
+                    |c, r| c.reg_user_mr(pd, r),
+                    deregister,
+                )
+                .ok(),
+        };
+        let Some((reg, lkey)) = reg else {
+            self.frags.user.put(des);
+            convertor.rewind(range.len());
+            return None;
+        };
+        *size = range.len();
+        let frag = self.frags.user.frag_mut(des)?;
+        frag.seg_len = reserve;
+        frag.user = Some(UserData {
+            reg,
+            lkey,
+            data,
+            range,
+        });
+        Some(des)
+    }
+
+    /// Registers user memory through the registration cache (the module's
+    /// `btl_mpool`), for callers that pass a registration to
+    /// [`prepare_src`](Self::prepare_src). Release it with
+    /// [`mpool_deregister`](Self::mpool_deregister).
+    ///
+    /// # Errors
+    /// The fabric refused the registration.
+    pub fn mpool_register(&mut self, data: &Arc<[u8]>) -> Result<RegId, BtlError> {
+        let pd = self.pd;
+        self.rcache
+            .acquire(&mut self.ctx, data, |c, r| c.reg_user_mr(pd, r), deregister)
+            .map(|(reg, _)| reg)
+            .map_err(|source| BtlError::Fabric {
+                step: "register user memory",
+                device: self.device.clone(),
+                port: self.port.port_num,
+                source,
+            })
+    }
+
+    /// Drops a reference taken by [`mpool_register`](Self::mpool_register).
+    ///
+    /// # Errors
+    /// The registration holds no reference.
+    pub fn mpool_deregister(&mut self, reg: RegId) -> Result<(), BtlError> {
+        self.rcache
+            .release(&mut self.ctx, reg, deregister)
+            .map_err(|_| BtlError::BadDescriptor {
+                descriptor: u32::MAX,
+                problem: "a registration without references",
+            })
+    }
+
+    /// The bytes after the BTL header that the caller fills: the reserve and,
+    /// for a send fragment, the packed payload (`alloc`'s `size` bytes).
+    ///
+    /// # Errors
+    /// A stale descriptor.
+    pub fn segment_mut(&mut self, des: Descriptor) -> Result<&mut [u8], BtlError> {
+        let seg_len = self
+            .frags
+            .get(des)
+            .ok_or_else(|| bad(des, "not allocated"))?
+            .seg_len;
+        let (mr, sge) = self
+            .frags
+            .head(des, self.header_len + seg_len)
+            .ok_or_else(|| bad(des, "without memory"))?;
+        let bytes = self
+            .ctx
+            .mr_bytes_mut(mr.handle)
+            .map_err(|_| bad(des, "without memory"))?;
+        let start = sge.offset + self.header_len;
+        Ok(&mut bytes[start..start + seg_len])
+    }
+
+    /// Sets the value handed back in the descriptor's
+    /// [`SendEvent`](super::SendEvent).
+    ///
+    /// # Errors
+    /// A stale descriptor.
+    pub fn set_context(&mut self, des: Descriptor, context: u64) -> Result<(), BtlError> {
+        self.frags.checked_mut(des)?.context = context;
+        Ok(())
+    }
+
+    /// Changes the length of an allocated send fragment's segment (at most
+    /// what it was allocated with), e.g. after packing fewer bytes.
+    ///
+    /// # Errors
+    /// A stale descriptor or a longer length.
+    pub fn set_segment_len(&mut self, des: Descriptor, len: usize) -> Result<(), BtlError> {
+        let limit = self.limits.eager_limit;
+        let frag = self.frags.checked_mut(des)?;
+        if frag.user.is_some() || len > limit {
+            return Err(bad(des, "too small for that length"));
+        }
+        frag.seg_len = len;
+        Ok(())
+    }
+
+    /// Marks whether a descriptor starts and/or ends a message, for
+    /// messages sent as several descriptors (the receiver delivers them as
+    /// one). By default a descriptor is a whole message.
+    ///
+    /// # Errors
+    /// A stale descriptor.
+    pub fn set_message_bounds(
+        &mut self,
+        des: Descriptor,
+        first: bool,
+        last: bool,
+    ) -> Result<(), BtlError> {
+        self.frags.checked_mut(des)?.msg_flags =
+            if first { rel::FLAG_FIRST } else { 0 } | if last { rel::FLAG_LAST } else { 0 };
+        Ok(())
+    }
+}

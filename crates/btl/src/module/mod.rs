@@ -1,0 +1,627 @@
+//! A BTL module: one active port, its queue pairs, its receive pool, its
+//! fragments and its endpoints.
+//!
+//! The module is one type whose work is split by job, one file each:
+//!
+//! * `build.rs`: bringing it up in the seed's order, its [`Limits`], and
+//!   tearing it down in the verbs order;
+//! * `endpoints.rs`: the peers, the index from a sender's address to its
+//!   endpoint, and the route (address handle, queue pair) to each;
+//! * `descriptors.rs`: `alloc`, `prepare_src`, segments and `free`;
+//! * `send.rs`: send credits, the one queue of sends waiting for them, and
+//!   posting;
+//! * `recv.rs`: the receive pool, header checks, dispatch, reposting;
+//! * `reliable.rs`: the drive of the sans-IO reliability state, and
+//!   multi-datagram messages (`reassembly.rs`);
+//! * `events.rs`: what callbacks receive; `stats.rs`: counters and the dump.
+//!
+//! This file holds the type, addressing, `send`, and `progress`.
+
+/// The [`Poster`](send::Poster) of a module, from its fields (so that the
+/// context can be borrowed mutably beside it).
+macro_rules! poster {
+    ($module:expr) => {
+        $crate::module::send::Poster {
+            qps: &$module.qp_handles,
+            qkey: $module.qkey,
+            inline_max: $module.limits.inline_max,
+        }
+    };
+}
+
+mod build;
+mod descriptors;
+mod endpoints;
+mod events;
+mod reassembly;
+mod recv;
+mod reliable;
+mod send;
+mod stats;
+
+use udbtl_fabric::{
+    AhAttr, Context, CqHandle, FabricError, Gather, Mr, NodeAddr, PdHandle, PortAttr, PostError,
+    QpAddr, QpHandle, QpInfo, WcOpcode, WcStatus, WorkCompletion,
+};
+use udbtl_reliability::PeerId;
+use udbtl_wire::{btl, modex};
+
+pub use build::{Limits, USER_RESERVE_MAX, recv_buffer_len};
+pub use events::{
+    ErrorCallback, ErrorEvent, RecvCallback, RecvEvent, SendCallback, SendEvent, SendStatus,
+};
+pub use stats::ModuleStats;
+
+use crate::error::{BtlError, SendFailure};
+use crate::frag::{DesFlags, Descriptor, FragState};
+use crate::rcache::RegCache;
+use crate::{EndpointId, Tag};
+use descriptors::{Frags, bad};
+use endpoints::{Endpoint, Endpoints};
+use events::Callbacks;
+use recv::RecvPool;
+use reliable::Reliable;
+use send::{SendQueue, WaitingSend};
+
+/// One module per active port.
+pub struct Module<C: Context> {
+    ctx: C,
+    device: String,
+    port: PortAttr,
+    pd: PdHandle,
+    cq: CqHandle,
+    qps: Vec<QpInfo>,
+    qp_handles: Vec<QpHandle>,
+    limits: Limits,
+    frags: Frags,
+    rcache: RegCache,
+    endpoints: Endpoints,
+    sends: SendQueue,
+    recv: RecvPool,
+    /// Sequencing, acknowledgement and retransmission; `None` when
+    /// `reliable` is off.
+    reliable: Option<Reliable>,
+    callbacks: Callbacks,
+    stats: ModuleStats,
+    qkey: u32,
+    job_key: u32,
+    /// Service level put into every address handle.
+    sl: u8,
+    /// Source path bits put into every address handle.
+    path_bits: u8,
+    /// BTL header bytes in front of every payload: 8, plus the 32-byte
+    /// reliability extension when reliable.
+    header_len: usize,
+    /// This process's id, published in the modex and carried in reliable
+    /// datagrams.
+    proc_id: u32,
+}
+
+impl<C: Context> std::fmt::Debug for Module<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Module")
+            .field("device", &self.device)
+            .field("port", &self.port.port_num)
+            .field("limits", &self.limits)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Deregisters memory the registration cache evicted. A refusal can only
+/// mean the registration is already gone, so it is logged, not raised.
+fn deregister<C: Context>(ctx: &mut C, mr: Mr) {
+    if let Err(err) = ctx.dereg_mr(mr.handle) {
+        tracing::warn!(%err, "deregistering evicted memory failed");
+    }
+}
+
+/// The result of [`Module::add_procs`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddProcs {
+    /// One slot per peer: its endpoint, or `None` if unreachable.
+    pub endpoints: Vec<Option<EndpointId>>,
+    /// Bit `i` is set when peer `i` is reachable (the BTL's bitmap).
+    pub reachable: Vec<bool>,
+}
+
+impl<C: Context> Module<C> {
+    // ----- addressing ---------------------------------------------------
+
+    /// This module's published address.
+    pub fn address(&self) -> modex::Address {
+        modex::Address {
+            location: match self.port.addr {
+                NodeAddr::Ip(std::net::IpAddr::V4(ip)) => modex::Location::Ipv4(ip.octets()),
+                NodeAddr::Ip(std::net::IpAddr::V6(ip)) => modex::Location::Ipv6(ip.octets()),
+                NodeAddr::Sim(id) => modex::Location::Sim(id),
+                NodeAddr::Ib { lid, gid } => modex::Location::Ib { lid, gid },
+                _ => modex::Location::Sim(u32::MAX),
+            },
+            port: self.port.port_num,
+            qpns: core::array::from_fn(|i| self.qps.get(i).map_or(0, |qp| qp.qp_num)),
+            proc_id: self.proc_id,
+            max_msg_size: u32::try_from(self.port.max_msg_size).unwrap_or(u32::MAX),
+            network: self.port.network,
+        }
+    }
+
+    /// Turns peers' published addresses into endpoints. `peers[i]` is peer
+    /// `i`'s address list, or `None` if it published nothing. A peer with no
+    /// address on this module's network is unreachable through this module;
+    /// that is not an error for the whole call (a seed bug).
+    ///
+    /// # Errors
+    /// A verbs failure creating an address handle; endpoints created before
+    /// it are released.
+    pub fn add_procs(&mut self, peers: &[Option<&[modex::Address]>]) -> Result<AddProcs, BtlError> {
+        let mut result = AddProcs {
+            endpoints: vec![None; peers.len()],
+            reachable: vec![false; peers.len()],
+        };
+        for (i, peer) in peers.iter().enumerate() {
+            let Some((qps, proc_id)) = peer.and_then(|addrs| self.pick_address(addrs)) else {
+                continue;
+            };
+            match self.add_endpoint(qps, proc_id) {
+                Ok(id) => {
+                    result.endpoints[i] = Some(id);
+                    result.reachable[i] = true;
+                }
+                Err(err) => {
+                    let created: Vec<EndpointId> =
+                        result.endpoints.iter().flatten().copied().collect();
+                    let _ = self.del_procs(&created);
+                    return Err(err);
+                }
+            }
+        }
+        Ok(result)
+    }
+
+    /// The peer address this module can reach: on the same network, the same
+    /// kind of address, and a matching port number when the peer has several.
+    fn pick_address(&self, addrs: &[modex::Address]) -> Option<([QpAddr; modex::QPNS], u32)> {
+        let mine = self.address();
+        let compatible = |a: &&modex::Address| {
+            a.network == mine.network
+                && core::mem::discriminant(&a.location) == core::mem::discriminant(&mine.location)
+        };
+        let chosen = addrs
+            .iter()
+            .filter(compatible)
+            .find(|a| a.port == mine.port)
+            .or_else(|| addrs.iter().find(compatible))?;
+        let node = match chosen.location {
+            modex::Location::Ipv4(ip) => NodeAddr::Ip(ip.into()),
+            modex::Location::Ipv6(ip) => NodeAddr::Ip(ip.into()),
+            modex::Location::Sim(id) => NodeAddr::Sim(id),
+            modex::Location::Ib { lid, gid } => NodeAddr::Ib { lid, gid },
+        };
+        Some((chosen.qpns.map(|qpn| QpAddr { node, qpn }), chosen.proc_id))
+    }
+
+    /// Creates an endpoint for a peer module whose queue pairs are `qps`
+    /// (the first receives; datagrams from any of them are recognised as the
+    /// peer's) in process `proc_id`, with an address handle built with the
+    /// service level and path bits parameters.
+    ///
+    /// # Errors
+    /// The address handle could not be created.
+    pub fn add_endpoint(
+        &mut self,
+        qps: [QpAddr; modex::QPNS],
+        proc_id: u32,
+    ) -> Result<EndpointId, BtlError> {
+        let remote = qps[0];
+        if let Some(id) = self.endpoints.existing(remote) {
+            return Ok(id);
+        }
+        let attr = AhAttr {
+            dest: remote.node,
+            service_level: self.sl,
+            src_path_bits: self.path_bits,
+            port: self.port.port_num,
+        };
+        let ah = self
+            .ctx
+            .create_ah(self.pd, &attr)
+            .map_err(|source| self.fabric_error("create address handle", source))?;
+        let endpoint = Endpoint {
+            remote,
+            senders: qps,
+            proc_id,
+            ah,
+            context: None,
+        };
+        let Some(reliable) = self.reliable.as_mut() else {
+            return Ok(self.endpoints.insert(endpoint, true));
+        };
+        // A reliable endpoint's id is its peer id, and neither is reused: a
+        // closed peer lingers.
+        let peer = reliable
+            .core
+            .add_peer(Instant::from_duration(self.ctx.now()));
+        debug_assert_eq!(peer.0, self.endpoints.next_fresh_id().0);
+        let id = self.endpoints.insert(endpoint, false);
+        // Every peer may fill its credit at once: share the receive pool so
+        // that all of them together cannot overrun it (a few buffers stay
+        // for acknowledgements).
+        let share = (self.recv.count * 7 / 8) / self.endpoints.len().max(1);
+        reliable
+            .core
+            .set_credit(u16::try_from(share).unwrap_or(u16::MAX).max(2));
+        Ok(id)
+    }
+
+    /// Releases endpoints and their address handles. Sends waiting for a
+    /// credit to them complete with an error first.
+    ///
+    /// # Errors
+    /// An unknown endpoint, or an address handle the fabric refused to free.
+    pub fn del_procs(&mut self, endpoints: &[EndpointId]) -> Result<(), BtlError> {
+        for &id in endpoints {
+            let reuse = self.reliable.is_none();
+            let endpoint = self
+                .endpoints
+                .remove(id, reuse)
+                .ok_or(BtlError::BadEndpoint { endpoint: id.0 })?;
+            if let Some(reliable) = self.reliable.as_mut() {
+                reliable
+                    .core
+                    .close_peer(Instant::from_duration(self.ctx.now()), PeerId(id.0));
+            }
+            let frags = &self.frags;
+            let stranded = self
+                .sends
+                .remove_where(|w| frags.get(w.des).is_some_and(|f| f.endpoint == id.0));
+            for waiting in stranded {
+                self.complete_send(
+                    waiting.des,
+                    Err(SendFailure::Refused("endpoint deleted".into())),
+                );
+            }
+            self.ctx
+                .destroy_ah(endpoint.ah)
+                .map_err(|source| self.fabric_error("destroy address handle", source))?;
+        }
+        Ok(())
+    }
+
+    fn fabric_error(&self, step: &'static str, source: FabricError) -> BtlError {
+        BtlError::Fabric {
+            step,
+            device: self.device.clone(),
+            port: self.port.port_num,
+            source,
+        }
+    }
+
+    /// Attaches a value of the caller's to an endpoint (the peer's rank,
+    /// say); receive callbacks get it back as
+    /// [`RecvEvent::endpoint_context`], so mapping a sender costs no lookup.
+    ///
+    /// # Errors
+    /// An unknown endpoint.
+    pub fn set_endpoint_context(
+        &mut self,
+        endpoint: EndpointId,
+        context: u64,
+    ) -> Result<(), BtlError> {
+        self.endpoints
+            .get_mut(endpoint)
+            .ok_or(BtlError::BadEndpoint {
+                endpoint: endpoint.0,
+            })?
+            .context = Some(context);
+        Ok(())
+    }
+
+    /// The remote queue pair of an endpoint.
+    pub fn endpoint_addr(&self, endpoint: EndpointId) -> Option<QpAddr> {
+        self.endpoints.get(endpoint).map(|e| e.remote)
+    }
+
+    // ----- sending ------------------------------------------------------
+
+    /// Sends a descriptor to an endpoint with `tag`. The BTL owns the
+    /// descriptor until the send callback reports its completion.
+    ///
+    /// With no send credit free, the descriptor waits in the module's queue
+    /// and is posted when a send completion returns a credit. Each peer's
+    /// datagrams leave by one queue pair; peers are striped over them.
+    ///
+    /// # Errors
+    /// A stale or busy descriptor, an unknown endpoint, or a post the fabric
+    /// refused; in every case the descriptor is back in the caller's hands
+    /// and no credit is lost (the seed swallowed post failures).
+    pub fn send(
+        &mut self,
+        endpoint: EndpointId,
+        des: Descriptor,
+        tag: Tag,
+    ) -> Result<SendStatus, BtlError> {
+        if self.endpoints.get(endpoint).is_none() {
+            return Err(BtlError::BadEndpoint {
+                endpoint: endpoint.0,
+            });
+        }
+        let frag = self.frags.checked_mut(des)?;
+        if frag.state != FragState::Allocated {
+            return Err(bad(des, "already being sent"));
+        }
+        frag.endpoint = endpoint.0;
+        frag.tag = tag.0;
+        let seg_len = frag.seg_len;
+        let (mr, sge) = self
+            .frags
+            .head(des, self.header_len + seg_len)
+            .ok_or_else(|| bad(des, "without memory"))?;
+        let bytes = self
+            .ctx
+            .mr_bytes_mut(mr.handle)
+            .map_err(|_| bad(des, "without memory"))?;
+        btl::Repr {
+            tag: tag.0,
+            job_key: self.job_key,
+            reliable: self.reliable.is_some(),
+        }
+        .emit(&mut btl::Packet::new_unchecked(
+            &mut bytes[sge.offset..sge.offset + btl::HEADER_LEN],
+        ));
+        if self.reliable.is_some() {
+            return self.send_reliable(endpoint, des);
+        }
+        if !self.sends.can_post() {
+            if let Some(frag) = self.frags.get_mut(des) {
+                frag.state = FragState::Pending;
+            }
+            self.sends.push(WaitingSend { des, header: None });
+            self.stats.sends_queued += 1;
+            self.stats.pending_high_water = self.sends.high_water;
+            return Ok(SendStatus::Queued);
+        }
+        self.post_descriptor(des).map_err(|source| BtlError::Post {
+            endpoint: endpoint.0,
+            source,
+        })?;
+        Ok(SendStatus::Posted)
+    }
+
+    /// Posts one descriptor on its endpoint's route, taking a send credit.
+    /// On failure no credit is taken and the descriptor's state is
+    /// unchanged.
+    fn post_descriptor(&mut self, des: Descriptor) -> Result<(), PostError> {
+        let refused = |kind| PostError {
+            posted: 0,
+            error: FabricError::InvalidHandle { kind },
+        };
+        let frag = self.frags.get(des).ok_or_else(|| refused("descriptor"))?;
+        let route = self
+            .endpoints
+            .route(EndpointId(frag.endpoint))
+            .ok_or_else(|| refused("endpoint"))?;
+        let (_, head) = self
+            .frags
+            .head(des, self.header_len + frag.seg_len)
+            .ok_or_else(|| refused("descriptor"))?;
+        let gathers = [
+            Gather::Registered(head),
+            match &frag.user {
+                Some(user) => Gather::User {
+                    lkey: user.lkey,
+                    data: &user.data[user.range.clone()],
+                },
+                None => Gather::Registered(head),
+            },
+        ];
+        let sg_list = &gathers[..if frag.user.is_some() { 2 } else { 1 }];
+        poster!(self).post(&mut self.ctx, &route, sg_list, u64::from(des.raw()), true)?;
+        self.sends.take_credit();
+        self.stats.sends_posted += 1;
+        if let Some(frag) = self.frags.get_mut(des) {
+            frag.state = FragState::Posted;
+        }
+        Ok(())
+    }
+
+    /// Posts waiting sends while credits last. An unreliable send the
+    /// fabric refuses completes through the send callback with the error; a
+    /// reliable one is a loss that retransmission repairs.
+    fn post_waiting(&mut self) {
+        while let Some(waiting) = self.sends.pop_ready() {
+            match waiting.header {
+                Some(header) => self.transmit_data(waiting.des, header),
+                None => {
+                    if let Some(frag) = self.frags.get_mut(waiting.des) {
+                        frag.state = FragState::Allocated;
+                    }
+                    if let Err(err) = self.post_descriptor(waiting.des) {
+                        self.complete_send(waiting.des, Err(SendFailure::Refused(err.to_string())));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs the send callback for a descriptor the BTL is done with, then
+    /// frees it if the BTL owns it.
+    fn complete_send(&mut self, des: Descriptor, status: Result<(), SendFailure>) {
+        let Some(frag) = self.frags.get_mut(des) else {
+            return;
+        };
+        frag.state = FragState::Allocated;
+        let event = SendEvent {
+            descriptor: des,
+            endpoint: EndpointId(frag.endpoint),
+            context: frag.context,
+            status,
+        };
+        let owned = frag.flags.contains(DesFlags::BTL_OWNERSHIP);
+        if event.status.is_err() {
+            self.stats.send_errors += 1;
+        }
+        if let Some(callback) = self.callbacks.send.as_mut() {
+            callback(&event);
+        }
+        if owned {
+            self.release(des);
+        }
+    }
+
+    // ----- callbacks ----------------------------------------------------
+
+    /// Installs the receive callback for `tag`, replacing any earlier one.
+    pub fn register(&mut self, tag: Tag, callback: RecvCallback) {
+        self.callbacks.recv[usize::from(tag.0)] = Some(callback);
+    }
+
+    /// Installs the callback that reports send completions.
+    pub fn set_send_callback(&mut self, callback: SendCallback) {
+        self.callbacks.send = Some(callback);
+    }
+
+    /// Installs the error callback (`btl_register_error`).
+    pub fn register_error(&mut self, callback: ErrorCallback) {
+        self.callbacks.error = Some(callback);
+    }
+
+    fn report_error(&mut self, endpoint: Option<EndpointId>, fatal: bool, message: String) {
+        tracing::error!(device = %self.device, port = self.port.port_num, fatal, "{message}");
+        if let Some(callback) = self.callbacks.error.as_mut() {
+            callback(&ErrorEvent {
+                fatal,
+                endpoint,
+                message,
+            });
+        }
+    }
+
+    // ----- progress -----------------------------------------------------
+
+    /// Reads the fabric's clock, then polls the completion queue once, for
+    /// up to [`NUM_WC`](crate::NUM_WC) completions: runs send callbacks
+    /// (posting waiting sends as credits return) and tag callbacks, fires
+    /// the reliability timers that are due, then reposts every consumed
+    /// receive buffer in one call. An error completion is counted and
+    /// handled in place; the rest of the batch is still processed (the seed
+    /// returned at the first one and leaked the batch's receive buffers).
+    ///
+    /// Returns the number of completions handled.
+    pub fn progress(&mut self) -> usize {
+        // Before polling: a timer must never fire on a clock read after an
+        // empty poll, while what would have stopped it sits unread.
+        let now = self.clock();
+        let polled = match self.ctx.poll_cq(self.cq, &mut self.recv.wcs) {
+            Ok(n) => n,
+            Err(err) => {
+                self.report_error(
+                    None,
+                    false,
+                    format!("polling the completion queue failed: {err}"),
+                );
+                0
+            }
+        };
+        for i in 0..polled {
+            let wc = self.recv.wcs[i];
+            match wc.opcode {
+                WcOpcode::Send => self.on_send_completion(&wc),
+                WcOpcode::Recv => self.on_receive(&wc, now),
+            }
+        }
+        if let Some(reliable) = self.reliable.as_mut() {
+            // An idle poll with no timer due costs one comparison.
+            if polled > 0 || reliable.core.poll_timeout().is_some_and(|at| at <= now) {
+                self.drive_reliability(now);
+            }
+        } else if polled > 0 {
+            self.post_waiting();
+        }
+        if let Err(err) = self.recv.flush(&mut self.ctx) {
+            self.report_error(
+                None,
+                true,
+                format!("reposting receive buffers failed: {err}"),
+            );
+        }
+        polled
+    }
+
+    fn on_send_completion(&mut self, wc: &WorkCompletion) {
+        self.sends.return_credit();
+        self.stats.sends_completed += 1;
+        if self.reliable.is_some() {
+            // The datagram left (or was lost locally, which retransmission
+            // repairs): the descriptor is done only when acknowledged.
+            if wc.status != WcStatus::Success {
+                self.stats.transmit_failures += 1;
+            }
+            return;
+        }
+        let status = if wc.status == WcStatus::Success {
+            Ok(())
+        } else {
+            Err(SendFailure::Completion(format!("{:?}", wc.status)))
+        };
+        self.complete_send(Descriptor::from_raw(wc.wr_id as u32), status);
+    }
+
+    // ----- diagnostics --------------------------------------------------
+
+    /// Sizes this module works with.
+    pub const fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The port this module drives.
+    pub const fn port(&self) -> &PortAttr {
+        &self.port
+    }
+
+    /// The device name.
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// Counters.
+    pub const fn stats(&self) -> &ModuleStats {
+        &self.stats
+    }
+
+    /// Registration cache counters.
+    pub fn rcache_stats(&self) -> crate::rcache::RegCacheStats {
+        self.rcache.stats()
+    }
+
+    /// The fabric context, for its counters.
+    pub const fn context(&self) -> &C {
+        &self.ctx
+    }
+
+    /// Descriptors waiting for a send credit.
+    pub fn pending_len(&self) -> usize {
+        self.sends.len()
+    }
+
+    /// Send credits free.
+    pub fn send_credits(&self) -> u32 {
+        self.sends.credits()
+    }
+
+    /// When the reliability state next needs a progress call even if nothing
+    /// arrives, on the fabric's clock; `None` when no timer is armed. A
+    /// driver of a simulated fabric advances time to it.
+    pub fn next_deadline(&mut self) -> Option<std::time::Duration> {
+        let at = self.reliable.as_mut()?.core.poll_timeout()?;
+        Some(std::time::Duration::from_nanos(at.as_nanos()))
+    }
+
+    /// Checkpoint/restart notification. There is no checkpoint support, so
+    /// every state is accepted and nothing happens, as in the seed.
+    pub fn ft_event(&mut self, state: i32) {
+        tracing::debug!(state, "ft_event ignored: no checkpoint/restart support");
+    }
+}
+
+use udbtl_reliability::Instant;

@@ -1,0 +1,164 @@
+//! The receive path: the pool of receive buffers posted on queue pair 0,
+//! checking each received datagram's BTL header, dispatching it (to the tag
+//! callback, or to the reliable path), and reposting buffers in one call at
+//! the end of a progress call.
+
+use udbtl_fabric::{
+    Context, GRH_LEN, Mr, PostError, QpAddr, QpHandle, RecvWr, Sge, WcStatus, WorkCompletion,
+};
+use udbtl_reliability::Instant;
+use udbtl_wire::btl;
+
+use super::Module;
+use super::events::RecvEvent;
+use crate::{EndpointId, NUM_WC, Tag};
+
+/// A received datagram the module holds on to (while it waits for an
+/// earlier one, or is being delivered): its buffer and length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Held {
+    pub(super) slot: u32,
+    pub(super) len: u32,
+}
+
+/// The receive buffers: one registration cut into `count` buffers of
+/// `stride` bytes, each posted with room for the GRH in front.
+#[derive(Debug)]
+pub(super) struct RecvPool {
+    pub(super) mr: Mr,
+    pub(super) stride: usize,
+    pub(super) count: usize,
+    qp: QpHandle,
+    /// Buffers consumed during this progress call, reposted at its end.
+    reposts: Vec<RecvWr>,
+    /// Where `poll_cq` writes completions.
+    pub(super) wcs: Box<[WorkCompletion]>,
+}
+
+impl RecvPool {
+    pub(super) fn new(mr: Mr, stride: usize, count: usize, qp: QpHandle) -> Self {
+        Self {
+            mr,
+            stride,
+            count,
+            qp,
+            reposts: Vec::with_capacity(NUM_WC),
+            wcs: vec![WorkCompletion::EMPTY; NUM_WC].into_boxed_slice(),
+        }
+    }
+
+    /// The work request that posts buffer `slot`.
+    pub(super) fn work_request(&self, slot: u32) -> RecvWr {
+        RecvWr {
+            wr_id: u64::from(slot),
+            sge: Sge {
+                lkey: self.mr.lkey,
+                offset: slot as usize * self.stride,
+                len: self.stride,
+            },
+        }
+    }
+
+    /// Queues buffer `slot` for reposting at the end of the progress call.
+    pub(super) fn repost(&mut self, slot: u32) {
+        let wr = self.work_request(slot);
+        self.reposts.push(wr);
+    }
+
+    /// Posts every buffer queued by [`repost`](Self::repost), in one call.
+    pub(super) fn flush<C: Context>(&mut self, ctx: &mut C) -> Result<(), PostError> {
+        if self.reposts.is_empty() {
+            return Ok(());
+        }
+        let result = ctx.post_recv(self.qp, &self.reposts);
+        self.reposts.clear();
+        result
+    }
+
+    /// The datagram held in buffer `held.slot` (after the GRH).
+    pub(super) fn datagram<'a, C: Context>(&self, ctx: &'a C, held: Held) -> Option<&'a [u8]> {
+        let start = held.slot as usize * self.stride + GRH_LEN;
+        ctx.mr_bytes(self.mr.handle)
+            .ok()?
+            .get(start..start + held.len as usize)
+    }
+}
+
+impl<C: Context> Module<C> {
+    /// A receive completion: checks the BTL header and the job key, then
+    /// hands the datagram to the reliable path or, on an unreliable module,
+    /// straight to its tag callback.
+    pub(super) fn on_receive(&mut self, wc: &WorkCompletion, now: Instant) {
+        let slot = wc.wr_id as u32;
+        if wc.status != WcStatus::Success {
+            self.stats.recv_errors += 1;
+            self.recv.repost(slot);
+            return;
+        }
+        let held = Held {
+            slot,
+            len: wc.payload_len() as u32,
+        };
+        let header = self.recv.datagram(&self.ctx, held).and_then(|d| {
+            btl::Packet::new_checked(d)
+                .and_then(|p| btl::Repr::parse(&p))
+                .ok()
+        });
+        let Some(header) = header else {
+            self.stats.recv_malformed += 1;
+            self.recv.repost(slot);
+            return;
+        };
+        if header.job_key != self.job_key {
+            self.stats.recv_bad_job_key += 1;
+            self.recv.repost(slot);
+            return;
+        }
+        match (header.reliable, self.reliable.is_some(), wc.src) {
+            (true, true, Some(src)) => self.on_reliable_receive(held, src, now),
+            (false, false, Some(src)) => {
+                let endpoint = self.endpoints.lookup(src);
+                self.deliver(held, btl::HEADER_LEN, Tag(header.tag), endpoint, src);
+                self.recv.repost(slot);
+            }
+            // A peer configured differently, or no source address.
+            _ => {
+                self.stats.recv_malformed += 1;
+                self.recv.repost(slot);
+            }
+        }
+    }
+
+    /// Runs the tag callback on the payload of a held datagram, whose
+    /// headers take `header_len` bytes. Does not repost the buffer.
+    pub(super) fn deliver(
+        &mut self,
+        held: Held,
+        header_len: usize,
+        tag: Tag,
+        endpoint: Option<EndpointId>,
+        src: QpAddr,
+    ) {
+        let endpoint_context = self.endpoints.context(endpoint);
+        let Some(callback) = self.callbacks.recv[usize::from(tag.0)].as_mut() else {
+            self.stats.recv_no_callback += 1;
+            return;
+        };
+        let Some(payload) = self
+            .recv
+            .datagram(&self.ctx, held)
+            .and_then(|d| d.get(header_len..))
+        else {
+            self.stats.recv_malformed += 1;
+            return;
+        };
+        callback(&RecvEvent {
+            tag,
+            endpoint,
+            endpoint_context,
+            src,
+            payload,
+        });
+        self.stats.recvs_delivered += 1;
+    }
+}

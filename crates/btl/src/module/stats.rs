@@ -1,0 +1,173 @@
+//! The module's counters and its dump for humans (`btl_dump`).
+
+use std::fmt;
+
+use udbtl_fabric::{Context, QpAddr};
+
+use super::Module;
+
+/// Counters of one module.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ModuleStats {
+    /// Sends posted to the fabric.
+    pub sends_posted: u64,
+    /// Send completions processed.
+    pub sends_completed: u64,
+    /// Sends that failed (post refused from the queue, an error completion,
+    /// or a lost peer).
+    pub send_errors: u64,
+    /// Sends that had to wait for a send credit.
+    pub sends_queued: u64,
+    /// Datagrams delivered to a tag callback.
+    pub recvs_delivered: u64,
+    /// Receives dropped: BTL header malformed.
+    pub recv_malformed: u64,
+    /// Receives dropped: job key of another job.
+    pub recv_bad_job_key: u64,
+    /// Receives dropped: no callback for the tag.
+    pub recv_no_callback: u64,
+    /// Receive completions with an error status (buffer reposted).
+    pub recv_errors: u64,
+    /// Deepest the queue of sends waiting for a credit has been.
+    pub pending_high_water: usize,
+    /// Reliable receives dropped: checksum mismatch.
+    pub recv_bad_checksum: u64,
+    /// Reliable receives dropped: from no known endpoint, or from a process
+    /// that reused a known endpoint's address.
+    pub recv_unknown_peer: u64,
+    /// Reliable sends the fabric refused; retransmitted like a loss.
+    pub transmit_failures: u64,
+    /// Messages reassembled from several datagrams.
+    pub messages_reassembled: u64,
+    /// Pieces of multi-datagram messages dropped: no message was in progress
+    /// (its sender gave up on it), or it grew past the largest message.
+    pub recv_orphan_pieces: u64,
+    /// Messages in progress dropped because their sender gave up on them.
+    pub messages_aborted: u64,
+}
+
+impl<C: Context> fmt::Display for Module<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.stats;
+        let rc = self.rcache.stats();
+        let fabric = self.ctx.stats();
+        writeln!(
+            f,
+            "module {}:{} ({})",
+            self.device, self.port.port_num, self.port.link_layer
+        )?;
+        writeln!(
+            f,
+            "  address            {}",
+            QpAddr {
+                node: self.port.addr,
+                qpn: self.qps[0].qp_num
+            }
+        )?;
+        writeln!(
+            f,
+            "  limits             eager {} max_send {} rndv_eager {} inline {}",
+            self.limits.eager_limit,
+            self.limits.max_send_size,
+            self.limits.rndv_eager_limit,
+            self.limits.inline_max
+        )?;
+        writeln!(
+            f,
+            "  send credits       {} free, {} waiting (high water {})",
+            self.sends.credits(),
+            self.sends.len(),
+            self.sends.high_water
+        )?;
+        for (name, pool) in [
+            ("send frags", &self.frags.send),
+            ("user frags", &self.frags.user),
+        ] {
+            writeln!(
+                f,
+                "  {name:<18} {} in use of {} (max {}, high water {})",
+                pool.in_use(),
+                pool.len(),
+                pool.max(),
+                pool.high_water
+            )?;
+        }
+        writeln!(
+            f,
+            "  receive buffers    {} x {} bytes",
+            self.recv.count, self.recv.stride
+        )?;
+        writeln!(f, "  endpoints          {}", self.endpoints.len())?;
+        writeln!(
+            f,
+            "  sends              posted {} completed {} queued {} errors {}",
+            s.sends_posted, s.sends_completed, s.sends_queued, s.send_errors
+        )?;
+        writeln!(
+            f,
+            "  receives           delivered {} malformed {} bad job key {} no callback {} errors {}",
+            s.recvs_delivered,
+            s.recv_malformed,
+            s.recv_bad_job_key,
+            s.recv_no_callback,
+            s.recv_errors
+        )?;
+        writeln!(
+            f,
+            "  registration cache {} entries, {} bytes, hits {} misses {} evictions {}",
+            rc.entries, rc.bytes, rc.hits, rc.misses, rc.evictions
+        )?;
+        if let Some(reliable) = &self.reliable {
+            let r = reliable.core.stats();
+            writeln!(
+                f,
+                "  reliability        sent {} retransmitted {} (fast {}, timeouts {}) acks sent {}",
+                r.sent, r.retransmitted, r.fast_retransmits, r.timeouts, r.acks_sent
+            )?;
+            writeln!(
+                f,
+                "                     received {} duplicates dropped {} out-of-order buffered {} \
+                 out-of-window {} peers lost {}",
+                r.received, r.duplicates, r.out_of_order, r.out_of_window, r.peers_lost
+            )?;
+            writeln!(
+                f,
+                "                     bad checksum {} unknown peer {} unacknowledged {}",
+                s.recv_bad_checksum,
+                s.recv_unknown_peer,
+                self.unacknowledged()
+            )?;
+            writeln!(
+                f,
+                "                     messages reassembled {} aborted {} orphan pieces {} in progress {}",
+                s.messages_reassembled,
+                s.messages_aborted,
+                s.recv_orphan_pieces,
+                reliable.messages_in_progress()
+            )?;
+            let rtos: Vec<std::time::Duration> = self
+                .endpoints
+                .ids()
+                .filter_map(|id| reliable.core.rto(udbtl_reliability::PeerId(id.0)))
+                .collect();
+            if let (Some(min), Some(max)) = (rtos.iter().min(), rtos.iter().max()) {
+                writeln!(
+                    f,
+                    "                     rto {min:?} to {max:?} over {} peers",
+                    rtos.len()
+                )?;
+            }
+        }
+        write!(
+            f,
+            "  fabric             tx {} rx {} dropped: no buffer {} bad qkey {} malformed {} too long {} kernel {}",
+            fabric.tx_datagrams,
+            fabric.rx_datagrams,
+            fabric.rx_no_buffer,
+            fabric.rx_bad_qkey,
+            fabric.rx_malformed,
+            fabric.rx_too_long,
+            fabric.tx_kernel_drops
+        )
+    }
+}
