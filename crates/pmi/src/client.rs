@@ -3,24 +3,44 @@
 //!
 //! Call order (each call blocks until the server replies):
 //!
-//! 1. [`PmiClient::from_env`] (or [`PmiClient::new`] over any stream);
+//! 1. [`PmiClient::from_env`] (or [`PmiClient::from_socket`] /
+//!    [`PmiClient::new`] over any stream);
 //! 2. [`init`](PmiClient::init), which also reads the limits, appnum,
 //!    kvsname and universe size;
 //! 3. [`put`](PmiClient::put) own values, [`barrier`](PmiClient::barrier),
 //!    then [`get`](PmiClient::get) the peers' (puts are only guaranteed
 //!    visible to other ranks after a barrier);
 //! 4. [`finalize`](PmiClient::finalize), or [`abort`](PmiClient::abort).
+//!
+//! The barrier also comes in a nonblocking form, for a caller that must keep
+//! doing other work (progressing a network transport) while it waits:
+//! [`barrier_start`](PmiClient::barrier_start) sends `barrier_in`, then
+//! [`barrier_poll`](PmiClient::barrier_poll) returns `Ok(false)` at once
+//! until `barrier_out` has arrived:
+//!
+//! ```
+//! # let mut pmi = udbtl_pmi::PmiClient::singleton();
+//! # pmi.init()?;
+//! # let progress = || {};
+//! pmi.barrier_start()?;
+//! while !pmi.barrier_poll()? {
+//!     progress();
+//! }
+//! # Ok::<(), udbtl_pmi::PmiError>(())
+//! ```
 
 use std::collections::HashMap;
 use std::fmt;
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::mem;
 use std::net::TcpStream;
+use std::os::fd::AsFd;
 
 use tracing::{debug, trace};
 
 use crate::error::PmiError;
 use crate::sys;
-use crate::wire::{self, Message, ReadError};
+use crate::wire::{self, Message, ReadError, WireError};
 
 /// Key prefix reserved for the launcher's own attributes.
 pub const RESERVED_PREFIX: &str = "PMI_";
@@ -77,6 +97,9 @@ pub struct PmiClient {
     link: Link,
     state: State,
     job: Option<Job>,
+    /// Between [`barrier_start`](Self::barrier_start) and the end of the
+    /// barrier reported by [`barrier_poll`](Self::barrier_poll).
+    barrier_in_flight: bool,
 }
 
 /// Where requests go.
@@ -87,9 +110,30 @@ enum Link {
 
 /// A connection to a PMI server.
 struct Conn {
-    reader: Box<dyn BufRead + Send>,
-    writer: Box<dyn Write + Send>,
+    io: Io,
+    /// The start of a reply line that [`Conn::try_recv`] has taken out of
+    /// the reader while its `\n` had not arrived yet. Empty between
+    /// requests.
+    partial: Vec<u8>,
 }
+
+/// How a connection is read and written.
+enum Io {
+    /// A socket: replies are read through the buffer, requests written to
+    /// the socket itself (`get_mut`), and readiness can be asked of poll(2),
+    /// so a reply can be waited for without blocking.
+    Socket(BufReader<Box<dyn Socket>>),
+    /// Halves given by the caller ([`PmiClient::new`]): blocking reads only.
+    Split {
+        reader: Box<dyn BufRead + Send>,
+        writer: Box<dyn Write + Send>,
+    },
+}
+
+/// A connected stream socket, read and written through one handle.
+trait Socket: Read + Write + AsFd + Send {}
+
+impl<T: Read + Write + AsFd + Send> Socket for T {}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -146,11 +190,8 @@ impl PmiClient {
             check_rank("PMI_RANK", rank, size)?;
             let stream = sys::take_inherited_socket(fd)
                 .map_err(|source| PmiError::InheritedFd { fd, source })?;
-            let reader = stream
-                .try_clone()
-                .map_err(|source| PmiError::InheritedFd { fd, source })?;
             debug!(fd, rank, size, "PMI client on PMI_FD");
-            let mut client = Self::new(BufReader::new(reader), stream, rank, size)?;
+            let mut client = Self::from_socket(stream, rank, size)?;
             client.mode = Mode::Fd;
             return Ok(client);
         }
@@ -175,6 +216,11 @@ impl PmiClient {
     /// A client over an established connection: replies are read from
     /// `reader`, requests written to `writer` (flushed after each one).
     ///
+    /// Such a client cannot wait for a reply without blocking, so its
+    /// [`barrier_start`](Self::barrier_start) fails with
+    /// [`PmiError::NotPollable`]: use [`from_socket`](Self::from_socket) for
+    /// the nonblocking barrier.
+    ///
     /// # Errors
     ///
     /// [`PmiError::Env`] (naming `PMI_RANK`) if `rank >= size`.
@@ -185,12 +231,39 @@ impl PmiClient {
         size: u32,
     ) -> Result<Self, PmiError> {
         check_rank("PMI_RANK", rank, size)?;
-        let conn = Conn {
+        let io = Io::Split {
             reader: Box::new(reader),
             writer: Box::new(writer),
         };
         Ok(Self::with_link(
-            Link::Remote(conn),
+            Link::Remote(Conn::new(io)),
+            Mode::Stream,
+            rank,
+            size,
+        ))
+    }
+
+    /// A client over a connected, blocking stream socket (such as a
+    /// `UnixStream` or a `TcpStream`), which it both reads (buffered) and
+    /// writes. Unlike [`new`](Self::new), the client can ask the socket
+    /// whether a reply has arrived, so it supports the nonblocking
+    /// [`barrier_start`](Self::barrier_start) /
+    /// [`barrier_poll`](Self::barrier_poll). The clients of
+    /// [`from_env`](Self::from_env) are built this way.
+    ///
+    /// # Errors
+    ///
+    /// [`PmiError::Env`] (naming `PMI_RANK`) if `rank >= size`.
+    pub fn from_socket(
+        socket: impl Read + Write + AsFd + Send + 'static,
+        rank: u32,
+        size: u32,
+    ) -> Result<Self, PmiError> {
+        check_rank("PMI_RANK", rank, size)?;
+        let socket: Box<dyn Socket> = Box::new(socket);
+        let io = Io::Socket(BufReader::new(socket));
+        Ok(Self::with_link(
+            Link::Remote(Conn::new(io)),
             Mode::Stream,
             rank,
             size,
@@ -221,11 +294,8 @@ impl PmiClient {
         };
         let stream = TcpStream::connect((host, port)).map_err(connect_err)?;
         stream.set_nodelay(true).map_err(connect_err)?;
-        let reader = stream.try_clone().map_err(connect_err)?;
-        let mut conn = Conn {
-            reader: Box::new(BufReader::new(reader)),
-            writer: Box::new(stream),
-        };
+        let socket: Box<dyn Socket> = Box::new(stream);
+        let mut conn = Conn::new(Io::Socket(BufReader::new(socket)));
         let (rank, size) = conn.initack(pmiid)?;
         check_rank("PMI_ID", rank, size)?;
         debug!(addr, pmiid, rank, size, "PMI client on PMI_PORT");
@@ -240,6 +310,7 @@ impl PmiClient {
             link,
             state: State::Created,
             job: None,
+            barrier_in_flight: false,
         }
     }
 
@@ -467,9 +538,15 @@ impl PmiClient {
     /// Waits until every rank has entered the barrier (`barrier_in` →
     /// `barrier_out`). Returns at once in singleton mode.
     ///
+    /// This is [`barrier_start`](Self::barrier_start) followed by a blocking
+    /// read of the reply; it works on every client, including those of
+    /// [`new`](Self::new).
+    ///
     /// # Errors
     ///
-    /// [`PmiError::State`], transport errors, or a non-zero `rc`.
+    /// [`PmiError::State`], [`PmiError::BarrierInFlight`] if a barrier
+    /// started by `barrier_start` is not over, transport errors, or a
+    /// non-zero `rc`.
     pub fn barrier(&mut self) -> Result<(), PmiError> {
         self.ready("barrier_in")?;
         match &mut self.link {
@@ -479,6 +556,71 @@ impl PmiClient {
                 check_rc("barrier_in", &reply)
             }
         }
+    }
+
+    /// Enters the barrier without waiting for the others: sends `barrier_in`
+    /// and returns. Follow it with [`barrier_poll`](Self::barrier_poll)
+    /// until that returns `Ok(true)` (or an error); until then every other
+    /// request but [`abort`](Self::abort) fails with
+    /// [`PmiError::BarrierInFlight`]. In singleton mode nothing is sent and
+    /// the first `barrier_poll` returns `Ok(true)`.
+    ///
+    /// # Errors
+    ///
+    /// [`PmiError::State`] outside `init`..`finalize`,
+    /// [`PmiError::BarrierInFlight`] if a barrier is already in flight,
+    /// [`PmiError::NotPollable`] for a client of [`new`](Self::new) (which
+    /// only has the blocking [`barrier`](Self::barrier)), or the error of
+    /// writing the request (the barrier is then not in flight).
+    pub fn barrier_start(&mut self) -> Result<(), PmiError> {
+        self.ready("barrier_in")?;
+        if let Link::Remote(conn) = &mut self.link {
+            if !conn.is_pollable() {
+                return Err(PmiError::NotPollable);
+            }
+            conn.send("barrier_in", &Message::new("barrier_in"))?;
+        }
+        trace!(rank = self.rank, "PMI barrier started");
+        self.barrier_in_flight = true;
+        Ok(())
+    }
+
+    /// Whether the barrier started by [`barrier_start`](Self::barrier_start)
+    /// is over, without blocking: `Ok(true)` once every rank has entered it
+    /// (`barrier_out` arrived; the client is then ready for other requests),
+    /// `Ok(false)` if not yet.
+    ///
+    /// It looks at the bytes already buffered first, then asks the socket
+    /// with a zero-timeout poll(2) and reads only when that says a read will
+    /// not block. A reply that arrives in pieces is kept until its `\n`
+    /// comes: a partial line never makes this call wait.
+    ///
+    /// # Errors
+    ///
+    /// [`PmiError::NoBarrierInFlight`] without a barrier in flight; for the
+    /// reply, the errors of [`barrier`](Self::barrier), among them
+    /// [`PmiError::Eof`] or [`PmiError::Malformed`] (`Truncated`) if the
+    /// server closes the connection, and [`PmiError::Failed`] for a non-zero
+    /// `rc`. Any error ends the barrier.
+    pub fn barrier_poll(&mut self) -> Result<bool, PmiError> {
+        if !self.barrier_in_flight {
+            return Err(PmiError::NoBarrierInFlight);
+        }
+        let Link::Remote(conn) = &mut self.link else {
+            self.barrier_in_flight = false;
+            return Ok(true);
+        };
+        let outcome = match conn.try_recv("barrier_in") {
+            Ok(None) => return Ok(false),
+            Ok(Some(reply)) => check_reply("barrier_in", "barrier_out", reply)
+                .and_then(|reply| check_rc("barrier_in", &reply)),
+            Err(e) => Err(e),
+        };
+        // A reply, or an error: the barrier is over either way.
+        self.barrier_in_flight = false;
+        conn.partial.clear();
+        trace!(rank = self.rank, ok = outcome.is_ok(), "PMI barrier over");
+        outcome.map(|()| true)
     }
 
     /// Ends the session (`finalize` → `finalize_ack`). Later calls fail with
@@ -502,9 +644,11 @@ impl PmiClient {
     /// Asks the launcher to kill the job with exit code `code`: sends
     /// `cmd=abort exitcode=<code> message=<message>` (bytes other than
     /// printable ASCII, spaces included, become `_`; at most 1023 bytes) and
-    /// returns without waiting for a reply. Allowed in any state; does
-    /// nothing in singleton mode. This does not exit the process: the caller
-    /// should exit with `code` next.
+    /// returns without waiting for a reply. Allowed in any state, even with a
+    /// barrier in flight (udbtl's own server only reads it once that barrier
+    /// is released or the connection closes); does nothing in singleton
+    /// mode. This does not exit the process: the caller should exit with
+    /// `code` next.
     ///
     /// # Errors
     ///
@@ -529,9 +673,12 @@ impl PmiClient {
     }
 
     /// The job learnt by `init`, if the client is between `init` and
-    /// `finalize`.
+    /// `finalize` and no barrier is in flight.
     fn ready(&self, cmd: &'static str) -> Result<&Job, PmiError> {
         match (&self.job, self.state) {
+            (Some(_), State::Ready) if self.barrier_in_flight => {
+                Err(PmiError::BarrierInFlight { cmd })
+            }
             (Some(job), State::Ready) => Ok(job),
             _ => Err(PmiError::State {
                 cmd,
@@ -556,37 +703,104 @@ impl fmt::Debug for PmiClient {
             .field("size", &self.size)
             .field("mode", &self.mode)
             .field("state", &self.state)
+            .field("barrier_in_flight", &self.barrier_in_flight)
             .field("kvsname", &self.kvsname())
             .finish_non_exhaustive()
     }
 }
 
 impl Conn {
+    fn new(io: Io) -> Self {
+        Self {
+            io,
+            partial: Vec::new(),
+        }
+    }
+
+    /// Whether [`try_recv`](Self::try_recv) can be used.
+    fn is_pollable(&self) -> bool {
+        matches!(self.io, Io::Socket(_))
+    }
+
     /// Writes one request and flushes it.
     fn send(&mut self, cmd: &'static str, req: &Message) -> Result<(), PmiError> {
         let line = req
             .to_line()
             .map_err(|source| PmiError::Encode { cmd, source })?;
         trace!(request = line.trim_end(), "PMI >");
-        self.writer
+        let writer: &mut dyn Write = match &mut self.io {
+            Io::Socket(reader) => reader.get_mut(),
+            Io::Split { writer, .. } => writer,
+        };
+        writer
             .write_all(line.as_bytes())
-            .and_then(|()| self.writer.flush())
+            .and_then(|()| writer.flush())
             .map_err(|source| PmiError::Io { cmd, source })
     }
 
-    /// Reads one reply to `cmd`.
+    /// Reads one reply to `cmd`, blocking until it arrives.
     fn recv(&mut self, cmd: &'static str) -> Result<Message, PmiError> {
-        match wire::read_message(&mut self.reader) {
-            Ok(Some(reply)) => {
-                trace!(reply = %reply, "PMI <");
-                Ok(reply)
+        // Only barrier_poll leaves bytes here, and only while a barrier is in
+        // flight, when no blocking request is allowed.
+        debug_assert!(
+            self.partial.is_empty(),
+            "blocking read after a partial line"
+        );
+        let reader: &mut dyn BufRead = match &mut self.io {
+            Io::Socket(reader) => reader,
+            Io::Split { reader, .. } => reader,
+        };
+        decode(cmd, wire::read_message(reader))
+    }
+
+    /// Reads one reply to `cmd` if all of its line has arrived, without
+    /// blocking: `Ok(None)` if not yet.
+    ///
+    /// The bytes already in the reader's buffer are used first, so a reply
+    /// that came in with an earlier one is not missed; only an empty buffer
+    /// makes it poll the socket, and it reads only when poll(2) says a read
+    /// returns at once (one `read` per refill, as `BufReader::fill_buf` does
+    /// on an empty buffer). The start of a line whose `\n` has not arrived
+    /// is moved to `partial`, so the buffer is always empty before a poll.
+    fn try_recv(&mut self, cmd: &'static str) -> Result<Option<Message>, PmiError> {
+        let Io::Socket(reader) = &mut self.io else {
+            return Err(PmiError::NotPollable);
+        };
+        loop {
+            let buffered = reader.buffer();
+            if let Some(end) = buffered.iter().position(|&b| b == b'\n') {
+                self.partial.extend_from_slice(&buffered[..=end]);
+                reader.consume(end + 1);
+                let line = mem::take(&mut self.partial);
+                return decode(cmd, wire::read_message(&mut line.as_slice())).map(Some);
             }
-            Ok(None) => Err(PmiError::Eof { cmd }),
-            Err(ReadError::Io(source)) if source.kind() == io::ErrorKind::UnexpectedEof => {
-                Err(PmiError::Eof { cmd })
+            let taken = buffered.len();
+            self.partial.extend_from_slice(buffered);
+            reader.consume(taken);
+            if self.partial.len() > wire::MAX_LINE {
+                return Err(PmiError::Malformed {
+                    cmd,
+                    source: WireError::LineTooLong {
+                        max: wire::MAX_LINE,
+                    },
+                });
             }
-            Err(ReadError::Io(source)) => Err(PmiError::Io { cmd, source }),
-            Err(ReadError::Malformed(source)) => Err(PmiError::Malformed { cmd, source }),
+            let fd = reader.get_ref().as_fd();
+            if !sys::readable_now(fd).map_err(|source| PmiError::Io { cmd, source })? {
+                return Ok(None);
+            }
+            match reader.fill_buf() {
+                Ok([]) if self.partial.is_empty() => return Err(PmiError::Eof { cmd }),
+                Ok([]) => {
+                    return Err(PmiError::Malformed {
+                        cmd,
+                        source: WireError::Truncated,
+                    });
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(source) => return Err(PmiError::Io { cmd, source }),
+            }
         }
     }
 
@@ -603,14 +817,7 @@ impl Conn {
 
     fn expect(&mut self, cmd: &'static str, expected: &'static str) -> Result<Message, PmiError> {
         let reply = self.recv(cmd)?;
-        if reply.cmd() != expected {
-            return Err(PmiError::UnexpectedReply {
-                cmd,
-                expected,
-                got: wire::snippet(&reply.to_string()),
-            });
-        }
-        Ok(reply)
+        check_reply(cmd, expected, reply)
     }
 
     /// The `PMI_PORT` handshake; returns `(rank, size)`.
@@ -706,6 +913,41 @@ impl Conn {
             universe_size,
         })
     }
+}
+
+/// The outcome of [`wire::read_message`] for a reply to `cmd`.
+fn decode(
+    cmd: &'static str,
+    read: Result<Option<Message>, ReadError>,
+) -> Result<Message, PmiError> {
+    match read {
+        Ok(Some(reply)) => {
+            trace!(reply = %reply, "PMI <");
+            Ok(reply)
+        }
+        Ok(None) => Err(PmiError::Eof { cmd }),
+        Err(ReadError::Io(source)) if source.kind() == io::ErrorKind::UnexpectedEof => {
+            Err(PmiError::Eof { cmd })
+        }
+        Err(ReadError::Io(source)) => Err(PmiError::Io { cmd, source }),
+        Err(ReadError::Malformed(source)) => Err(PmiError::Malformed { cmd, source }),
+    }
+}
+
+/// `reply`, if it is an `expected` message.
+fn check_reply(
+    cmd: &'static str,
+    expected: &'static str,
+    reply: Message,
+) -> Result<Message, PmiError> {
+    if reply.cmd() != expected {
+        return Err(PmiError::UnexpectedReply {
+            cmd,
+            expected,
+            got: wire::snippet(&reply.to_string()),
+        });
+    }
+    Ok(reply)
 }
 
 /// Number of chunks `put_long` needs for `len` bytes when a value holds at

@@ -142,6 +142,32 @@ pub enum PmiError {
         /// The state, e.g. `"before init"`.
         state: &'static str,
     },
+    /// A request was made while a barrier started by
+    /// [`barrier_start`](crate::PmiClient::barrier_start) is still in flight:
+    /// its `barrier_out` must be awaited with
+    /// [`barrier_poll`](crate::PmiClient::barrier_poll) first (PMI-1 is a
+    /// strict request/reply protocol). Nothing was sent.
+    #[error("PMI {cmd}: not allowed while a barrier is in flight (poll it to completion first)")]
+    BarrierInFlight {
+        /// The refused command, e.g. `"get"` (`"barrier_in"` for a second
+        /// `barrier_start`).
+        cmd: &'static str,
+    },
+    /// [`barrier_poll`](crate::PmiClient::barrier_poll) was called with no
+    /// barrier in flight: never started, or already over (its `Ok(true)` or
+    /// error ends it).
+    #[error("PMI barrier_poll: no barrier in flight (call barrier_start first)")]
+    NoBarrierInFlight,
+    /// [`barrier_start`](crate::PmiClient::barrier_start) was called on a
+    /// client whose connection cannot be polled without blocking: one built by
+    /// [`PmiClient::new`](crate::PmiClient::new) from an arbitrary reader.
+    /// Use [`PmiClient::from_socket`](crate::PmiClient::from_socket), or the
+    /// blocking [`barrier`](crate::PmiClient::barrier). Nothing was sent.
+    #[error(
+        "PMI barrier_in: this client's connection cannot be polled (built by PmiClient::new); \
+         use PmiClient::from_socket or the blocking barrier"
+    )]
+    NotPollable,
     /// A value stored by `put_long` could not be read back whole.
     #[error("PMI long value {key:?}: {reason}")]
     LongValue {

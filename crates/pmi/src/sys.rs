@@ -1,5 +1,6 @@
-//! Taking ownership of the descriptor a launcher hands down in `PMI_FD`: the
-//! only `unsafe` block of the crate.
+//! The operating-system side of the client: taking ownership of the
+//! descriptor a launcher hands down in `PMI_FD` (the only `unsafe` block of
+//! the crate), and asking whether a connection has something to read.
 #![allow(unsafe_code)]
 
 use std::io;
@@ -7,7 +8,8 @@ use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use rustix::io::{FdFlags, fcntl_getfd, fcntl_setfd};
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::io::{Errno, FdFlags, fcntl_getfd, fcntl_setfd};
 
 /// Set by the first call to [`take_inherited_socket`], successful or not.
 static TAKEN: AtomicBool = AtomicBool::new(false);
@@ -23,7 +25,7 @@ static TAKEN: AtomicBool = AtomicBool::new(false);
 /// The launcher contract (hydra, Slurm, udrun) is that `PMI_FD` names a
 /// connected stream socket given to the PMI client of this process and to
 /// nothing else; the result may be a `AF_UNIX` or a TCP socket, and is only
-/// used through `read`/`write`.
+/// used through `read`, `write` and `poll`.
 pub(crate) fn take_inherited_socket(raw: RawFd) -> io::Result<UnixStream> {
     if raw <= 2 {
         return Err(io::Error::new(
@@ -56,4 +58,31 @@ pub(crate) fn take_inherited_socket(raw: RawFd) -> io::Result<UnixStream> {
     };
     fcntl_setfd(&owned, FdFlags::CLOEXEC)?;
     Ok(UnixStream::from(owned))
+}
+
+/// Whether a `read` of `fd` would return at once, without blocking: data,
+/// the end of the stream or a pending error is there. A `poll(2)` with a
+/// zero timeout (retried if interrupted by a signal).
+///
+/// # Errors
+///
+/// The error of `poll`, or `EBADF` if `fd` is not open (`POLLNVAL`).
+pub(crate) fn readable_now(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
+    let now = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    loop {
+        match rustix::event::poll(&mut fds, Some(&now)) {
+            Ok(0) => return Ok(false),
+            // IN, HUP or ERR: the next read returns data, 0 or the error.
+            Ok(_) if fds[0].revents().contains(PollFlags::NVAL) => {
+                return Err(Errno::BADF.into());
+            }
+            Ok(_) => return Ok(true),
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
 }

@@ -7,7 +7,7 @@ use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc::{self, Receiver};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use udbtl_pmi::{PmiClient, PmiError, Server, ServerError, ServerEvent};
 
@@ -20,6 +20,25 @@ fn connect(server: &Server, rank: u32, size: u32) -> (PmiClient, thread::JoinHan
     let handle = server.serve(theirs, rank).unwrap();
     let reader = BufReader::new(ours.try_clone().unwrap());
     (PmiClient::new(reader, ours, rank, size).unwrap(), handle)
+}
+
+/// A client built by `from_socket` (which can poll the barrier) for `rank`,
+/// served by `server` on a socketpair.
+fn connect_pollable(server: &Server, rank: u32, size: u32) -> (PmiClient, thread::JoinHandle<()>) {
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    ours.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let handle = server.serve(theirs, rank).unwrap();
+    (PmiClient::from_socket(ours, rank, size).unwrap(), handle)
+}
+
+/// Polls the barrier until it is over, for at most TIMEOUT.
+fn poll_to_end(pmi: &mut PmiClient) -> Result<(), PmiError> {
+    let start = Instant::now();
+    while !pmi.barrier_poll()? {
+        assert!(start.elapsed() < TIMEOUT, "barrier_poll never ended");
+        thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
 }
 
 /// A raw socket for `rank`, to send bytes no client would.
@@ -389,4 +408,149 @@ fn singleton_works_alone() {
             ..
         })
     ));
+}
+
+/// Ranks enter the barrier one after the other, from one thread: nobody's
+/// poll ends until the last has entered, then everybody's does. A second
+/// barrier mixes blocking and polling ranks.
+#[test]
+fn nonblocking_barrier_waits_for_the_last_rank() {
+    const N: u32 = 4;
+    let (tx, events) = mpsc::channel();
+    let server = Server::new(N, "kvs_nb", tx).unwrap();
+    server.report_barriers();
+    let mut served = Vec::new();
+    let mut ranks: Vec<PmiClient> = (0..N)
+        .map(|rank| {
+            let (mut pmi, handle) = connect_pollable(&server, rank, N);
+            served.push(handle);
+            pmi.init().unwrap();
+            pmi.put(&format!("addr-{rank}"), &format!("nb-{rank}"))
+                .unwrap();
+            pmi
+        })
+        .collect();
+
+    for entering in 0..N as usize {
+        ranks[entering].barrier_start().unwrap();
+        if entering + 1 < ranks.len() {
+            // Time for a wrong early barrier_out to arrive.
+            thread::sleep(Duration::from_millis(30));
+            for (rank, pmi) in ranks.iter_mut().enumerate().take(entering + 1) {
+                assert!(
+                    !pmi.barrier_poll().unwrap(),
+                    "rank {rank} released with {} of {N} in",
+                    entering + 1
+                );
+            }
+            assert!(events.try_recv().is_err(), "released early");
+        }
+    }
+    assert!(matches!(
+        next_event(&events),
+        ServerEvent::BarrierReleased { epoch: 1 }
+    ));
+    for pmi in &mut ranks {
+        poll_to_end(pmi).unwrap();
+        for peer in 0..N {
+            let got = pmi.get(&format!("addr-{peer}")).unwrap();
+            assert_eq!(got, Some(format!("nb-{peer}")));
+        }
+    }
+
+    // Second barrier: ranks 0 and 1 block in their own threads, 2 and 3
+    // poll here; the server sees the same wire either way.
+    let mut polling = ranks.split_off(2);
+    let blocking: Vec<_> = ranks
+        .into_iter()
+        .map(|mut pmi| {
+            thread::spawn(move || {
+                pmi.barrier().unwrap();
+                pmi
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(30));
+    polling[0].barrier_start().unwrap();
+    thread::sleep(Duration::from_millis(30));
+    assert!(!polling[0].barrier_poll().unwrap());
+    polling[1].barrier_start().unwrap();
+    for pmi in &mut polling {
+        poll_to_end(pmi).unwrap();
+    }
+    assert!(matches!(
+        next_event(&events),
+        ServerEvent::BarrierReleased { epoch: 2 }
+    ));
+    let mut all: Vec<PmiClient> = blocking.into_iter().map(|t| t.join().unwrap()).collect();
+    all.append(&mut polling);
+    for pmi in &mut all {
+        pmi.finalize().unwrap();
+    }
+    for _ in 0..N {
+        assert!(matches!(next_event(&events), ServerEvent::Finalized { .. }));
+    }
+    drop(all);
+    for handle in served {
+        handle.join().unwrap();
+    }
+}
+
+#[test]
+fn shutdown_ends_a_polled_barrier() {
+    let (tx, _events) = mpsc::channel();
+    let server = Server::new(2, "kvs_nb_sd", tx).unwrap();
+    let (mut pmi, served) = connect_pollable(&server, 0, 2);
+    pmi.init().unwrap();
+    pmi.barrier_start().unwrap();
+    thread::sleep(Duration::from_millis(30));
+    assert!(!pmi.barrier_poll().unwrap());
+    server.shutdown();
+    match poll_to_end(&mut pmi) {
+        Err(PmiError::Failed {
+            cmd: "barrier_in",
+            rc: -1,
+            msg,
+        }) => assert_eq!(msg, "server_shutdown"),
+        other => panic!("{other:?}"),
+    }
+    // The server closed the connection after its reply.
+    let err = pmi.get("k").unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PmiError::Eof { cmd: "get" } | PmiError::Io { cmd: "get", .. }
+        ),
+        "{err:?}"
+    );
+    served.join().unwrap();
+}
+
+/// Port mode (TCP) clients poll too.
+#[test]
+fn nonblocking_barrier_in_port_mode() {
+    let (tx, events) = mpsc::channel();
+    let server = Server::new(2, "kvs_nb_port", tx).unwrap();
+    let (port, accept) = server.listen_tcp("127.0.0.1:0").unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    let mut ranks: Vec<PmiClient> = (0..2)
+        .map(|id| {
+            let mut pmi = PmiClient::connect_port(&addr, &id.to_string()).unwrap();
+            pmi.init().unwrap();
+            pmi
+        })
+        .collect();
+    ranks[1].barrier_start().unwrap();
+    thread::sleep(Duration::from_millis(30));
+    assert!(!ranks[1].barrier_poll().unwrap());
+    ranks[0].barrier_start().unwrap();
+    for pmi in &mut ranks {
+        poll_to_end(pmi).unwrap();
+        pmi.finalize().unwrap();
+    }
+    for _ in 0..2 {
+        assert!(matches!(next_event(&events), ServerEvent::Finalized { .. }));
+    }
+    server.shutdown();
+    accept.join().unwrap();
 }
