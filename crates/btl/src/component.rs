@@ -159,6 +159,13 @@ impl<P: Provider> Component<P> {
         self.modules.iter_mut().map(Module::progress).sum()
     }
 
+    /// The earliest [`Module::next_deadline`] of the modules: when a
+    /// progress call is next due even if nothing arrives, on the fabric's
+    /// clock. A driver of a simulated fabric advances time to it.
+    pub fn next_deadline(&mut self) -> Option<std::time::Duration> {
+        self.modules.iter_mut().filter_map(Module::next_deadline).min()
+    }
+
     /// Finalizes every module and returns their fabric contexts.
     ///
     /// # Errors
