@@ -1,11 +1,13 @@
 //! Job wire-up: PMI, the transport, and the address exchange (the modex).
 
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use udbtl_btl::params::Source;
 use udbtl_btl::{
-    BtlConfig, BtlError, Component, DesFlags, EndpointId, NO_ORDER, Params, RecvEvent, Tag,
-    udp_config,
+    BtlConfig, BtlError, Component, DesFlags, EndpointId, ErrorEvent, NO_ORDER, Params, RecvEvent,
+    SendEvent, Tag, udp_config,
 };
 use udbtl_fabric::faulty::{FaultConfigError, FaultyProvider};
 use udbtl_fabric::udp::UdpProvider;
@@ -39,10 +41,11 @@ pub enum ModexMode {
     Lazy,
 }
 
-/// Longest `finalize` waits for this rank's sends to be acknowledged.
-const FINALIZE_DRAIN: Duration = Duration::from_secs(5);
 /// How long `finalize` keeps acknowledging after the last barrier.
 const FINALIZE_LINGER: Duration = Duration::from_millis(20);
+/// The tag of udbtl's own messages (barriers): the last of the BTL range,
+/// which programs do not use.
+const CONTROL: Tag = Tag(Tag::PML.0 - 1);
 
 /// Jobs larger than this fetch addresses lazily unless `UDBTL_MODEX` says
 /// otherwise: most ranks of a large job talk to few peers.
@@ -80,6 +83,11 @@ pub enum InitError {
     /// `UDBTL_FAULT_*` held an invalid rate.
     #[error("fault injection: {0}")]
     Faults(#[from] FaultConfigError),
+    /// Messages were lost: a peer was declared lost, or sends to it failed.
+    /// The transport never drops a message silently; this is how a rank
+    /// hears of it (at the latest from `finalize`).
+    #[error("messages were lost: {0}")]
+    Lost(String),
     /// A message did not fit, or no fragment became free in time.
     #[error("cannot send {len} bytes to rank {rank}: {reason}")]
     Send {
@@ -102,6 +110,48 @@ pub struct World {
     endpoints: Vec<Option<EndpointId>>,
     modex: ModexMode,
     started: Instant,
+    /// Failures the transport reported (lost peers, failed sends).
+    failures: Arc<Mutex<Failures>>,
+    /// Barrier messages received, by (barrier number, round).
+    arrivals: Arc<Mutex<HashSet<(u32, u8)>>>,
+    /// Barriers this rank has entered.
+    barriers: u32,
+}
+
+/// What the transport's callbacks reported as lost.
+#[derive(Debug, Default)]
+struct Failures {
+    /// Endpoints declared lost, with the transport's message.
+    lost: Vec<(EndpointId, String)>,
+    /// Sends that failed, per endpoint.
+    failed_sends: Vec<(EndpointId, u64)>,
+    /// Errors about no particular endpoint.
+    other: Vec<String>,
+}
+
+impl Failures {
+    fn is_empty(&self) -> bool {
+        self.lost.is_empty() && self.failed_sends.is_empty() && self.other.is_empty()
+    }
+
+    fn record_send(&mut self, event: &SendEvent) {
+        if event.status.is_err() {
+            match self.failed_sends.iter_mut().find(|(ep, _)| *ep == event.endpoint) {
+                Some((_, count)) => *count += 1,
+                None => self.failed_sends.push((event.endpoint, 1)),
+            }
+        }
+    }
+
+    fn record_error(&mut self, event: &ErrorEvent) {
+        match event.endpoint {
+            Some(endpoint) if !self.lost.iter().any(|(ep, _)| *ep == endpoint) => {
+                self.lost.push((endpoint, event.message.clone()));
+            }
+            Some(_) => {}
+            None => self.other.push(event.message.clone()),
+        }
+    }
 }
 
 impl std::fmt::Debug for World {
@@ -119,35 +169,10 @@ fn address_key(rank: u32) -> String {
     format!("udbtl-addr-{rank}")
 }
 
-/// The PMI key under which a process publishes its rank, by the process id
-/// its datagrams carry: a rank that fetches addresses lazily looks up a
-/// sender it does not know yet.
-fn process_key(proc_id: u32) -> String {
-    format!("udbtl-proc-{proc_id:08x}")
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| {
-            text.get(i..i + 2)
-                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
-        })
-        .collect()
-}
-
-/// FNV-1a, to derive a job key from a launcher's job name.
+/// A job key from a launcher's job name: a stable hash, since every rank
+/// must derive the same key.
 fn job_key_from(name: &str) -> u32 {
-    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
+    let hash = udbtl_wire::hash::fnv1a(name.as_bytes());
     // Zero means "no key"; any other value is a key.
     ((hash >> 32) as u32 ^ hash as u32).max(1)
 }
@@ -197,10 +222,13 @@ impl World {
         } else {
             Transport::Udp(Component::init(udp, params)?)
         };
+        let mut btl = btl;
+        // A process is named by its rank: unique in the job, and the job key
+        // tells jobs apart. A sender a rank does not know yet is then found
+        // by the id its datagrams carry, with no lookup.
+        with_btl!(&mut btl, c => c.modules_mut().iter_mut().for_each(|m| m.set_process_id(rank)));
         let blob = with_btl!(&btl, c => c.modex());
-        pmi.put_long(&address_key(rank), &hex(&blob))?;
-        let proc_id = with_btl!(&btl, c => c.modules()[0].process_id());
-        pmi.put(&process_key(proc_id), &rank.to_string())?;
+        pmi.put_long(&address_key(rank), &hex::encode(&blob))?;
         pmi.barrier()?;
         let mut world = Self {
             pmi,
@@ -210,7 +238,11 @@ impl World {
             endpoints: vec![None; size as usize],
             modex,
             started,
+            failures: Arc::default(),
+            arrivals: Arc::default(),
+            barriers: 0,
         };
+        world.install_callbacks();
         if modex == ModexMode::Bulk {
             world.connect_all()?;
         }
@@ -227,7 +259,41 @@ impl World {
             .pmi
             .get_long(&address_key(rank))?
             .ok_or_else(|| unreachable("it published no address"))?;
-        unhex(&value).ok_or_else(|| unreachable("its address is not hex"))
+        hex::decode(&value).map_err(|_| unreachable("its address is not hex"))
+    }
+
+    /// Records what the transport reports lost, and counts barrier
+    /// messages.
+    fn install_callbacks(&mut self) {
+        let failures = self.failures.clone();
+        let on_send = move |event: &SendEvent| {
+            failures
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .record_send(event);
+        };
+        let failures = self.failures.clone();
+        let on_error = move |event: &ErrorEvent| {
+            failures
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .record_error(event);
+        };
+        with_btl!(&mut self.btl, c => {
+            for module in c.modules_mut() {
+                module.set_send_callback(Box::new(on_send.clone()));
+                module.register_error(Box::new(on_error.clone()));
+            }
+        });
+        let arrivals = self.arrivals.clone();
+        self.on_receive(CONTROL, move |_, payload| {
+            if let Some((barrier, round)) = parse_barrier_message(payload) {
+                arrivals
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert((barrier, round));
+            }
+        });
     }
 
     /// Fetches every address and connects to every rank in one `add_procs`.
@@ -354,8 +420,17 @@ impl World {
                 c.progress();
             };
             let module = &mut c.modules_mut()[0];
-            module.segment_mut(des).map_err(|e| fail(e.to_string()))?.copy_from_slice(bytes);
-            module.send(endpoint, des, tag).map_err(|e| fail(e.to_string()))?;
+            let sent = module
+                .segment_mut(des)
+                .map(|segment| segment.copy_from_slice(bytes))
+                .and_then(|()| module.send(endpoint, des, tag));
+            if let Err(err) = sent {
+                // The descriptor is the caller's again: give it back.
+                if let Err(free) = module.free(des) {
+                    tracing::error!(%free, "could not free a refused descriptor");
+                }
+                return Err(fail(err.to_string()));
+            }
         });
         Ok(())
     }
@@ -399,47 +474,97 @@ impl World {
     /// retransmitted.
     fn connect_unknown_senders(&mut self) {
         let unknown = with_btl!(&mut self.btl, c => c.modules_mut()[0].take_unknown_peers());
-        for proc_id in unknown {
-            let rank = match self.pmi.get(&process_key(proc_id)) {
-                Ok(Some(text)) => text.parse::<u32>().ok(),
-                Ok(None) => None,
-                Err(err) => {
-                    tracing::warn!(%err, proc_id, "looking up an unknown sender failed");
-                    None
-                }
-            };
-            match rank {
-                Some(rank) => {
-                    if let Err(err) = self.endpoint(rank) {
-                        tracing::warn!(%err, rank, "connecting to a sender failed");
-                    }
-                }
-                None => tracing::debug!(proc_id, "datagrams from a process outside this job"),
+        for rank in unknown {
+            // The id a datagram carries is its sender's rank.
+            if rank >= self.size {
+                tracing::debug!(rank, "datagrams naming a rank outside this job");
+                continue;
+            }
+            if let Err(err) = self.endpoint(rank) {
+                tracing::warn!(%err, rank, "connecting to a sender failed");
             }
         }
     }
 
-    /// Waits until every rank has called `barrier` (through the launcher),
-    /// progressing the transport meanwhile: peers may still need this rank's
-    /// acknowledgements to finish their own sends.
+    /// What the transport reported lost so far, if anything, naming the
+    /// ranks concerned.
     ///
     /// # Errors
-    /// The PMI exchange failed.
+    /// [`InitError::Lost`] once any message was lost.
+    pub fn check(&self) -> Result<(), InitError> {
+        let failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
+        if failures.is_empty() {
+            return Ok(());
+        }
+        let rank_of = |endpoint: EndpointId| {
+            self.endpoints
+                .iter()
+                .position(|e| *e == Some(endpoint))
+                .map_or_else(|| format!("endpoint {}", endpoint.raw()), |r| format!("rank {r}"))
+        };
+        let mut parts: Vec<String> = failures
+            .lost
+            .iter()
+            .map(|(ep, message)| format!("{} lost ({message})", rank_of(*ep)))
+            .collect();
+        parts.extend(
+            failures
+                .failed_sends
+                .iter()
+                .map(|(ep, n)| format!("{n} sends to {} failed", rank_of(*ep))),
+        );
+        parts.extend(failures.other.iter().cloned());
+        Err(InitError::Lost(format!("rank {}: {}", self.rank, parts.join("; "))))
+    }
+
+    /// Progresses until every send of this rank is acknowledged, or failed
+    /// because its peer was declared lost: no fixed limit, the peer-failure
+    /// rule decides.
+    fn drain(&mut self) -> Result<(), InitError> {
+        while self.unacknowledged() > 0 {
+            if self.progress() == 0 {
+                std::thread::yield_now();
+            }
+        }
+        self.check()
+    }
+
+    /// Waits until every rank has called `barrier`, progressing the
+    /// transport meanwhile. The barrier runs over the transport itself (a
+    /// dissemination barrier: ⌈log₂ N⌉ rounds, in round k each rank
+    /// messages rank + 2^k and waits for rank − 2^k), through the same
+    /// progress as every other call, so peers not connected yet are
+    /// connected while it waits.
+    ///
+    /// # Errors
+    /// A barrier message could not be sent, or messages were lost.
     pub fn barrier(&mut self) -> Result<(), InitError> {
-        let Self { pmi, btl, .. } = self;
-        std::thread::scope(|scope| {
-            let waiter = scope.spawn(|| pmi.barrier());
-            while !waiter.is_finished() {
-                if with_btl!(&mut *btl, c => c.progress()) == 0 {
+        let barrier = self.barriers;
+        self.barriers = self.barriers.wrapping_add(1);
+        let mut distance = 1u32;
+        let mut round = 0u8;
+        while distance < self.size {
+            let to = (self.rank + distance) % self.size;
+            self.send_bytes(to, CONTROL, &barrier_message(barrier, round))?;
+            let key = (barrier, round);
+            loop {
+                let arrived = self
+                    .arrivals
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&key);
+                if arrived {
+                    break;
+                }
+                self.check()?;
+                if self.progress() == 0 {
                     std::thread::yield_now();
                 }
             }
-            match waiter.join() {
-                Ok(result) => result.map_err(InitError::from),
-                // The PMI client does not panic; if it ever did, report it.
-                Err(panic) => std::panic::resume_unwind(panic),
-            }
-        })
+            distance *= 2;
+            round += 1;
+        }
+        Ok(())
     }
 
     /// Asks the launcher to end the whole job with `code`, then exits.
@@ -450,24 +575,26 @@ impl World {
         std::process::exit(code)
     }
 
-    /// Leaves the job: waits (progressing, up to a few seconds) until this
-    /// rank's sends are acknowledged, meets every rank at a progressing
-    /// barrier so that nobody tears its transport down while others still
-    /// need its acknowledgements, lingers briefly for late retransmissions,
-    /// then closes the transport and PMI.
+    /// Leaves the job:
+    ///
+    /// 1. waits, progressing, until this rank's sends are acknowledged (or
+    ///    failed with a lost peer: the peer-failure rule bounds the wait);
+    /// 2. meets every rank at a barrier over the transport, so that every
+    ///    rank's sends are acknowledged before anyone goes on, then drains
+    ///    the barrier's own messages;
+    /// 3. meets every rank at the launcher's barrier, progressing while it
+    ///    waits, so that nobody tears its transport down while others still
+    ///    need its acknowledgements; lingers briefly for late
+    ///    retransmissions, then closes the transport and PMI.
     ///
     /// # Errors
-    /// A PMI failure or resources the transport found leaked.
+    /// [`InitError::Lost`] if any message this rank sent was not delivered
+    /// (naming the peers and counts), a PMI failure, or resources the
+    /// transport found leaked.
     pub fn finalize(mut self) -> Result<(), InitError> {
-        let drained = with_btl!(&mut self.btl, c => c.modules_mut().iter_mut().all(|m| m.quiesce(FINALIZE_DRAIN)));
-        if !drained {
-            tracing::warn!(
-                rank = self.rank,
-                unacknowledged = self.unacknowledged(),
-                "leaving with sends unacknowledged"
-            );
-        }
+        self.drain()?;
         self.barrier()?;
+        self.drain()?;
         if std::env::var_os("UDBTL_DUMP").is_some() {
             // The transport's counters, for a job run with UDBTL_DUMP=1.
             eprintln!(
@@ -476,13 +603,36 @@ impl World {
                 self.dump()
             );
         }
+        self.pmi.barrier_start()?;
+        while !self.pmi.barrier_poll()? {
+            if self.progress() == 0 {
+                std::thread::yield_now();
+            }
+        }
         let linger = Instant::now() + FINALIZE_LINGER;
         while Instant::now() < linger {
             self.progress();
         }
+        self.check()?;
         with_btl!(self.btl, c => c.finalize().map(drop))?;
         self.pmi.finalize()?;
         Ok(())
+    }
+}
+
+/// A barrier message: the barrier's number and the round.
+fn barrier_message(barrier: u32, round: u8) -> [u8; 5] {
+    let mut message = [0; 5];
+    message[..4].copy_from_slice(&barrier.to_be_bytes());
+    message[4] = round;
+    message
+}
+
+fn parse_barrier_message(payload: &[u8]) -> Option<(u32, u8)> {
+    let (barrier, round) = payload.split_first_chunk::<4>()?;
+    match round {
+        [round] => Some((u32::from_be_bytes(*barrier), *round)),
+        _ => None,
     }
 }
 
@@ -491,13 +641,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hex_round_trip_and_rejects() {
+    fn barrier_messages_round_trip_and_reject_other_lengths() {
         assert_eq!(
-            unhex(&hex(&[0, 1, 0xab, 0xff])),
-            Some(vec![0, 1, 0xab, 0xff])
+            parse_barrier_message(&barrier_message(0x0102_0304, 7)),
+            Some((0x0102_0304, 7))
         );
-        assert_eq!(unhex("abc"), None);
-        assert_eq!(unhex("zz"), None);
+        assert_eq!(parse_barrier_message(&[0; 4]), None);
+        assert_eq!(parse_barrier_message(&[0; 6]), None);
     }
 
     #[test]
