@@ -163,7 +163,10 @@ impl<P: Provider> Component<P> {
     /// progress call is next due even if nothing arrives, on the fabric's
     /// clock. A driver of a simulated fabric advances time to it.
     pub fn next_deadline(&mut self) -> Option<std::time::Duration> {
-        self.modules.iter_mut().filter_map(Module::next_deadline).min()
+        self.modules
+            .iter_mut()
+            .filter_map(Module::next_deadline)
+            .min()
     }
 
     /// Finalizes every module and returns their fabric contexts.

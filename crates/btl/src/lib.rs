@@ -23,10 +23,26 @@
 //! * **Progress.** [`Component::progress`] polls every module's completion
 //!   queue once and returns the number of completions handled.
 //!
-//! This layer is unreliable, as the seed was: a lost datagram is lost. A send
-//! completion means the datagram left. The descriptor stays owned by the BTL
-//! until that completion, so a reliability layer can later make the same
-//! completion mean "acknowledged" without changing the contract.
+//! # Reliability
+//!
+//! By default (`reliable = true`) every datagram carries a reliability
+//! extension and the module drives the sans-IO state of
+//! [`udbtl_reliability`]: each peer's messages arrive exactly once, in
+//! order and intact (checksummed where the fabric does not check), and a
+//! send completes when the peer acknowledged it. The BTL owns a descriptor
+//! from `send` until then and retransmits from it without copying. A peer
+//! that acknowledges nothing for `peer_timeout` is declared lost: its sends
+//! fail through the send callback and the error callback names it.
+//! [`Module::send_message`] carries messages of any length.
+//! `reliable = false` gives back the seed's unreliable behaviour, where a
+//! send completion means the datagram left.
+//!
+//! # Time
+//!
+//! The BTL never reads a clock of its own: every timer runs on the fabric's
+//! clock ([`udbtl_fabric::Context::now`]), so on the simulated fabric
+//! retransmission, acknowledgement delay and peer failure all run on
+//! virtual time.
 //!
 //! # Parameters
 //!
@@ -54,9 +70,9 @@ pub use module::{
 };
 pub use params::{BtlConfig, Params};
 
-/// Queue pairs per module. Sends are striped over them round-robin; it is a
-/// power of two so the modulo is a mask, and a constant rather than a
-/// parameter, as in the seed.
+/// Queue pairs per module. Peers are striped over them (one peer's stream
+/// always leaves by the same one); a constant rather than a parameter, as in
+/// the seed.
 pub const NUM_QP: usize = 4;
 
 /// Completions taken from the completion queue per progress call (the seed's

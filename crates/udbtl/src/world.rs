@@ -136,7 +136,11 @@ impl Failures {
 
     fn record_send(&mut self, event: &SendEvent) {
         if event.status.is_err() {
-            match self.failed_sends.iter_mut().find(|(ep, _)| *ep == event.endpoint) {
+            match self
+                .failed_sends
+                .iter_mut()
+                .find(|(ep, _)| *ep == event.endpoint)
+            {
                 Some((_, count)) => *count += 1,
                 None => self.failed_sends.push((event.endpoint, 1)),
             }
@@ -500,7 +504,10 @@ impl World {
             self.endpoints
                 .iter()
                 .position(|e| *e == Some(endpoint))
-                .map_or_else(|| format!("endpoint {}", endpoint.raw()), |r| format!("rank {r}"))
+                .map_or_else(
+                    || format!("endpoint {}", endpoint.raw()),
+                    |r| format!("rank {r}"),
+                )
         };
         let mut parts: Vec<String> = failures
             .lost
@@ -514,7 +521,11 @@ impl World {
                 .map(|(ep, n)| format!("{n} sends to {} failed", rank_of(*ep))),
         );
         parts.extend(failures.other.iter().cloned());
-        Err(InitError::Lost(format!("rank {}: {}", self.rank, parts.join("; "))))
+        Err(InitError::Lost(format!(
+            "rank {}: {}",
+            self.rank,
+            parts.join("; ")
+        )))
     }
 
     /// Progresses until every send of this rank is acknowledged, or failed

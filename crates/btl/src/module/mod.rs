@@ -12,7 +12,7 @@
 //!   posting;
 //! * `recv.rs`: the receive pool, header checks, dispatch, reposting;
 //! * `reliable.rs`: the drive of the sans-IO reliability state, and
-//!   multi-datagram messages (`reassembly.rs`);
+//!   multi-datagram messages (`messages.rs`: cutting and reassembly);
 //! * `events.rs`: what callbacks receive; `stats.rs`: counters and the dump.
 //!
 //! This file holds the type, addressing, `send`, and `progress`.
@@ -33,18 +33,17 @@ mod build;
 mod descriptors;
 mod endpoints;
 mod events;
-mod reassembly;
+mod messages;
 mod recv;
 mod reliable;
 mod send;
 mod stats;
 
 use udbtl_fabric::{
-    AhAttr, Context, CqHandle, FabricError, Gather, Mr, NodeAddr, PdHandle, PortAttr, PostError,
-    QpAddr, QpHandle, QpInfo, WcOpcode, WcStatus, WorkCompletion,
+    Context, CqHandle, FabricError, Gather, Mr, PdHandle, PortAttr, PostError, QpHandle, QpInfo,
+    WcOpcode, WcStatus, WorkCompletion,
 };
-use udbtl_reliability::PeerId;
-use udbtl_wire::{btl, modex};
+use udbtl_wire::btl;
 
 pub use build::{Limits, USER_RESERVE_MAX, recv_buffer_len};
 pub use events::{
@@ -57,7 +56,8 @@ use crate::frag::{DesFlags, Descriptor, FragState};
 use crate::rcache::RegCache;
 use crate::{EndpointId, Tag};
 use descriptors::{Frags, bad};
-use endpoints::{Endpoint, Endpoints};
+pub use endpoints::AddProcs;
+use endpoints::Endpoints;
 use events::Callbacks;
 use recv::RecvPool;
 use reliable::Reliable;
@@ -116,212 +116,7 @@ fn deregister<C: Context>(ctx: &mut C, mr: Mr) {
     }
 }
 
-/// The result of [`Module::add_procs`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AddProcs {
-    /// One slot per peer: its endpoint, or `None` if unreachable.
-    pub endpoints: Vec<Option<EndpointId>>,
-    /// Bit `i` is set when peer `i` is reachable (the BTL's bitmap).
-    pub reachable: Vec<bool>,
-}
-
 impl<C: Context> Module<C> {
-    // ----- addressing ---------------------------------------------------
-
-    /// This module's published address.
-    pub fn address(&self) -> modex::Address {
-        modex::Address {
-            location: match self.port.addr {
-                NodeAddr::Ip(std::net::IpAddr::V4(ip)) => modex::Location::Ipv4(ip.octets()),
-                NodeAddr::Ip(std::net::IpAddr::V6(ip)) => modex::Location::Ipv6(ip.octets()),
-                NodeAddr::Sim(id) => modex::Location::Sim(id),
-                NodeAddr::Ib { lid, gid } => modex::Location::Ib { lid, gid },
-                _ => modex::Location::Sim(u32::MAX),
-            },
-            port: self.port.port_num,
-            qpns: core::array::from_fn(|i| self.qps.get(i).map_or(0, |qp| qp.qp_num)),
-            proc_id: self.proc_id,
-            max_msg_size: u32::try_from(self.port.max_msg_size).unwrap_or(u32::MAX),
-            network: self.port.network,
-        }
-    }
-
-    /// Turns peers' published addresses into endpoints. `peers[i]` is peer
-    /// `i`'s address list, or `None` if it published nothing. A peer with no
-    /// address on this module's network is unreachable through this module;
-    /// that is not an error for the whole call (a seed bug).
-    ///
-    /// # Errors
-    /// A verbs failure creating an address handle; endpoints created before
-    /// it are released.
-    pub fn add_procs(&mut self, peers: &[Option<&[modex::Address]>]) -> Result<AddProcs, BtlError> {
-        let mut result = AddProcs {
-            endpoints: vec![None; peers.len()],
-            reachable: vec![false; peers.len()],
-        };
-        for (i, peer) in peers.iter().enumerate() {
-            let Some((qps, proc_id)) = peer.and_then(|addrs| self.pick_address(addrs)) else {
-                continue;
-            };
-            match self.add_endpoint(qps, proc_id) {
-                Ok(id) => {
-                    result.endpoints[i] = Some(id);
-                    result.reachable[i] = true;
-                }
-                Err(err) => {
-                    let created: Vec<EndpointId> =
-                        result.endpoints.iter().flatten().copied().collect();
-                    let _ = self.del_procs(&created);
-                    return Err(err);
-                }
-            }
-        }
-        Ok(result)
-    }
-
-    /// The peer address this module can reach: on the same network, the same
-    /// kind of address, and a matching port number when the peer has several.
-    fn pick_address(&self, addrs: &[modex::Address]) -> Option<([QpAddr; modex::QPNS], u32)> {
-        let mine = self.address();
-        let compatible = |a: &&modex::Address| {
-            a.network == mine.network
-                && core::mem::discriminant(&a.location) == core::mem::discriminant(&mine.location)
-        };
-        let chosen = addrs
-            .iter()
-            .filter(compatible)
-            .find(|a| a.port == mine.port)
-            .or_else(|| addrs.iter().find(compatible))?;
-        let node = match chosen.location {
-            modex::Location::Ipv4(ip) => NodeAddr::Ip(ip.into()),
-            modex::Location::Ipv6(ip) => NodeAddr::Ip(ip.into()),
-            modex::Location::Sim(id) => NodeAddr::Sim(id),
-            modex::Location::Ib { lid, gid } => NodeAddr::Ib { lid, gid },
-        };
-        Some((chosen.qpns.map(|qpn| QpAddr { node, qpn }), chosen.proc_id))
-    }
-
-    /// Creates an endpoint for a peer module whose queue pairs are `qps`
-    /// (the first receives; datagrams from any of them are recognised as the
-    /// peer's) in process `proc_id`, with an address handle built with the
-    /// service level and path bits parameters.
-    ///
-    /// # Errors
-    /// The address handle could not be created.
-    pub fn add_endpoint(
-        &mut self,
-        qps: [QpAddr; modex::QPNS],
-        proc_id: u32,
-    ) -> Result<EndpointId, BtlError> {
-        let remote = qps[0];
-        if let Some(id) = self.endpoints.existing(remote) {
-            return Ok(id);
-        }
-        let attr = AhAttr {
-            dest: remote.node,
-            service_level: self.sl,
-            src_path_bits: self.path_bits,
-            port: self.port.port_num,
-        };
-        let ah = self
-            .ctx
-            .create_ah(self.pd, &attr)
-            .map_err(|source| self.fabric_error("create address handle", source))?;
-        let endpoint = Endpoint {
-            remote,
-            senders: qps,
-            proc_id,
-            ah,
-            context: None,
-        };
-        let Some(reliable) = self.reliable.as_mut() else {
-            return Ok(self.endpoints.insert(endpoint, true));
-        };
-        // A reliable endpoint's id is its peer id, and neither is reused: a
-        // closed peer lingers.
-        let peer = reliable
-            .core
-            .add_peer(Instant::from_duration(self.ctx.now()));
-        debug_assert_eq!(peer.0, self.endpoints.next_fresh_id().0);
-        let id = self.endpoints.insert(endpoint, false);
-        // Every peer may fill its credit at once: share the receive pool so
-        // that all of them together cannot overrun it (a few buffers stay
-        // for acknowledgements).
-        let share = (self.recv.count * 7 / 8) / self.endpoints.len().max(1);
-        reliable
-            .core
-            .set_credit(u16::try_from(share).unwrap_or(u16::MAX).max(2));
-        Ok(id)
-    }
-
-    /// Releases endpoints and their address handles. Sends waiting for a
-    /// credit to them complete with an error first.
-    ///
-    /// # Errors
-    /// An unknown endpoint, or an address handle the fabric refused to free.
-    pub fn del_procs(&mut self, endpoints: &[EndpointId]) -> Result<(), BtlError> {
-        for &id in endpoints {
-            let reuse = self.reliable.is_none();
-            let endpoint = self
-                .endpoints
-                .remove(id, reuse)
-                .ok_or(BtlError::BadEndpoint { endpoint: id.0 })?;
-            if let Some(reliable) = self.reliable.as_mut() {
-                reliable
-                    .core
-                    .close_peer(Instant::from_duration(self.ctx.now()), PeerId(id.0));
-            }
-            let frags = &self.frags;
-            let stranded = self
-                .sends
-                .remove_where(|w| frags.get(w.des).is_some_and(|f| f.endpoint == id.0));
-            for waiting in stranded {
-                self.complete_send(
-                    waiting.des,
-                    Err(SendFailure::Refused("endpoint deleted".into())),
-                );
-            }
-            self.ctx
-                .destroy_ah(endpoint.ah)
-                .map_err(|source| self.fabric_error("destroy address handle", source))?;
-        }
-        Ok(())
-    }
-
-    fn fabric_error(&self, step: &'static str, source: FabricError) -> BtlError {
-        BtlError::Fabric {
-            step,
-            device: self.device.clone(),
-            port: self.port.port_num,
-            source,
-        }
-    }
-
-    /// Attaches a value of the caller's to an endpoint (the peer's rank,
-    /// say); receive callbacks get it back as
-    /// [`RecvEvent::endpoint_context`], so mapping a sender costs no lookup.
-    ///
-    /// # Errors
-    /// An unknown endpoint.
-    pub fn set_endpoint_context(
-        &mut self,
-        endpoint: EndpointId,
-        context: u64,
-    ) -> Result<(), BtlError> {
-        self.endpoints
-            .get_mut(endpoint)
-            .ok_or(BtlError::BadEndpoint {
-                endpoint: endpoint.0,
-            })?
-            .context = Some(context);
-        Ok(())
-    }
-
-    /// The remote queue pair of an endpoint.
-    pub fn endpoint_addr(&self, endpoint: EndpointId) -> Option<QpAddr> {
-        self.endpoints.get(endpoint).map(|e| e.remote)
-    }
-
     // ----- sending ------------------------------------------------------
 
     /// Sends a descriptor to an endpoint with `tag`. The BTL owns the
@@ -623,5 +418,3 @@ impl<C: Context> Module<C> {
         tracing::debug!(state, "ft_event ignored: no checkpoint/restart support");
     }
 }
-
-use udbtl_reliability::Instant;

@@ -23,14 +23,14 @@ use udbtl_reliability::{
 use udbtl_wire::{btl, datagram, rel};
 
 use super::build::HEADER_MAX;
-use super::reassembly::{Piece, Reassembly};
+use super::messages::{Piece, Reassembly};
 use super::recv::Held;
 use super::send::WaitingSend;
 use super::{Module, RecvEvent, SendStatus};
 use crate::error::{BtlError, SendFailure};
-use crate::frag::{DesFlags, Descriptor, FragState};
+use crate::frag::{Descriptor, FragState};
 use crate::params::Params;
-use crate::{EndpointId, NO_ORDER, Tag};
+use crate::{EndpointId, Tag};
 
 /// Most unknown senders remembered between two `take_unknown_peers` calls.
 const UNKNOWN_PEERS_MAX: usize = 1024;
@@ -492,115 +492,5 @@ impl<C: Context> Module<C> {
             self.progress();
         }
         true
-    }
-
-    /// Sends `message`, of any length, to `endpoint`: it is cut into
-    /// datagrams that the receiver reassembles and delivers to the `tag`
-    /// callback once, whole. Requires a reliable module (reassembly relies
-    /// on in-order, exactly-once delivery). Waits, progressing, for free
-    /// fragments, at most `peer_timeout` on the fabric's clock for each.
-    ///
-    /// If the message cannot be finished (no fragment became free, or the
-    /// peer was lost), the fragments taken are released and, when part of
-    /// the message was already sent, an abort marker follows it so that the
-    /// receiver drops the part it has.
-    ///
-    /// # Errors
-    /// An unreliable module, an unknown or lost endpoint, or no fragment
-    /// freed in time.
-    pub fn send_message(
-        &mut self,
-        endpoint: EndpointId,
-        tag: Tag,
-        message: &[u8],
-    ) -> Result<(), BtlError> {
-        let Some(reliable) = self.reliable.as_ref() else {
-            return Err(BtlError::PeerUnavailable {
-                endpoint: endpoint.0,
-                reason: "multi-datagram messages need reliable = true".into(),
-            });
-        };
-        let wait = reliable.core.config().peer_timeout;
-        let chunk = self.limits.eager_limit.max(1);
-        let pieces = message.len().div_ceil(chunk).max(1);
-        // A fragment kept aside for the abort marker, so the receiver can
-        // always be told to drop a message cut short.
-        let spare = if pieces > 1 {
-            Some(self.alloc_waiting(0, wait)?)
-        } else {
-            None
-        };
-        let mut result = Ok(());
-        for (i, piece) in message
-            .chunks(chunk)
-            .chain(message.is_empty().then_some(&[][..]))
-            .enumerate()
-        {
-            result = self.send_piece(endpoint, tag, piece, i == 0, i + 1 == pieces, wait);
-            if result.is_err() {
-                if let Some(spare) = spare.filter(|_| i > 0) {
-                    // Best effort: if the peer is gone the marker is moot.
-                    if self.set_abort(spare).is_ok() && self.send(endpoint, spare, tag).is_ok() {
-                        return result;
-                    }
-                }
-                break;
-            }
-        }
-        if let Some(spare) = spare {
-            let _ = self.free(spare);
-        }
-        result
-    }
-
-    /// One piece of a message, in a fragment the BTL frees once it is
-    /// acknowledged; the fragment is freed on every error.
-    fn send_piece(
-        &mut self,
-        endpoint: EndpointId,
-        tag: Tag,
-        piece: &[u8],
-        first: bool,
-        last: bool,
-        wait: Duration,
-    ) -> Result<(), BtlError> {
-        let des = self.alloc_waiting(piece.len(), wait)?;
-        let sent = self
-            .segment_mut(des)
-            .map(|seg| seg.copy_from_slice(piece))
-            .and_then(|()| self.set_message_bounds(des, first, last))
-            .and_then(|()| {
-                self.frags.checked_mut(des)?.flags = DesFlags::BTL_OWNERSHIP;
-                self.send(endpoint, des, tag)
-            });
-        if sent.is_err() {
-            let _ = self.free(des);
-        }
-        sent.map(drop)
-    }
-
-    /// Allocates a send fragment, progressing while none is free, for at
-    /// most `wait` on the fabric's clock.
-    fn alloc_waiting(&mut self, size: usize, wait: Duration) -> Result<Descriptor, BtlError> {
-        let end = self.ctx.now() + wait;
-        loop {
-            if let Some(des) = self.alloc(NO_ORDER, size, DesFlags::NONE) {
-                return Ok(des);
-            }
-            if self.ctx.now() >= end {
-                return Err(BtlError::NoFragment { waited: wait });
-            }
-            self.progress();
-        }
-    }
-
-    /// Turns the spare fragment into an abort marker: an empty last piece
-    /// the BTL frees once acknowledged.
-    fn set_abort(&mut self, des: Descriptor) -> Result<(), BtlError> {
-        let frag = self.frags.checked_mut(des)?;
-        frag.seg_len = 0;
-        frag.flags = DesFlags::BTL_OWNERSHIP;
-        frag.msg_flags = rel::FLAG_LAST | rel::FLAG_ABORT;
-        Ok(())
     }
 }

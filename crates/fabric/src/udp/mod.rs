@@ -167,7 +167,8 @@ impl UdpProvider {
 /// its id also folds in the host's identity: two hosts' `127.0.0.1` must
 /// never look like the same network.
 fn network_id(iface: &sys::Interface, ip: IpAddr, prefix: u8) -> u64 {
-    let mut hash = Fnv::default();
+    // A stable hash: every process of a job must compute the same id.
+    let mut hash = udbtl_wire::hash::Fnv1a::new();
     match ip {
         IpAddr::V4(v4) => {
             let mask = u32::MAX
@@ -198,28 +199,6 @@ fn network_id(iface: &sys::Interface, ip: IpAddr, prefix: u8) -> u64 {
         }
     }
     hash.finish()
-}
-
-/// FNV-1a: a stable hash, unlike `DefaultHasher`, whose output may change
-/// between Rust releases and so between the processes of one job.
-struct Fnv(u64);
-
-impl Default for Fnv {
-    fn default() -> Self {
-        Self(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Fnv {
-    fn write(&mut self, bytes: &[u8]) {
-        for byte in bytes {
-            self.0 = (self.0 ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    const fn finish(&self) -> u64 {
-        self.0
-    }
 }
 
 fn device_attr() -> DeviceAttr {

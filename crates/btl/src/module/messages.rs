@@ -1,0 +1,261 @@
+//! Messages larger than a datagram: cut into datagrams on the sending side
+//! (`send_message`), put back together on the receiving side. The reliable
+//! stream delivers a peer's datagrams exactly once and in order, so a
+//! message is the bytes from a datagram marked first to one marked last.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use udbtl_fabric::Context;
+use udbtl_wire::rel;
+
+use super::Module;
+use crate::error::BtlError;
+use crate::frag::{DesFlags, Descriptor};
+use crate::{EndpointId, NO_ORDER, Tag};
+
+/// Largest message reassembled; a sender that never marks an end cannot
+/// make the receiver grow without bound.
+pub(super) const MAX_MESSAGE: usize = 1 << 30;
+
+/// What one datagram did to its peer's message in progress.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Piece {
+    /// Added to a message still in progress.
+    Added,
+    /// Completed a message: its tag and bytes. Hand the bytes back with
+    /// [`Reassembly::recycle`] to keep the allocation.
+    Complete(u8, Vec<u8>),
+    /// The sender gave up on the message in progress, which is dropped.
+    Aborted,
+    /// Not part of any message (no first piece seen, or too long): dropped.
+    Orphan,
+}
+
+#[derive(Debug, Default)]
+struct Partial {
+    tag: u8,
+    bytes: Vec<u8>,
+    /// A message is in progress.
+    open: bool,
+}
+
+/// The message in progress from each peer, at most one per peer.
+#[derive(Debug, Default)]
+pub(super) struct Reassembly {
+    partial: HashMap<u32, Partial>,
+}
+
+impl Reassembly {
+    /// Adds one in-order datagram's payload from `endpoint`.
+    pub(super) fn push(
+        &mut self,
+        endpoint: EndpointId,
+        tag: u8,
+        first: bool,
+        last: bool,
+        abort: bool,
+        payload: &[u8],
+    ) -> Piece {
+        let partial = self.partial.entry(endpoint.0).or_default();
+        if abort {
+            let was_open = partial.open;
+            partial.open = false;
+            partial.bytes.clear();
+            return if was_open {
+                Piece::Aborted
+            } else {
+                Piece::Orphan
+            };
+        }
+        if first {
+            // A new message replaces one its sender never finished.
+            partial.tag = tag;
+            partial.bytes.clear();
+            partial.open = true;
+        }
+        if !partial.open || partial.bytes.len() + payload.len() > MAX_MESSAGE {
+            partial.open = false;
+            partial.bytes.clear();
+            return Piece::Orphan;
+        }
+        partial.bytes.extend_from_slice(payload);
+        if !last {
+            return Piece::Added;
+        }
+        partial.open = false;
+        Piece::Complete(partial.tag, std::mem::take(&mut partial.bytes))
+    }
+
+    /// Returns a completed message's buffer for reuse.
+    pub(super) fn recycle(&mut self, endpoint: EndpointId, mut bytes: Vec<u8>) {
+        if let Some(partial) = self.partial.get_mut(&endpoint.0) {
+            if !partial.open && partial.bytes.capacity() < bytes.capacity() {
+                bytes.clear();
+                partial.bytes = bytes;
+            }
+        }
+    }
+
+    /// Forgets whatever `endpoint` was sending: its peer is gone.
+    pub(super) fn discard(&mut self, endpoint: EndpointId) {
+        self.partial.remove(&endpoint.0);
+    }
+
+    /// Peers with a message in progress.
+    pub(super) fn in_progress(&self) -> usize {
+        self.partial.values().filter(|p| p.open).count()
+    }
+}
+
+impl<C: Context> Module<C> {
+    /// Sends `message`, of any length, to `endpoint`: it is cut into
+    /// datagrams that the receiver reassembles and delivers to the `tag`
+    /// callback once, whole. Requires a reliable module (reassembly relies
+    /// on in-order, exactly-once delivery). Waits, progressing, for free
+    /// fragments, at most `peer_timeout` on the fabric's clock for each.
+    ///
+    /// If the message cannot be finished (no fragment became free, or the
+    /// peer was lost), the fragments taken are released and, when part of
+    /// the message was already sent, an abort marker follows it so that the
+    /// receiver drops the part it has.
+    ///
+    /// # Errors
+    /// An unreliable module, an unknown or lost endpoint, or no fragment
+    /// freed in time.
+    pub fn send_message(
+        &mut self,
+        endpoint: EndpointId,
+        tag: Tag,
+        message: &[u8],
+    ) -> Result<(), BtlError> {
+        let Some(reliable) = self.reliable.as_ref() else {
+            return Err(BtlError::PeerUnavailable {
+                endpoint: endpoint.0,
+                reason: "multi-datagram messages need reliable = true".into(),
+            });
+        };
+        let wait = reliable.core.config().peer_timeout;
+        let chunk = self.limits.eager_limit.max(1);
+        let pieces = message.len().div_ceil(chunk).max(1);
+        // A fragment kept aside for the abort marker, so the receiver can
+        // always be told to drop a message cut short.
+        let spare = if pieces > 1 {
+            Some(self.alloc_waiting(0, wait)?)
+        } else {
+            None
+        };
+        let mut result = Ok(());
+        for (i, piece) in message
+            .chunks(chunk)
+            .chain(message.is_empty().then_some(&[][..]))
+            .enumerate()
+        {
+            result = self.send_piece(endpoint, tag, piece, i == 0, i + 1 == pieces, wait);
+            if result.is_err() {
+                if let Some(spare) = spare.filter(|_| i > 0) {
+                    // Best effort: if the peer is gone the marker is moot.
+                    if self.set_abort(spare).is_ok() && self.send(endpoint, spare, tag).is_ok() {
+                        return result;
+                    }
+                }
+                break;
+            }
+        }
+        if let Some(spare) = spare {
+            let _ = self.free(spare);
+        }
+        result
+    }
+
+    /// One piece of a message, in a fragment the BTL frees once it is
+    /// acknowledged; the fragment is freed on every error.
+    fn send_piece(
+        &mut self,
+        endpoint: EndpointId,
+        tag: Tag,
+        piece: &[u8],
+        first: bool,
+        last: bool,
+        wait: Duration,
+    ) -> Result<(), BtlError> {
+        let des = self.alloc_waiting(piece.len(), wait)?;
+        let sent = self
+            .segment_mut(des)
+            .map(|seg| seg.copy_from_slice(piece))
+            .and_then(|()| self.set_message_bounds(des, first, last))
+            .and_then(|()| {
+                self.frags.checked_mut(des)?.flags = DesFlags::BTL_OWNERSHIP;
+                self.send(endpoint, des, tag)
+            });
+        if sent.is_err() {
+            let _ = self.free(des);
+        }
+        sent.map(drop)
+    }
+
+    /// Allocates a send fragment, progressing while none is free, for at
+    /// most `wait` on the fabric's clock.
+    fn alloc_waiting(&mut self, size: usize, wait: Duration) -> Result<Descriptor, BtlError> {
+        let end = self.ctx.now() + wait;
+        loop {
+            if let Some(des) = self.alloc(NO_ORDER, size, DesFlags::NONE) {
+                return Ok(des);
+            }
+            if self.ctx.now() >= end {
+                return Err(BtlError::NoFragment { waited: wait });
+            }
+            self.progress();
+        }
+    }
+
+    /// Turns the spare fragment into an abort marker: an empty last piece
+    /// the BTL frees once acknowledged.
+    fn set_abort(&mut self, des: Descriptor) -> Result<(), BtlError> {
+        let frag = self.frags.checked_mut(des)?;
+        frag.seg_len = 0;
+        frag.flags = DesFlags::BTL_OWNERSHIP;
+        frag.msg_flags = rel::FLAG_LAST | rel::FLAG_ABORT;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EP: EndpointId = EndpointId(3);
+
+    #[test]
+    fn pieces_make_a_message_and_a_new_first_replaces_an_unfinished_one() {
+        let mut r = Reassembly::default();
+        assert_eq!(r.push(EP, 9, true, false, false, b"ab"), Piece::Added);
+        assert_eq!(r.push(EP, 9, false, false, false, b"cd"), Piece::Added);
+        assert_eq!(r.in_progress(), 1);
+        assert_eq!(r.push(EP, 7, true, false, false, b"x"), Piece::Added);
+        assert_eq!(
+            r.push(EP, 0, false, true, false, b"y"),
+            Piece::Complete(7, b"xy".to_vec())
+        );
+        assert_eq!(r.in_progress(), 0);
+    }
+
+    #[test]
+    fn an_abort_drops_the_message_and_later_pieces_are_orphans() {
+        let mut r = Reassembly::default();
+        assert_eq!(r.push(EP, 9, true, false, false, b"ab"), Piece::Added);
+        assert_eq!(r.push(EP, 0, false, true, true, b""), Piece::Aborted);
+        assert_eq!(r.in_progress(), 0);
+        assert_eq!(r.push(EP, 9, false, true, false, b"cd"), Piece::Orphan);
+        assert_eq!(r.push(EP, 0, false, true, true, b""), Piece::Orphan);
+    }
+
+    #[test]
+    fn discard_forgets_a_peer() {
+        let mut r = Reassembly::default();
+        assert_eq!(r.push(EP, 9, true, false, false, b"ab"), Piece::Added);
+        r.discard(EP);
+        assert_eq!(r.in_progress(), 0);
+        assert_eq!(r.push(EP, 9, false, true, false, b"cd"), Piece::Orphan);
+    }
+}
