@@ -603,9 +603,7 @@ impl World {
     /// (naming the peers and counts), a PMI failure, or resources the
     /// transport found leaked.
     pub fn finalize(mut self) -> Result<(), InitError> {
-        self.drain()?;
-        self.barrier()?;
-        self.drain()?;
+        let outcome = self.leave();
         if std::env::var_os("UDBTL_DUMP").is_some() {
             // The transport's counters, for a job run with UDBTL_DUMP=1.
             eprintln!(
@@ -614,6 +612,20 @@ impl World {
                 self.dump()
             );
         }
+        // The transport is closed whatever happened, so that leaks are
+        // still found; a loss is reported first.
+        let closed = with_btl!(self.btl, c => c.finalize().map(drop));
+        outcome?;
+        closed?;
+        self.pmi.finalize()?;
+        Ok(())
+    }
+
+    /// The steps of `finalize` before the transport closes.
+    fn leave(&mut self) -> Result<(), InitError> {
+        self.drain()?;
+        self.barrier()?;
+        self.drain()?;
         self.pmi.barrier_start()?;
         while !self.pmi.barrier_poll()? {
             if self.progress() == 0 {
@@ -624,10 +636,7 @@ impl World {
         while Instant::now() < linger {
             self.progress();
         }
-        self.check()?;
-        with_btl!(self.btl, c => c.finalize().map(drop))?;
-        self.pmi.finalize()?;
-        Ok(())
+        self.check()
     }
 }
 
