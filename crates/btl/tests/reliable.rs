@@ -713,3 +713,48 @@ fn a_message_cut_short_is_dropped_whole_by_its_receiver() {
     assert!(c_errors.lock().unwrap().is_empty(), "{c_errors:?}");
     finalize_clean(nodes);
 }
+
+/// Two processes that claim the same process id (what a random id could do,
+/// before ids were taken from ranks) are still told apart: a receiver finds
+/// the sender by the datagram's source address and only checks the id
+/// against that endpoint's, so each stream arrives whole and in order.
+#[test]
+fn processes_with_the_same_id_are_told_apart_by_address() {
+    let net = SimNetwork::new(21);
+    lossy(&net, 0.02, 0.0, 0.02, 0.0);
+    let mut nodes = vec![
+        node(&net, "a", config()),
+        node(&net, "b", config()),
+        node(&net, "c", config()),
+    ];
+    for btl in &mut nodes[..2] {
+        btl.modules_mut()[0].set_process_id(7);
+    }
+    let eps = mesh(&mut nodes);
+    let got = inbox(&mut nodes[2], Tag::PML);
+    const N: usize = 200;
+    for i in 0..N {
+        for from in 0..2 {
+            nodes[from].modules_mut()[0]
+                .send_message(eps[from][2].unwrap(), Tag::PML, &message(from, i))
+                .unwrap();
+        }
+    }
+    let stop = drive(&net, &mut nodes, Duration::from_secs(30), |_| {
+        got.lock().unwrap().len() == 2 * N
+    });
+    assert!(matches!(stop, Stop::Done), "{stop:?}");
+    let got = got.lock().unwrap();
+    for from in 0..2 {
+        let stream: Vec<&Vec<u8>> = got
+            .iter()
+            .filter(|(ep, _)| *ep == eps[2][from])
+            .map(|(_, bytes)| bytes)
+            .collect();
+        assert_eq!(stream.len(), N);
+        for (i, bytes) in stream.into_iter().enumerate() {
+            assert_eq!(bytes, &message(from, i), "message {i} from node {from}");
+        }
+    }
+    assert_eq!(nodes[2].modules()[0].stats().recv_unknown_peer, 0);
+}

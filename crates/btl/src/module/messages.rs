@@ -10,6 +10,7 @@ use udbtl_fabric::Context;
 use udbtl_wire::rel;
 
 use super::Module;
+use super::reliable::Wait;
 use crate::error::BtlError;
 use crate::frag::{DesFlags, Descriptor};
 use crate::{EndpointId, NO_ORDER, Tag};
@@ -195,17 +196,17 @@ impl<C: Context> Module<C> {
     }
 
     /// Allocates a send fragment, progressing while none is free, for at
-    /// most `wait` on the fabric's clock.
+    /// most `wait` on the fabric's clock (or until that clock stands still).
     fn alloc_waiting(&mut self, size: usize, wait: Duration) -> Result<Descriptor, BtlError> {
-        let end = self.ctx.now() + wait;
+        let mut waiting = Wait::new(self.ctx.now(), wait);
         loop {
             if let Some(des) = self.alloc(NO_ORDER, size, DesFlags::NONE) {
                 return Ok(des);
             }
-            if self.ctx.now() >= end {
+            let handled = self.progress();
+            if waiting.over(self.ctx.now(), handled) {
                 return Err(BtlError::NoFragment { waited: wait });
             }
-            self.progress();
         }
     }
 

@@ -482,15 +482,50 @@ impl<C: Context> Module<C> {
 
     /// Progresses until every reliable send is acknowledged (or failed with
     /// its lost peer), or `limit` passes on the fabric's clock; returns
-    /// whether nothing is left unacknowledged.
+    /// whether nothing is left unacknowledged. A fabric whose clock stands
+    /// still (a simulation nobody drives) ends the wait too.
     pub fn quiesce(&mut self, limit: Duration) -> bool {
-        let end = self.ctx.now() + limit;
+        let mut wait = Wait::new(self.ctx.now(), limit);
         while self.unacknowledged() > 0 {
-            if self.ctx.now() >= end {
+            let handled = self.progress();
+            if wait.over(self.ctx.now(), handled) {
                 return false;
             }
-            self.progress();
         }
         true
+    }
+}
+
+/// A wait on the fabric's clock that also ends when that clock stands still
+/// while nothing happens: on a simulated fabric only its driver moves time,
+/// and a caller waiting inside the BTL would otherwise spin for ever.
+pub(super) struct Wait {
+    end: Duration,
+    last: Duration,
+    idle: u32,
+}
+
+impl Wait {
+    /// Idle progress calls with a clock that did not move before giving up.
+    const STILL_CLOCK_POLLS: u32 = 100_000;
+
+    pub(super) fn new(now: Duration, limit: Duration) -> Self {
+        Self {
+            end: now.saturating_add(limit),
+            last: now,
+            idle: 0,
+        }
+    }
+
+    /// Whether the wait is over, after a progress call that handled
+    /// `handled` completions at `now`.
+    pub(super) fn over(&mut self, now: Duration, handled: usize) -> bool {
+        if handled > 0 || now != self.last {
+            self.idle = 0;
+            self.last = now;
+        } else {
+            self.idle += 1;
+        }
+        now >= self.end || self.idle >= Self::STILL_CLOCK_POLLS
     }
 }
