@@ -745,10 +745,10 @@ fn processes_with_the_same_id_are_told_apart_by_address() {
     });
     assert!(matches!(stop, Stop::Done), "{stop:?}");
     let got = got.lock().unwrap();
-    for from in 0..2 {
+    for (from, endpoint) in eps[2][..2].iter().enumerate() {
         let stream: Vec<&Vec<u8>> = got
             .iter()
-            .filter(|(ep, _)| *ep == eps[2][from])
+            .filter(|(ep, _)| ep == endpoint)
             .map(|(_, bytes)| bytes)
             .collect();
         assert_eq!(stream.len(), N);
