@@ -9,44 +9,17 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
+mod common;
+
+/// A bounded test: the whole job is interrupted after three minutes.
 fn udrun(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_udrun"));
-    command
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for var in [
-        "UDBTL_FAULT_DROP",
-        "UDBTL_FAULT_DUPLICATE",
-        "UDBTL_FAULT_REORDER",
-        "UDBTL_JOB_KEY",
-    ] {
-        command.env_remove(var);
-    }
-    command.envs(env.iter().copied());
-    let child = command.spawn().unwrap();
-    let pid = child.id();
-    // A bounded test: the whole job is killed after three minutes.
-    let watchdog = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(180));
-        let _ = Command::new("kill")
-            .args(["-INT", &pid.to_string()])
-            .status();
-    });
-    let output = child.wait_with_output().unwrap();
-    drop(watchdog);
-    output
+    common::udrun(args, env, Duration::from_secs(180))
 }
 
-fn text(output: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
+use common::text;
 
 #[test]
 fn udhello_with_1_2_4_and_16_ranks() {

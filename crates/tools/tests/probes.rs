@@ -4,41 +4,19 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
+mod common;
+
+/// A bounded test: the whole job is interrupted after two minutes.
 fn udrun(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_udrun"));
-    command
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (var, _) in std::env::vars() {
-        if var.starts_with("UDBTL_") {
-            command.env_remove(var);
-        }
-    }
-    command.envs(env.iter().copied());
-    let child = command.spawn().unwrap();
-    let pid = child.id();
-    // A bounded test: the whole job is interrupted after two minutes.
-    let watchdog = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(120));
-        let _ = Command::new("kill")
-            .args(["-INT", &pid.to_string()])
-            .status();
-    });
-    let output = child.wait_with_output().unwrap();
-    drop(watchdog);
-    output
+    common::udrun(args, env, Duration::from_secs(120))
 }
 
 fn text(output: &Output) -> String {
-    format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
+    let (stdout, stderr) = common::text(output);
+    format!("{stdout}\n{stderr}")
 }
 
 /// With addresses fetched lazily, rank 0 sends before anyone knows it,

@@ -10,7 +10,7 @@ use udbtl_wire::btl;
 use super::descriptors::{Frags, USER_FRAG_STRIDE};
 use super::endpoints::Endpoints;
 use super::events::Callbacks;
-use super::recv::RecvPool;
+use super::recv::{RecvPool, recv_work_request};
 use super::reliable::Reliable;
 use super::send::SendQueue;
 use super::{Module, ModuleStats, deregister};
@@ -253,15 +253,8 @@ impl<C: Context> Module<C> {
             .map_err(fail("register receive buffers"))?;
         partial.recv_mr = Some(recv_mr);
         // Receives are posted on queue pair 0 only: it is the one published.
-        let wrs: Vec<RecvWr> = (0..recv_count)
-            .map(|i| RecvWr {
-                wr_id: i as u64,
-                sge: udbtl_fabric::Sge {
-                    lkey: recv_mr.lkey,
-                    offset: i * recv_stride,
-                    len: recv_stride,
-                },
-            })
+        let wrs: Vec<RecvWr> = (0..recv_count as u32)
+            .map(|slot| recv_work_request(recv_mr, recv_stride, slot))
             .collect();
         ctx.post_recv(partial.qps[0].handle, &wrs)
             .map_err(|e| fail("post receive buffers")(e.error))?;
@@ -273,24 +266,28 @@ impl<C: Context> Module<C> {
         }
         let send_stride = round_up(header_len(params) + limits.eager_limit, FRAG_ALIGN);
         let increment = (params.sd_num as usize >> 1).max(1);
-        let mut send_frags = FragPool::new(
+        // Each list starts with one chunk; it is kept even if its first
+        // growth fails, so that the unwind releases what it registered.
+        let mut pool = |kind, stride, max: usize, slot: &mut Option<FragPool>| {
+            let mut pool = FragPool::new(kind, stride, increment, max.max(increment));
+            let grown = pool.grow(ctx, pd, increment);
+            *slot = Some(pool);
+            grown
+        };
+        pool(
             FragKind::Send,
             send_stride,
-            increment,
-            params.send_frags_max.max(increment),
-        );
-        let grown = send_frags.grow(ctx, pd, increment);
-        partial.send_frags = Some(send_frags);
-        grown.map_err(fail("register send fragments"))?;
-        let mut user_frags = FragPool::new(
+            params.send_frags_max,
+            &mut partial.send_frags,
+        )
+        .map_err(fail("register send fragments"))?;
+        pool(
             FragKind::User,
             USER_FRAG_STRIDE,
-            increment,
-            params.user_frags_max.max(increment),
-        );
-        let grown = user_frags.grow(ctx, pd, increment);
-        partial.user_frags = Some(user_frags);
-        grown.map_err(fail("register user fragments"))?;
+            params.user_frags_max,
+            &mut partial.user_frags,
+        )
+        .map_err(fail("register user fragments"))?;
         Ok(Built {
             port,
             limits: Limits {

@@ -273,6 +273,13 @@ impl<C: Context> Module<C> {
     /// # Errors
     /// A stale descriptor.
     pub fn segment_mut(&mut self, des: Descriptor) -> Result<&mut [u8], BtlError> {
+        let header_len = self.header_len;
+        Ok(&mut self.registered_mut(des)?[header_len..])
+    }
+
+    /// The registered bytes of a descriptor: the BTL header (and for a
+    /// reliable module its extension), then the segment.
+    pub(super) fn registered_mut(&mut self, des: Descriptor) -> Result<&mut [u8], BtlError> {
         let seg_len = self
             .frags
             .get(des)
@@ -286,8 +293,7 @@ impl<C: Context> Module<C> {
             .ctx
             .mr_bytes_mut(mr.handle)
             .map_err(|_| bad(des, "without memory"))?;
-        let start = sge.offset + self.header_len;
-        Ok(&mut bytes[start..start + seg_len])
+        Ok(&mut bytes[sge.offset..sge.offset + sge.len])
     }
 
     /// Sets the value handed back in the descriptor's

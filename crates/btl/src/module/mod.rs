@@ -147,23 +147,12 @@ impl<C: Context> Module<C> {
         }
         frag.endpoint = endpoint.0;
         frag.tag = tag.0;
-        let seg_len = frag.seg_len;
-        let (mr, sge) = self
-            .frags
-            .head(des, self.header_len + seg_len)
-            .ok_or_else(|| bad(des, "without memory"))?;
-        let bytes = self
-            .ctx
-            .mr_bytes_mut(mr.handle)
-            .map_err(|_| bad(des, "without memory"))?;
-        btl::Repr {
+        let header = btl::Repr {
             tag: tag.0,
             job_key: self.job_key,
             reliable: self.reliable.is_some(),
-        }
-        .emit(&mut btl::Packet::new_unchecked(
-            &mut bytes[sge.offset..sge.offset + btl::HEADER_LEN],
-        ));
+        };
+        header.emit(&mut btl::Packet::new_unchecked(self.registered_mut(des)?));
         if self.reliable.is_some() {
             return self.send_reliable(endpoint, des);
         }

@@ -35,6 +35,19 @@ pub(super) struct RecvPool {
     pub(super) wcs: Box<[WorkCompletion]>,
 }
 
+/// The work request that posts buffer `slot` of a pool of `stride`-byte
+/// buffers in `mr`; its id is the slot.
+pub(super) fn recv_work_request(mr: Mr, stride: usize, slot: u32) -> RecvWr {
+    RecvWr {
+        wr_id: u64::from(slot),
+        sge: Sge {
+            lkey: mr.lkey,
+            offset: slot as usize * stride,
+            len: stride,
+        },
+    }
+}
+
 impl RecvPool {
     pub(super) fn new(mr: Mr, stride: usize, count: usize, qp: QpHandle) -> Self {
         Self {
@@ -47,21 +60,9 @@ impl RecvPool {
         }
     }
 
-    /// The work request that posts buffer `slot`.
-    pub(super) fn work_request(&self, slot: u32) -> RecvWr {
-        RecvWr {
-            wr_id: u64::from(slot),
-            sge: Sge {
-                lkey: self.mr.lkey,
-                offset: slot as usize * self.stride,
-                len: self.stride,
-            },
-        }
-    }
-
     /// Queues buffer `slot` for reposting at the end of the progress call.
     pub(super) fn repost(&mut self, slot: u32) {
-        let wr = self.work_request(slot);
+        let wr = recv_work_request(self.mr, self.stride, slot);
         self.reposts.push(wr);
     }
 
