@@ -66,7 +66,7 @@ pub use error::{BtlError, SendFailure};
 pub use frag::{DesFlags, Descriptor};
 pub use module::{
     AddProcs, ErrorCallback, ErrorEvent, Limits, Module, ModuleStats, RecvCallback, RecvEvent,
-    SendCallback, SendEvent, SendStatus, USER_RESERVE_MAX, recv_buffer_len,
+    Segment, SendCallback, SendEvent, SendStatus, USER_RESERVE_MAX, recv_buffer_len,
 };
 pub use params::{BtlConfig, Params};
 

@@ -454,7 +454,7 @@ fn seeded_three_way(seed: u64) -> Outcome {
         .iter()
         .map(|n| {
             let m = &n.modules()[0];
-            (*m.stats(), m.context().stats(), m.to_string())
+            (m.stats(), m.context().stats(), m.to_string())
         })
         .collect();
     let received = inboxes
@@ -545,7 +545,7 @@ fn sends_to_a_lost_peer_fail_at_once_and_leak_nothing() {
     // 10 000 more, one, two and three datagrams long: each refused at once.
     let eager = nodes[0].modules()[0].limits().eager_limit;
     let started = net.now();
-    let sends_before = *nodes[0].modules()[0].stats();
+    let sends_before = nodes[0].modules()[0].stats();
     for i in 0..10_000usize {
         let len = [1, eager + 1, 2 * eager + 7][i % 3];
         let result = nodes[0].modules_mut()[0].send_message(to_c, Tag::PML, &vec![i as u8; len]);

@@ -426,7 +426,7 @@ impl World {
             let module = &mut c.modules_mut()[0];
             let sent = module
                 .segment_mut(des)
-                .map(|segment| segment.copy_from_slice(bytes))
+                .map(|mut segment| segment.copy_from_slice(bytes))
                 .and_then(|()| module.send(endpoint, des, tag));
             if let Err(err) = sent {
                 // The descriptor is the caller's again: give it back.

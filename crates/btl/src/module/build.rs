@@ -9,11 +9,10 @@ use udbtl_wire::btl;
 
 use super::descriptors::{Frags, USER_FRAG_STRIDE};
 use super::endpoints::Endpoints;
-use super::events::Callbacks;
 use super::recv::{RecvPool, recv_work_request};
 use super::reliable::Reliable;
 use super::send::SendQueue;
-use super::{Module, ModuleStats, deregister};
+use super::{Engine, ModuleStats, deregister};
 use crate::error::BtlError;
 use crate::frag::{FragKind, FragPool};
 use crate::params::{Params, Source};
@@ -152,7 +151,7 @@ impl Partial {
     }
 }
 
-/// What [`Module::build`] found out besides the resources.
+/// What `Engine::build` found out besides the resources.
 struct Built {
     port: PortAttr,
     limits: Limits,
@@ -160,7 +159,7 @@ struct Built {
     recv_count: usize,
 }
 
-impl<C: Context> Module<C> {
+impl<C: Context> Engine<C> {
     /// Builds a module on `port` of an opened device, in the seed's order:
     /// protection domain, registration cache, completion queue of depth
     /// `rd_num + sd_num`, [`NUM_QP`] queue pairs moved to RTS, `rd_num`
@@ -170,7 +169,7 @@ impl<C: Context> Module<C> {
     ///
     /// # Errors
     /// The failing step and its verbs error.
-    pub fn new(mut ctx: C, port: u8, params: &Params) -> Result<Self, (C, BtlError)> {
+    pub(super) fn new(mut ctx: C, port: u8, params: &Params) -> Result<Self, (C, BtlError)> {
         let mut partial = Partial::default();
         match Self::build(&mut ctx, port, params, &mut partial) {
             Ok(built) => match Self::assemble(ctx, partial, built, params) {
@@ -371,7 +370,8 @@ impl<C: Context> Module<C> {
             ),
             sends: SendQueue::new(params.sd_num),
             endpoints: Endpoints::default(),
-            callbacks: Callbacks::new(),
+            notices: std::collections::VecDeque::new(),
+            held_for_app: 0,
             limits: built.limits,
             qkey: params.ib_qkey,
             job_key: params.job_key,
@@ -392,7 +392,7 @@ impl<C: Context> Module<C> {
     /// Descriptors still owned by the caller, cached registrations still
     /// referenced, or a fabric refusal: each is a leak the caller should
     /// hear about. Teardown still goes as far as it can.
-    pub fn finalize(mut self) -> Result<C, (C, BtlError)> {
+    pub(super) fn finalize(mut self) -> Result<C, (C, BtlError)> {
         let mut problems = Vec::new();
         // Descriptors the BTL still owns (unacknowledged, or waiting for a
         // credit) are its own to release: their peers are gone or leaving.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use udbtl_fabric::{Context, Mr, Sge};
 use udbtl_wire::rel;
 
-use super::{Module, deregister};
+use super::{Engine, deregister};
 use crate::convertor::Convertor;
 use crate::error::BtlError;
 use crate::frag::{DesFlags, Descriptor, Frag, FragKind, FragPool, FragState, UserData};
@@ -86,11 +86,11 @@ pub(super) fn bad(des: Descriptor, problem: &'static str) -> BtlError {
     }
 }
 
-impl<C: Context> Module<C> {
+impl<C: Context> Engine<C> {
     /// A send fragment with room for `size` bytes, from the send free list.
     /// `None` if `size` exceeds the eager limit or the list is at its bound;
     /// the caller retries after completions return fragments.
-    pub fn alloc(&mut self, order: u8, size: usize, flags: DesFlags) -> Option<Descriptor> {
+    pub(super) fn alloc(&mut self, order: u8, size: usize, flags: DesFlags) -> Option<Descriptor> {
         if size > self.limits.eager_limit {
             return None;
         }
@@ -108,7 +108,7 @@ impl<C: Context> Module<C> {
     /// # Errors
     /// A stale descriptor, or one still owned by the BTL (waiting or
     /// posted): a descriptor may only be freed after local completion.
-    pub fn free(&mut self, des: Descriptor) -> Result<(), BtlError> {
+    pub(super) fn free(&mut self, des: Descriptor) -> Result<(), BtlError> {
         let state = self
             .frags
             .get(des)
@@ -145,7 +145,7 @@ impl<C: Context> Module<C> {
     /// never exceeds one datagram.
     ///
     /// `None` when no fragment is free or `reserve` leaves no room.
-    pub fn prepare_src(
+    pub(super) fn prepare_src(
         &mut self,
         registration: Option<RegId>,
         convertor: &mut Convertor<'_>,
@@ -241,7 +241,7 @@ impl<C: Context> Module<C> {
     ///
     /// # Errors
     /// The fabric refused the registration.
-    pub fn mpool_register(&mut self, data: &Arc<[u8]>) -> Result<RegId, BtlError> {
+    pub(super) fn mpool_register(&mut self, data: &Arc<[u8]>) -> Result<RegId, BtlError> {
         let pd = self.pd;
         self.rcache
             .acquire(&mut self.ctx, data, |c, r| c.reg_user_mr(pd, r), deregister)
@@ -258,7 +258,7 @@ impl<C: Context> Module<C> {
     ///
     /// # Errors
     /// The registration holds no reference.
-    pub fn mpool_deregister(&mut self, reg: RegId) -> Result<(), BtlError> {
+    pub(super) fn mpool_deregister(&mut self, reg: RegId) -> Result<(), BtlError> {
         self.rcache
             .release(&mut self.ctx, reg, deregister)
             .map_err(|_| BtlError::BadDescriptor {
@@ -272,7 +272,7 @@ impl<C: Context> Module<C> {
     ///
     /// # Errors
     /// A stale descriptor.
-    pub fn segment_mut(&mut self, des: Descriptor) -> Result<&mut [u8], BtlError> {
+    pub(super) fn segment_mut(&mut self, des: Descriptor) -> Result<&mut [u8], BtlError> {
         let header_len = self.header_len;
         Ok(&mut self.registered_mut(des)?[header_len..])
     }
@@ -301,7 +301,7 @@ impl<C: Context> Module<C> {
     ///
     /// # Errors
     /// A stale descriptor.
-    pub fn set_context(&mut self, des: Descriptor, context: u64) -> Result<(), BtlError> {
+    pub(super) fn set_context(&mut self, des: Descriptor, context: u64) -> Result<(), BtlError> {
         self.frags.checked_mut(des)?.context = context;
         Ok(())
     }
@@ -311,7 +311,7 @@ impl<C: Context> Module<C> {
     ///
     /// # Errors
     /// A stale descriptor or a longer length.
-    pub fn set_segment_len(&mut self, des: Descriptor, len: usize) -> Result<(), BtlError> {
+    pub(super) fn set_segment_len(&mut self, des: Descriptor, len: usize) -> Result<(), BtlError> {
         let limit = self.limits.eager_limit;
         let frag = self.frags.checked_mut(des)?;
         if frag.user.is_some() || len > limit {
@@ -327,7 +327,7 @@ impl<C: Context> Module<C> {
     ///
     /// # Errors
     /// A stale descriptor.
-    pub fn set_message_bounds(
+    pub(super) fn set_message_bounds(
         &mut self,
         des: Descriptor,
         first: bool,

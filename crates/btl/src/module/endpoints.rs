@@ -8,7 +8,7 @@ use udbtl_fabric::{AhAttr, AhHandle, Context, FabricError, NodeAddr, QpAddr};
 use udbtl_reliability::{Instant, PeerId};
 use udbtl_wire::modex;
 
-use super::Module;
+use super::Engine;
 use crate::error::{BtlError, SendFailure};
 use crate::{EndpointId, NUM_QP};
 
@@ -150,7 +150,7 @@ impl Endpoints {
     }
 }
 
-/// The result of [`Module::add_procs`].
+/// The result of [`Module::add_procs`](super::Module::add_procs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AddProcs {
     /// One slot per peer: its endpoint, or `None` if unreachable.
@@ -159,9 +159,9 @@ pub struct AddProcs {
     pub reachable: Vec<bool>,
 }
 
-impl<C: Context> Module<C> {
+impl<C: Context> Engine<C> {
     /// This module's published address.
-    pub fn address(&self) -> modex::Address {
+    pub(super) fn address(&self) -> modex::Address {
         modex::Address {
             location: match self.port.addr {
                 NodeAddr::Ip(std::net::IpAddr::V4(ip)) => modex::Location::Ipv4(ip.octets()),
@@ -186,7 +186,10 @@ impl<C: Context> Module<C> {
     /// # Errors
     /// A verbs failure creating an address handle; endpoints created before
     /// it are released.
-    pub fn add_procs(&mut self, peers: &[Option<&[modex::Address]>]) -> Result<AddProcs, BtlError> {
+    pub(super) fn add_procs(
+        &mut self,
+        peers: &[Option<&[modex::Address]>],
+    ) -> Result<AddProcs, BtlError> {
         let mut result = AddProcs {
             endpoints: vec![None; peers.len()],
             reachable: vec![false; peers.len()],
@@ -240,7 +243,7 @@ impl<C: Context> Module<C> {
     ///
     /// # Errors
     /// The address handle could not be created.
-    pub fn add_endpoint(
+    pub(super) fn add_endpoint(
         &mut self,
         qps: [QpAddr; modex::QPNS],
         proc_id: u32,
@@ -291,7 +294,7 @@ impl<C: Context> Module<C> {
     ///
     /// # Errors
     /// An unknown endpoint, or an address handle the fabric refused to free.
-    pub fn del_procs(&mut self, endpoints: &[EndpointId]) -> Result<(), BtlError> {
+    pub(super) fn del_procs(&mut self, endpoints: &[EndpointId]) -> Result<(), BtlError> {
         for &id in endpoints {
             let reuse = self.reliable.is_none();
             let endpoint = self
@@ -331,11 +334,11 @@ impl<C: Context> Module<C> {
 
     /// Attaches a value of the caller's to an endpoint (the peer's rank,
     /// say); receive callbacks get it back as
-    /// [`RecvEvent::endpoint_context`], so mapping a sender costs no lookup.
+    /// `RecvEvent::endpoint_context`, so mapping a sender costs no lookup.
     ///
     /// # Errors
     /// An unknown endpoint.
-    pub fn set_endpoint_context(
+    pub(super) fn set_endpoint_context(
         &mut self,
         endpoint: EndpointId,
         context: u64,
@@ -350,7 +353,7 @@ impl<C: Context> Module<C> {
     }
 
     /// The remote queue pair of an endpoint.
-    pub fn endpoint_addr(&self, endpoint: EndpointId) -> Option<QpAddr> {
+    pub(super) fn endpoint_addr(&self, endpoint: EndpointId) -> Option<QpAddr> {
         self.endpoints.get(endpoint).map(|e| e.remote)
     }
 }

@@ -3,6 +3,7 @@
 
 use udbtl_fabric::QpAddr;
 
+use super::recv::Delivery;
 use crate::error::SendFailure;
 use crate::frag::Descriptor;
 use crate::{EndpointId, Tag};
@@ -68,6 +69,20 @@ pub enum SendStatus {
     /// No send credit was free: queued, to be posted when a send completion
     /// returns one.
     Queued,
+}
+
+/// Something the caller's callbacks must hear, queued by the engine (on
+/// whichever thread serviced the fabric) and run by the application's next
+/// progress call.
+#[derive(Debug)]
+pub(super) enum Notice {
+    /// An in-order datagram: its buffer stays held until the callback ran.
+    Datagram(Delivery),
+    /// A descriptor's send is over; `owned` descriptors are freed after the
+    /// callback.
+    Sent { event: SendEvent, owned: bool },
+    /// An error for the error callback.
+    Error(ErrorEvent),
 }
 
 /// The caller's callbacks. They run only inside the caller's own calls

@@ -9,8 +9,8 @@ use std::time::Duration;
 use udbtl_fabric::Context;
 use udbtl_wire::rel;
 
-use super::Module;
 use super::reliable::Wait;
+use super::{Engine, Module};
 use crate::error::BtlError;
 use crate::frag::{DesFlags, Descriptor};
 use crate::{EndpointId, NO_ORDER, Tag};
@@ -130,14 +130,18 @@ impl<C: Context> Module<C> {
         tag: Tag,
         message: &[u8],
     ) -> Result<(), BtlError> {
-        let Some(reliable) = self.reliable.as_ref() else {
+        let Some(wait) = self
+            .lock()
+            .reliable
+            .as_ref()
+            .map(|r| r.core.config().peer_timeout)
+        else {
             return Err(BtlError::PeerUnavailable {
                 endpoint: endpoint.0,
                 reason: "multi-datagram messages need reliable = true".into(),
             });
         };
-        let wait = reliable.core.config().peer_timeout;
-        let chunk = self.limits.eager_limit.max(1);
+        let chunk = self.limits().eager_limit.max(1);
         let pieces = message.len().div_ceil(chunk).max(1);
         // A fragment kept aside for the abort marker, so the receiver can
         // always be told to drop a message cut short.
@@ -152,11 +156,16 @@ impl<C: Context> Module<C> {
             .chain(message.is_empty().then_some(&[][..]))
             .enumerate()
         {
-            result = self.send_piece(endpoint, tag, piece, i == 0, i + 1 == pieces, wait);
+            result = self.alloc_waiting(piece.len(), wait).and_then(|des| {
+                self.lock()
+                    .send_piece(des, endpoint, tag, piece, i == 0, i + 1 == pieces)
+            });
             if result.is_err() {
                 if let Some(spare) = spare.filter(|_| i > 0) {
                     // Best effort: if the peer is gone the marker is moot.
-                    if self.set_abort(spare).is_ok() && self.send(endpoint, spare, tag).is_ok() {
+                    let mut engine = self.lock();
+                    if engine.set_abort(spare).is_ok() && engine.send(endpoint, spare, tag).is_ok()
+                    {
                         return result;
                     }
                 }
@@ -169,18 +178,34 @@ impl<C: Context> Module<C> {
         result
     }
 
-    /// One piece of a message, in a fragment the BTL frees once it is
-    /// acknowledged; the fragment is freed on every error.
+    /// Allocates a send fragment, progressing while none is free, for at
+    /// most `wait` on the fabric's clock (or until that clock stands still).
+    fn alloc_waiting(&mut self, size: usize, wait: Duration) -> Result<Descriptor, BtlError> {
+        let mut waiting = Wait::new(self.now(), wait);
+        loop {
+            if let Some(des) = self.alloc(NO_ORDER, size, DesFlags::NONE) {
+                return Ok(des);
+            }
+            let handled = self.progress();
+            if waiting.over(self.now(), handled) {
+                return Err(BtlError::NoFragment { waited: wait });
+            }
+        }
+    }
+}
+
+impl<C: Context> Engine<C> {
+    /// Sends one piece of a message in `des`, which the BTL frees once it is
+    /// acknowledged; `des` is freed on every error.
     fn send_piece(
         &mut self,
+        des: Descriptor,
         endpoint: EndpointId,
         tag: Tag,
         piece: &[u8],
         first: bool,
         last: bool,
-        wait: Duration,
     ) -> Result<(), BtlError> {
-        let des = self.alloc_waiting(piece.len(), wait)?;
         let sent = self
             .segment_mut(des)
             .map(|seg| seg.copy_from_slice(piece))
@@ -193,21 +218,6 @@ impl<C: Context> Module<C> {
             let _ = self.free(des);
         }
         sent.map(drop)
-    }
-
-    /// Allocates a send fragment, progressing while none is free, for at
-    /// most `wait` on the fabric's clock (or until that clock stands still).
-    fn alloc_waiting(&mut self, size: usize, wait: Duration) -> Result<Descriptor, BtlError> {
-        let mut waiting = Wait::new(self.ctx.now(), wait);
-        loop {
-            if let Some(des) = self.alloc(NO_ORDER, size, DesFlags::NONE) {
-                return Ok(des);
-            }
-            let handled = self.progress();
-            if waiting.over(self.ctx.now(), handled) {
-                return Err(BtlError::NoFragment { waited: wait });
-            }
-        }
     }
 
     /// Turns the spare fragment into an abort marker: an empty last piece

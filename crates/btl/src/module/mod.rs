@@ -33,11 +33,14 @@ mod build;
 mod descriptors;
 mod endpoints;
 mod events;
+mod handle;
 mod messages;
 mod recv;
 mod reliable;
 mod send;
 mod stats;
+
+use std::collections::VecDeque;
 
 use udbtl_fabric::{
     Context, CqHandle, FabricError, Gather, Mr, PdHandle, PortAttr, PostError, QpHandle, QpInfo,
@@ -50,6 +53,7 @@ pub use build::{Limits, USER_RESERVE_MAX, recv_buffer_len};
 pub use events::{
     ErrorCallback, ErrorEvent, RecvCallback, RecvEvent, SendCallback, SendEvent, SendStatus,
 };
+pub use handle::{Module, Segment};
 pub use stats::ModuleStats;
 
 use crate::error::{BtlError, SendFailure};
@@ -59,13 +63,16 @@ use crate::{EndpointId, Tag};
 use descriptors::{Frags, bad};
 pub use endpoints::AddProcs;
 use endpoints::Endpoints;
-use events::Callbacks;
+use events::Notice;
 use recv::RecvPool;
 use reliable::Reliable;
 use send::{SendQueue, WaitingSend};
 
-/// One module per active port.
-pub struct Module<C: Context> {
+/// A module's state: everything but the caller's callbacks. The [`Module`]
+/// handle keeps it behind a lock, so that a helper thread can service the
+/// fabric while the application is away; callbacks never run on the helper,
+/// so what must reach them waits in `notices`.
+struct Engine<C: Context> {
     ctx: C,
     device: String,
     port: PortAttr,
@@ -82,7 +89,11 @@ pub struct Module<C: Context> {
     /// Sequencing, acknowledgement and retransmission; `None` when
     /// `reliable` is off.
     reliable: Option<Reliable>,
-    callbacks: Callbacks,
+    /// What the caller's callbacks must hear, oldest first.
+    notices: VecDeque<Notice>,
+    /// Receive buffers held by `notices` until the application's callback
+    /// has seen them.
+    held_for_app: usize,
     stats: ModuleStats,
     qkey: u32,
     job_key: u32,
@@ -98,9 +109,9 @@ pub struct Module<C: Context> {
     proc_id: u32,
 }
 
-impl<C: Context> std::fmt::Debug for Module<C> {
+impl<C: Context> std::fmt::Debug for Engine<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Module")
+        f.debug_struct("Engine")
             .field("device", &self.device)
             .field("port", &self.port.port_num)
             .field("limits", &self.limits)
@@ -117,7 +128,7 @@ fn deregister<C: Context>(ctx: &mut C, mr: Mr) {
     }
 }
 
-impl<C: Context> Module<C> {
+impl<C: Context> Engine<C> {
     // ----- sending ------------------------------------------------------
 
     /// Sends a descriptor to an endpoint with `tag`. The BTL owns the
@@ -131,7 +142,7 @@ impl<C: Context> Module<C> {
     /// A stale or busy descriptor, an unknown endpoint, or a post the fabric
     /// refused; in every case the descriptor is back in the caller's hands
     /// and no credit is lost (the seed swallowed post failures).
-    pub fn send(
+    pub(super) fn send(
         &mut self,
         endpoint: EndpointId,
         des: Descriptor,
@@ -246,40 +257,16 @@ impl<C: Context> Module<C> {
         if event.status.is_err() {
             self.stats.send_errors += 1;
         }
-        if let Some(callback) = self.callbacks.send.as_mut() {
-            callback(&event);
-        }
-        if owned {
-            self.release(des);
-        }
-    }
-
-    // ----- callbacks ----------------------------------------------------
-
-    /// Installs the receive callback for `tag`, replacing any earlier one.
-    pub fn register(&mut self, tag: Tag, callback: RecvCallback) {
-        self.callbacks.recv[usize::from(tag.0)] = Some(callback);
-    }
-
-    /// Installs the callback that reports send completions.
-    pub fn set_send_callback(&mut self, callback: SendCallback) {
-        self.callbacks.send = Some(callback);
-    }
-
-    /// Installs the error callback (`btl_register_error`).
-    pub fn register_error(&mut self, callback: ErrorCallback) {
-        self.callbacks.error = Some(callback);
+        self.notices.push_back(Notice::Sent { event, owned });
     }
 
     fn report_error(&mut self, endpoint: Option<EndpointId>, fatal: bool, message: String) {
         tracing::error!(device = %self.device, port = self.port.port_num, fatal, "{message}");
-        if let Some(callback) = self.callbacks.error.as_mut() {
-            callback(&ErrorEvent {
-                fatal,
-                endpoint,
-                message,
-            });
-        }
+        self.notices.push_back(Notice::Error(ErrorEvent {
+            fatal,
+            endpoint,
+            message,
+        }));
     }
 
     // ----- progress -----------------------------------------------------
@@ -293,7 +280,7 @@ impl<C: Context> Module<C> {
     /// returned at the first one and leaked the batch's receive buffers).
     ///
     /// Returns the number of completions handled.
-    pub fn progress(&mut self) -> usize {
+    pub(super) fn progress(&mut self) -> usize {
         // Before polling: a timer must never fire on a clock read after an
         // empty poll, while what would have stopped it sits unread. An
         // unreliable module has no timers and reads no clock.
@@ -328,6 +315,12 @@ impl<C: Context> Module<C> {
         } else if polled > 0 {
             self.post_waiting();
         }
+        self.flush_reposts();
+        polled
+    }
+
+    /// Reposts the buffers consumed since the last flush, in one call.
+    fn flush_reposts(&mut self) {
         if let Err(err) = self.recv.flush(&mut self.ctx) {
             self.report_error(
                 None,
@@ -335,7 +328,6 @@ impl<C: Context> Module<C> {
                 format!("reposting receive buffers failed: {err}"),
             );
         }
-        polled
     }
 
     fn on_send_completion(&mut self, wc: &WorkCompletion) {
@@ -357,59 +349,11 @@ impl<C: Context> Module<C> {
         self.complete_send(Descriptor::from_raw(wc.wr_id as u32), status);
     }
 
-    // ----- diagnostics --------------------------------------------------
-
-    /// Sizes this module works with.
-    pub const fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
-    /// The port this module drives.
-    pub const fn port(&self) -> &PortAttr {
-        &self.port
-    }
-
-    /// The device name.
-    pub fn device(&self) -> &str {
-        &self.device
-    }
-
-    /// Counters.
-    pub const fn stats(&self) -> &ModuleStats {
-        &self.stats
-    }
-
-    /// Registration cache counters.
-    pub fn rcache_stats(&self) -> crate::rcache::RegCacheStats {
-        self.rcache.stats()
-    }
-
-    /// The fabric context, for its counters.
-    pub const fn context(&self) -> &C {
-        &self.ctx
-    }
-
-    /// Descriptors waiting for a send credit.
-    pub fn pending_len(&self) -> usize {
-        self.sends.len()
-    }
-
-    /// Send credits free.
-    pub fn send_credits(&self) -> u32 {
-        self.sends.credits()
-    }
-
     /// When the reliability state next needs a progress call even if nothing
     /// arrives, on the fabric's clock; `None` when no timer is armed. A
     /// driver of a simulated fabric advances time to it.
-    pub fn next_deadline(&mut self) -> Option<std::time::Duration> {
+    pub(super) fn next_deadline(&mut self) -> Option<std::time::Duration> {
         let at = self.reliable.as_mut()?.core.poll_timeout()?;
         Some(std::time::Duration::from_nanos(at.as_nanos()))
-    }
-
-    /// Checkpoint/restart notification. There is no checkpoint support, so
-    /// every state is accepted and nothing happens, as in the seed.
-    pub fn ft_event(&mut self, state: i32) {
-        tracing::debug!(state, "ft_event ignored: no checkpoint/restart support");
     }
 }

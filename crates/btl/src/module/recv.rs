@@ -7,11 +7,24 @@ use udbtl_fabric::{
     Context, GRH_LEN, Mr, PostError, QpAddr, QpHandle, RecvWr, Sge, WcStatus, WorkCompletion,
 };
 use udbtl_reliability::Instant;
-use udbtl_wire::btl;
+use udbtl_wire::{btl, rel};
 
-use super::Module;
-use super::events::RecvEvent;
+use super::Engine;
+use super::events::{Callbacks, Notice, RecvEvent};
 use crate::{EndpointId, NUM_WC, Tag};
+
+/// A datagram the application will hear about at its next progress call.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Delivery {
+    pub(super) held: Held,
+    /// Header bytes in front of the payload.
+    pub(super) header_len: usize,
+    pub(super) tag: Tag,
+    pub(super) endpoint: Option<EndpointId>,
+    pub(super) src: QpAddr,
+    /// Message bounds (reliability extension flags).
+    pub(super) flags: u16,
+}
 
 /// A received datagram the module holds on to (while it waits for an
 /// earlier one, or is being delivered): its buffer and length.
@@ -85,7 +98,14 @@ impl RecvPool {
     }
 }
 
-impl<C: Context> Module<C> {
+impl<C: Context> Engine<C> {
+    /// Keeps an in-order datagram's buffer until the application's callback
+    /// has seen it.
+    pub(super) fn hold_for_app(&mut self, delivery: Delivery) {
+        self.held_for_app += 1;
+        self.notices.push_back(Notice::Datagram(delivery));
+    }
+
     /// A receive completion: checks the BTL header and the job key, then
     /// hands the datagram to the reliable path or, on an unreliable module,
     /// straight to its tag callback.
@@ -119,8 +139,14 @@ impl<C: Context> Module<C> {
             (true, true, Some(src)) => self.on_reliable_receive(held, src, now),
             (false, false, Some(src)) => {
                 let endpoint = self.endpoints.lookup(src);
-                self.deliver(held, btl::HEADER_LEN, Tag(header.tag), endpoint, src);
-                self.recv.repost(slot);
+                self.hold_for_app(Delivery {
+                    held,
+                    header_len: btl::HEADER_LEN,
+                    tag: Tag(header.tag),
+                    endpoint,
+                    src,
+                    flags: rel::FLAG_FIRST | rel::FLAG_LAST,
+                });
             }
             // A peer configured differently, or no source address.
             _ => {
@@ -130,36 +156,47 @@ impl<C: Context> Module<C> {
         }
     }
 
-    /// Runs the tag callback on the payload of a held datagram, whose
-    /// headers take `header_len` bytes. Does not repost the buffer.
-    pub(super) fn deliver(
-        &mut self,
-        held: Held,
-        header_len: usize,
-        tag: Tag,
-        endpoint: Option<EndpointId>,
-        src: QpAddr,
-    ) {
-        let endpoint_context = self.endpoints.context(endpoint);
-        let Some(callback) = self.callbacks.recv[usize::from(tag.0)].as_mut() else {
-            self.stats.recv_no_callback += 1;
-            return;
-        };
-        let Some(payload) = self
-            .recv
-            .datagram(&self.ctx, held)
-            .and_then(|d| d.get(header_len..))
-        else {
-            self.stats.recv_malformed += 1;
-            return;
-        };
-        callback(&RecvEvent {
+    /// Runs the tag callback on a datagram the application has to hear
+    /// about, reassembling multi-datagram messages, then reposts its buffer.
+    /// Only the application's own progress calls this: the caller's
+    /// callbacks never run anywhere else.
+    pub(super) fn deliver(&mut self, callbacks: &mut Callbacks, delivery: Delivery) {
+        let Delivery {
+            held,
+            header_len,
             tag,
             endpoint,
-            endpoint_context,
             src,
-            payload,
-        });
-        self.stats.recvs_delivered += 1;
+            flags,
+        } = delivery;
+        let whole = rel::FLAG_FIRST | rel::FLAG_LAST;
+        if flags & (whole | rel::FLAG_ABORT) == whole {
+            let endpoint_context = self.endpoints.context(endpoint);
+            match (
+                callbacks.recv[usize::from(tag.0)].as_mut(),
+                self.recv
+                    .datagram(&self.ctx, held)
+                    .and_then(|d| d.get(header_len..)),
+            ) {
+                (None, _) => self.stats.recv_no_callback += 1,
+                (_, None) => self.stats.recv_malformed += 1,
+                (Some(callback), Some(payload)) => {
+                    callback(&RecvEvent {
+                        tag,
+                        endpoint,
+                        endpoint_context,
+                        src,
+                        payload,
+                    });
+                    self.stats.recvs_delivered += 1;
+                }
+            }
+        } else if let Some(endpoint) = endpoint {
+            self.reassemble(callbacks, held, endpoint, src, tag, flags);
+        } else {
+            self.stats.recv_orphan_pieces += 1;
+        }
+        self.recv.repost(held.slot);
+        self.held_for_app = self.held_for_app.saturating_sub(1);
     }
 }

@@ -23,10 +23,11 @@ use udbtl_reliability::{
 use udbtl_wire::{btl, datagram, rel};
 
 use super::build::HEADER_MAX;
+use super::events::Callbacks;
 use super::messages::{Piece, Reassembly};
-use super::recv::Held;
+use super::recv::{Delivery, Held};
 use super::send::WaitingSend;
-use super::{Module, RecvEvent, SendStatus};
+use super::{Engine, RecvEvent, SendStatus};
 use crate::error::{BtlError, SendFailure};
 use crate::frag::{Descriptor, FragState};
 use crate::params::Params;
@@ -109,7 +110,7 @@ fn reliability_state(params: &Params) -> Result<Reliability<Descriptor, Held>, C
 }
 
 /// A random id for this process, for modules whose caller does not name the
-/// process (see [`Module::set_process_id`]): unique only with high
+/// process (see `Module::set_process_id`): unique only with high
 /// probability.
 pub(super) fn random_process_id() -> u32 {
     // RandomState is seeded from the OS's randomness once per process.
@@ -118,7 +119,7 @@ pub(super) fn random_process_id() -> u32 {
     hasher.finish() as u32
 }
 
-impl<C: Context> Module<C> {
+impl<C: Context> Engine<C> {
     /// The fabric's clock, as the reliability state counts time.
     pub(super) fn clock(&self) -> Instant {
         Instant::from_duration(self.ctx.now())
@@ -380,19 +381,33 @@ impl<C: Context> Module<C> {
         }
     }
 
-    /// Delivers one in-order datagram, reassembling multi-datagram messages,
-    /// and reposts its buffer.
+    /// Hands one in-order datagram to the application's next progress.
     fn deliver_in_order(&mut self, held: Held, endpoint: EndpointId, tag: Tag, flags: u16) {
         let Some(src) = self.endpoints.get(endpoint).map(|e| e.remote) else {
             self.recv.repost(held.slot);
             return;
         };
-        let whole = rel::FLAG_FIRST | rel::FLAG_LAST;
-        if flags & (whole | rel::FLAG_ABORT) == whole {
-            self.deliver(held, HEADER_MAX, tag, Some(endpoint), src);
-            self.recv.repost(held.slot);
-            return;
-        }
+        self.hold_for_app(Delivery {
+            held,
+            header_len: HEADER_MAX,
+            tag,
+            endpoint: Some(endpoint),
+            src,
+            flags,
+        });
+    }
+
+    /// Adds one piece of a multi-datagram message; runs the tag callback
+    /// when it completes one. Does not repost the buffer.
+    pub(super) fn reassemble(
+        &mut self,
+        callbacks: &mut Callbacks,
+        held: Held,
+        endpoint: EndpointId,
+        src: QpAddr,
+        tag: Tag,
+        flags: u16,
+    ) {
         let piece = match (
             self.recv
                 .datagram(&self.ctx, held)
@@ -409,11 +424,24 @@ impl<C: Context> Module<C> {
             ),
             _ => Piece::Orphan,
         };
-        self.recv.repost(held.slot);
         match piece {
             Piece::Added => {}
             Piece::Complete(tag, message) => {
-                self.deliver_message(endpoint, src, Tag(tag), &message);
+                let endpoint_context = self.endpoints.context(Some(endpoint));
+                match callbacks.recv[usize::from(tag)].as_mut() {
+                    Some(callback) => {
+                        callback(&RecvEvent {
+                            tag: Tag(tag),
+                            endpoint: Some(endpoint),
+                            endpoint_context,
+                            src,
+                            payload: &message,
+                        });
+                        self.stats.recvs_delivered += 1;
+                        self.stats.messages_reassembled += 1;
+                    }
+                    None => self.stats.recv_no_callback += 1,
+                }
                 if let Some(reliable) = self.reliable.as_mut() {
                     reliable.reassembly.recycle(endpoint, message);
                 }
@@ -423,53 +451,19 @@ impl<C: Context> Module<C> {
         }
     }
 
-    /// Runs the tag callback on a reassembled message.
-    fn deliver_message(&mut self, endpoint: EndpointId, src: QpAddr, tag: Tag, message: &[u8]) {
-        let endpoint_context = self.endpoints.context(Some(endpoint));
-        let Some(callback) = self.callbacks.recv[usize::from(tag.0)].as_mut() else {
-            self.stats.recv_no_callback += 1;
-            return;
-        };
-        callback(&RecvEvent {
-            tag,
-            endpoint: Some(endpoint),
-            endpoint_context,
-            src,
-            payload: message,
-        });
-        self.stats.recvs_delivered += 1;
-        self.stats.messages_reassembled += 1;
-    }
-
     /// Process ids (as published in the modex) of senders this module does
     /// not know yet, collected since the last call. A caller that fetches
     /// addresses lazily connects to them; their retransmissions are then
     /// accepted.
-    pub fn take_unknown_peers(&mut self) -> Vec<u32> {
+    pub(super) fn take_unknown_peers(&mut self) -> Vec<u32> {
         self.reliable
             .as_mut()
             .map(|r| std::mem::take(&mut r.unknown_peers))
             .unwrap_or_default()
     }
 
-    /// This module's process id, as published in the modex and carried in
-    /// every reliable datagram.
-    pub const fn process_id(&self) -> u32 {
-        self.proc_id
-    }
-
-    /// Names this process for its peers: the id published in the modex and
-    /// carried in every reliable datagram, by which receivers tell it from
-    /// another process that reuses its address, and look up a sender they
-    /// do not know yet. A launcher sets it from the process's rank, which is
-    /// unique in the job (the job key tells jobs apart); left unset it is
-    /// random. Set it before publishing the modex.
-    pub fn set_process_id(&mut self, id: u32) {
-        self.proc_id = id;
-    }
-
     /// Descriptors sent reliably and not yet acknowledged.
-    pub fn unacknowledged(&self) -> usize {
+    pub(super) fn unacknowledged(&self) -> usize {
         let Some(reliable) = self.reliable.as_ref() else {
             return 0;
         };
@@ -478,21 +472,6 @@ impl<C: Context> Module<C> {
             .filter_map(|id| reliable.core.queued(PeerId(id.0)))
             .map(|(in_flight, backlog)| in_flight + backlog)
             .sum()
-    }
-
-    /// Progresses until every reliable send is acknowledged (or failed with
-    /// its lost peer), or `limit` passes on the fabric's clock; returns
-    /// whether nothing is left unacknowledged. A fabric whose clock stands
-    /// still (a simulation nobody drives) ends the wait too.
-    pub fn quiesce(&mut self, limit: Duration) -> bool {
-        let mut wait = Wait::new(self.ctx.now(), limit);
-        while self.unacknowledged() > 0 {
-            let handled = self.progress();
-            if wait.over(self.ctx.now(), handled) {
-                return false;
-            }
-        }
-        true
     }
 }
 

@@ -4,7 +4,7 @@ use std::fmt;
 
 use udbtl_fabric::{Context, QpAddr};
 
-use super::Module;
+use super::Engine;
 
 /// Counters of one module.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -46,7 +46,7 @@ pub struct ModuleStats {
     pub messages_aborted: u64,
 }
 
-impl<C: Context> fmt::Display for Module<C> {
+impl<C: Context> fmt::Display for Engine<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.stats;
         let rc = self.rcache.stats();

@@ -1,0 +1,489 @@
+//! The module as its caller holds it: a handle on the engine, which lives
+//! behind a lock, and the caller's callbacks, which never leave the
+//! caller's own calls.
+
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
+use udbtl_fabric::{Context, PortAttr, QpAddr};
+use udbtl_wire::modex;
+
+use super::events::{Callbacks, Notice};
+use super::{
+    AddProcs, Engine, ErrorCallback, Limits, ModuleStats, RecvCallback, SendCallback, SendStatus,
+};
+use crate::convertor::Convertor;
+use crate::error::BtlError;
+use crate::frag::{DesFlags, Descriptor};
+use crate::params::Params;
+use crate::rcache::{RegCacheStats, RegId};
+use crate::{EndpointId, Tag};
+
+/// One module per active port.
+///
+/// The module's state (the fabric context, fragments, endpoints, the
+/// reliability state) sits behind a lock that every call takes briefly, so
+/// that servicing the fabric never depends on one thread. The caller's
+/// callbacks run only inside its own [`progress`](Self::progress) calls, in
+/// the order their events happened.
+pub struct Module<C: Context> {
+    pub(super) engine: Arc<Mutex<Engine<C>>>,
+    pub(super) callbacks: Callbacks,
+    limits: Limits,
+    port: PortAttr,
+    device: String,
+}
+
+impl<C: Context> fmt::Debug for Module<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Module")
+            .field("device", &self.device)
+            .field("port", &self.port.port_num)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The bytes of a descriptor's segment, borrowed from the module: writable
+/// while this guard lives, which holds the module's lock.
+pub struct Segment<'a>(MappedMutexGuard<'a, [u8]>);
+
+impl fmt::Debug for Segment<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Segment")
+            .field("len", &self.0.len())
+            .finish()
+    }
+}
+
+impl Deref for Segment<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl DerefMut for Segment<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
+
+impl<C: Context> Module<C> {
+    /// Builds a module on `port` of an opened device, in the seed's order:
+    /// protection domain, registration cache, completion queue of depth
+    /// `rd_num + sd_num`, [`NUM_QP`](crate::NUM_QP) queue pairs moved to
+    /// RTS, `rd_num` receive buffers posted at once, then the send and user
+    /// free lists. A failure unwinds what was built, in reverse, and hands
+    /// the context back with the error.
+    ///
+    /// # Errors
+    /// The failing step and its verbs error.
+    pub fn new(ctx: C, port: u8, params: &Params) -> Result<Self, (C, BtlError)> {
+        let engine = Engine::new(ctx, port, params)?;
+        Ok(Self {
+            limits: engine.limits,
+            port: engine.port.clone(),
+            device: engine.device.clone(),
+            engine: Arc::new(Mutex::new(engine)),
+            callbacks: Callbacks::new(),
+        })
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, Engine<C>> {
+        self.engine.lock()
+    }
+
+    /// Releases everything, in the verbs order: address handles, queue
+    /// pairs, completion queue, registrations (fragments, receive buffers,
+    /// cache), protection domain. Events not reported yet are reported
+    /// first. Returns the fabric context.
+    ///
+    /// # Errors
+    /// Descriptors still owned by the caller, cached registrations still
+    /// referenced, or a fabric refusal: each is a leak the caller should
+    /// hear about. Teardown still goes as far as it can.
+    pub fn finalize(mut self) -> Result<C, (C, BtlError)> {
+        self.run_notices();
+        let engine = match Arc::try_unwrap(self.engine) {
+            Ok(engine) => engine.into_inner(),
+            // Only the module holds the engine: nothing else was started.
+            Err(_) => unreachable!("no one else holds the engine"),
+        };
+        engine.finalize()
+    }
+
+    // ----- addressing ---------------------------------------------------
+
+    /// This module's published address.
+    pub fn address(&self) -> modex::Address {
+        self.lock().address()
+    }
+
+    /// Turns peers' published addresses into endpoints. `peers[i]` is peer
+    /// `i`'s address list, or `None` if it published nothing. A peer with no
+    /// address on this module's network is unreachable through this module;
+    /// that is not an error for the whole call (a seed bug).
+    ///
+    /// # Errors
+    /// A verbs failure creating an address handle; endpoints created before
+    /// it are released.
+    pub fn add_procs(&mut self, peers: &[Option<&[modex::Address]>]) -> Result<AddProcs, BtlError> {
+        self.lock().add_procs(peers)
+    }
+
+    /// Creates an endpoint for a peer module whose queue pairs are `qps`
+    /// (the first receives; datagrams from any of them are recognised as the
+    /// peer's) in process `proc_id`, with an address handle built with the
+    /// service level and path bits parameters.
+    ///
+    /// # Errors
+    /// The address handle could not be created.
+    pub fn add_endpoint(
+        &mut self,
+        qps: [QpAddr; modex::QPNS],
+        proc_id: u32,
+    ) -> Result<EndpointId, BtlError> {
+        self.lock().add_endpoint(qps, proc_id)
+    }
+
+    /// Releases endpoints and their address handles. Sends waiting for a
+    /// credit to them complete with an error (reported at the next
+    /// progress call).
+    ///
+    /// # Errors
+    /// An unknown endpoint, or an address handle the fabric refused to free.
+    pub fn del_procs(&mut self, endpoints: &[EndpointId]) -> Result<(), BtlError> {
+        self.lock().del_procs(endpoints)
+    }
+
+    /// Attaches a value of the caller's to an endpoint (the peer's rank,
+    /// say); receive callbacks get it back as
+    /// [`RecvEvent::endpoint_context`](super::RecvEvent::endpoint_context),
+    /// so mapping a sender costs no lookup.
+    ///
+    /// # Errors
+    /// An unknown endpoint.
+    pub fn set_endpoint_context(
+        &mut self,
+        endpoint: EndpointId,
+        context: u64,
+    ) -> Result<(), BtlError> {
+        self.lock().set_endpoint_context(endpoint, context)
+    }
+
+    /// The remote queue pair of an endpoint.
+    pub fn endpoint_addr(&self, endpoint: EndpointId) -> Option<QpAddr> {
+        self.lock().endpoint_addr(endpoint)
+    }
+
+    /// Names this process for its peers: the id published in the modex and
+    /// carried in every reliable datagram, by which receivers tell it from
+    /// another process that reuses its address, and look up a sender they
+    /// do not know yet. A launcher sets it from the process's rank, which is
+    /// unique in the job (the job key tells jobs apart); left unset it is
+    /// random. Set it before publishing the modex.
+    pub fn set_process_id(&mut self, id: u32) {
+        self.lock().proc_id = id;
+    }
+
+    /// This module's process id, as published in the modex and carried in
+    /// every reliable datagram.
+    pub fn process_id(&self) -> u32 {
+        self.lock().proc_id
+    }
+
+    /// Process ids (as published in the modex) of senders this module does
+    /// not know yet, collected since the last call. A caller that fetches
+    /// addresses lazily connects to them; their retransmissions are then
+    /// accepted.
+    pub fn take_unknown_peers(&mut self) -> Vec<u32> {
+        self.lock().take_unknown_peers()
+    }
+
+    // ----- descriptors --------------------------------------------------
+
+    /// A send fragment with room for `size` bytes, from the send free list.
+    /// `None` if `size` exceeds the eager limit or the list is at its bound;
+    /// the caller retries after completions return fragments.
+    pub fn alloc(&mut self, order: u8, size: usize, flags: DesFlags) -> Option<Descriptor> {
+        self.lock().alloc(order, size, flags)
+    }
+
+    /// Returns a descriptor the caller owns. A send fragment goes back to its
+    /// list; a user fragment releases its registration first.
+    ///
+    /// # Errors
+    /// A stale descriptor, or one still owned by the BTL (waiting or
+    /// posted): a descriptor may only be freed after local completion.
+    pub fn free(&mut self, des: Descriptor) -> Result<(), BtlError> {
+        self.lock().free(des)
+    }
+
+    /// Prepares a descriptor holding `reserve` bytes for the caller's header
+    /// followed by up to `*size` bytes from `convertor`; sets `*size` to the
+    /// number of data bytes taken.
+    ///
+    /// Data is sent from user memory, without a copy, when the convertor is
+    /// zero-copy capable (shared memory), `reserve` fits the user fragment's
+    /// header room, and either `registration` is given or the data exceeds
+    /// the eager limit. The data is then cut at the maximum datagram size, so
+    /// a large buffer takes several calls. Otherwise the data is packed into
+    /// a send fragment. Unlike the seed, the zero-copy branch returns a
+    /// working descriptor, carries the BTL header in its own gather entry, and
+    /// never exceeds one datagram.
+    ///
+    /// `None` when no fragment is free or `reserve` leaves no room.
+    pub fn prepare_src(
+        &mut self,
+        registration: Option<RegId>,
+        convertor: &mut Convertor<'_>,
+        order: u8,
+        reserve: usize,
+        size: &mut usize,
+        flags: DesFlags,
+    ) -> Option<Descriptor> {
+        self.lock()
+            .prepare_src(registration, convertor, order, reserve, size, flags)
+    }
+
+    /// Registers user memory through the registration cache (the module's
+    /// `btl_mpool`), for callers that pass a registration to
+    /// [`prepare_src`](Self::prepare_src). Release it with
+    /// [`mpool_deregister`](Self::mpool_deregister).
+    ///
+    /// # Errors
+    /// The fabric refused the registration.
+    pub fn mpool_register(&mut self, data: &Arc<[u8]>) -> Result<RegId, BtlError> {
+        self.lock().mpool_register(data)
+    }
+
+    /// Drops a reference taken by [`mpool_register`](Self::mpool_register).
+    ///
+    /// # Errors
+    /// The registration holds no reference.
+    pub fn mpool_deregister(&mut self, reg: RegId) -> Result<(), BtlError> {
+        self.lock().mpool_deregister(reg)
+    }
+
+    /// The bytes after the BTL header that the caller fills: the reserve and,
+    /// for a send fragment, the packed payload (`alloc`'s `size` bytes). The
+    /// guard holds the module's lock: drop it before the next call.
+    ///
+    /// # Errors
+    /// A stale descriptor.
+    pub fn segment_mut(&mut self, des: Descriptor) -> Result<Segment<'_>, BtlError> {
+        let mut engine = self.lock();
+        engine.segment_mut(des)?;
+        // Checked just above, under the same lock: the empty slice is never
+        // used.
+        Ok(Segment(MutexGuard::map(engine, |e| {
+            e.segment_mut(des).unwrap_or_default()
+        })))
+    }
+
+    /// Sets the value handed back in the descriptor's
+    /// [`SendEvent`](super::SendEvent).
+    ///
+    /// # Errors
+    /// A stale descriptor.
+    pub fn set_context(&mut self, des: Descriptor, context: u64) -> Result<(), BtlError> {
+        self.lock().set_context(des, context)
+    }
+
+    /// Changes the length of an allocated send fragment's segment (at most
+    /// what it was allocated with), e.g. after packing fewer bytes.
+    ///
+    /// # Errors
+    /// A stale descriptor or a longer length.
+    pub fn set_segment_len(&mut self, des: Descriptor, len: usize) -> Result<(), BtlError> {
+        self.lock().set_segment_len(des, len)
+    }
+
+    /// Marks whether a descriptor starts and/or ends a message, for
+    /// messages sent as several descriptors (the receiver delivers them as
+    /// one). By default a descriptor is a whole message.
+    ///
+    /// # Errors
+    /// A stale descriptor.
+    pub fn set_message_bounds(
+        &mut self,
+        des: Descriptor,
+        first: bool,
+        last: bool,
+    ) -> Result<(), BtlError> {
+        self.lock().set_message_bounds(des, first, last)
+    }
+
+    // ----- sending and progress -----------------------------------------
+
+    /// Sends a descriptor to an endpoint with `tag`. The BTL owns the
+    /// descriptor until the send callback reports its completion.
+    ///
+    /// With no send credit free, the descriptor waits in the module's queue
+    /// and is posted when a send completion returns a credit. Each peer's
+    /// datagrams leave by one queue pair; peers are striped over them.
+    ///
+    /// # Errors
+    /// A stale or busy descriptor, an unknown endpoint, or a post the fabric
+    /// refused; in every case the descriptor is back in the caller's hands
+    /// and no credit is lost (the seed swallowed post failures).
+    pub fn send(
+        &mut self,
+        endpoint: EndpointId,
+        des: Descriptor,
+        tag: Tag,
+    ) -> Result<SendStatus, BtlError> {
+        self.lock().send(endpoint, des, tag)
+    }
+
+    /// Reads the fabric's clock, then polls the completion queue once, for
+    /// up to [`NUM_WC`](crate::NUM_WC) completions, fires the reliability
+    /// timers that are due, and runs the callbacks for everything that
+    /// happened since the last call (deliveries in order, send completions,
+    /// errors), reposting each receive buffer after its callback. An error
+    /// completion is counted and handled in place; the rest of the batch is
+    /// still processed (the seed returned at the first one and leaked the
+    /// batch's receive buffers).
+    ///
+    /// Returns the number of completions handled and events reported.
+    pub fn progress(&mut self) -> usize {
+        let polled = self.lock().progress();
+        polled + self.run_notices()
+    }
+
+    /// Runs the callbacks for every queued notice; returns how many.
+    fn run_notices(&mut self) -> usize {
+        let mut engine = self.engine.lock();
+        let mut ran = 0;
+        while let Some(notice) = engine.notices.pop_front() {
+            ran += 1;
+            match notice {
+                Notice::Datagram(delivery) => engine.deliver(&mut self.callbacks, delivery),
+                Notice::Sent { event, owned } => {
+                    if let Some(callback) = self.callbacks.send.as_mut() {
+                        callback(&event);
+                    }
+                    if owned {
+                        engine.release(event.descriptor);
+                    }
+                }
+                Notice::Error(event) => {
+                    if let Some(callback) = self.callbacks.error.as_mut() {
+                        callback(&event);
+                    }
+                }
+            }
+        }
+        if ran > 0 {
+            engine.flush_reposts();
+        }
+        ran
+    }
+
+    /// Installs the receive callback for `tag`, replacing any earlier one.
+    pub fn register(&mut self, tag: Tag, callback: RecvCallback) {
+        self.callbacks.recv[usize::from(tag.0)] = Some(callback);
+    }
+
+    /// Installs the callback that reports send completions.
+    pub fn set_send_callback(&mut self, callback: SendCallback) {
+        self.callbacks.send = Some(callback);
+    }
+
+    /// Installs the error callback (`btl_register_error`).
+    pub fn register_error(&mut self, callback: ErrorCallback) {
+        self.callbacks.error = Some(callback);
+    }
+
+    /// Descriptors sent reliably and not yet acknowledged.
+    pub fn unacknowledged(&self) -> usize {
+        self.lock().unacknowledged()
+    }
+
+    /// Progresses until every reliable send is acknowledged (or failed with
+    /// its lost peer), or `limit` passes on the fabric's clock; returns
+    /// whether nothing is left unacknowledged. A fabric whose clock stands
+    /// still (a simulation nobody drives) ends the wait too.
+    pub fn quiesce(&mut self, limit: Duration) -> bool {
+        let mut wait = super::reliable::Wait::new(self.now(), limit);
+        while self.unacknowledged() > 0 {
+            let handled = self.progress();
+            if wait.over(self.now(), handled) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The fabric's clock.
+    pub(super) fn now(&self) -> Duration {
+        self.lock().ctx.now()
+    }
+
+    /// When the reliability state next needs a progress call even if nothing
+    /// arrives, on the fabric's clock; `None` when no timer is armed. A
+    /// driver of a simulated fabric advances time to it.
+    pub fn next_deadline(&mut self) -> Option<Duration> {
+        self.lock().next_deadline()
+    }
+
+    // ----- diagnostics --------------------------------------------------
+
+    /// Sizes this module works with.
+    pub const fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The port this module drives.
+    pub const fn port(&self) -> &PortAttr {
+        &self.port
+    }
+
+    /// The device name.
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ModuleStats {
+        self.lock().stats
+    }
+
+    /// Registration cache counters.
+    pub fn rcache_stats(&self) -> RegCacheStats {
+        self.lock().rcache.stats()
+    }
+
+    /// The fabric context, for its counters; the guard holds the module's
+    /// lock.
+    pub fn context(&self) -> impl Deref<Target = C> + '_ {
+        MutexGuard::map(self.lock(), |e| &mut e.ctx)
+    }
+
+    /// Descriptors waiting for a send credit.
+    pub fn pending_len(&self) -> usize {
+        self.lock().sends.len()
+    }
+
+    /// Send credits free.
+    pub fn send_credits(&self) -> u32 {
+        self.lock().sends.credits()
+    }
+
+    /// Checkpoint/restart notification. There is no checkpoint support, so
+    /// every state is accepted and nothing happens, as in the seed.
+    pub fn ft_event(&mut self, state: i32) {
+        tracing::debug!(state, "ft_event ignored: no checkpoint/restart support");
+    }
+}
+
+impl<C: Context> fmt::Display for Module<C> {
+    /// The module's state for humans (`btl_dump`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&*self.lock(), f)
+    }
+}
