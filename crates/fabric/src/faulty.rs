@@ -48,7 +48,7 @@ use std::mem;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::types::*;
-use crate::{Context, FabricError, PostError, Provider, Result};
+use crate::{CompletionChannel, Context, FabricError, PostError, Provider, Result};
 
 /// Environment variable with the drop rate.
 pub const ENV_DROP: &str = "UDBTL_FAULT_DROP";
@@ -864,6 +864,12 @@ impl<C: Context> Context for FaultyContext<C> {
             written += 1;
         }
         Ok(written)
+    }
+
+    /// The wrapped provider's channel. Completions this wrapper makes itself
+    /// (dropped and held sends) do not make it ready.
+    fn completion_channel(&mut self, cq: CqHandle) -> Result<Option<CompletionChannel>> {
+        self.inner.completion_channel(cq)
     }
 
     fn now(&self) -> std::time::Duration {

@@ -36,8 +36,17 @@
 //! broken by safe code. Sends may also gather from caller memory registered
 //! with [`Context::reg_user_mr`]; the provider has consumed the bytes when
 //! `post_send` returns.
+//!
+//! # Waiting for completions
+//!
+//! [`Context::completion_channel`] gives a [`CompletionChannel`] (verbs'
+//! `ibv_comp_channel`) on which a thread can sleep, without the context and
+//! without its lock, until a completion queue may have completions, a timeout
+//! passes or a [`Waker`] is woken. `udp` provides one; `sim`, on virtual
+//! time, does not.
 #![warn(missing_docs)]
 
+mod channel;
 mod error;
 pub mod faulty;
 pub mod sim;
@@ -46,6 +55,7 @@ mod types;
 pub mod udp;
 mod verbs;
 
+pub use channel::{CompletionChannel, Waker, Wakeup};
 pub use error::{FabricError, PostError, Result};
 pub use table::{Handle, Table};
 pub use types::*;
@@ -216,6 +226,37 @@ pub trait Context: Send {
     /// # Errors
     /// Bad handle, or a provider failure that is not a per-datagram loss.
     fn poll_cq(&mut self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize>;
+
+    /// A channel to wait on for completions of `cq` (`ibv_create_comp_channel`
+    /// with the CQ bound to it), or `None` when the provider cannot block a
+    /// thread until something arrives.
+    ///
+    /// [`CompletionChannel::wait`] returns [`Wakeup::Ready`] when a queue pair
+    /// whose receive completion queue is `cq` has a datagram waiting to be
+    /// read, so that [`poll_cq`](Self::poll_cq) may yield a completion. This
+    /// is level-triggered (a datagram left unread keeps every wait ready) and
+    /// may be spurious: the datagram may be dropped by the poll (no posted
+    /// receive, a bad key, a queue pair not yet in RTR), or another thread
+    /// may have polled it first. Completions already in the queue (send
+    /// completions, receives pulled in but not yet returned) do not make the
+    /// channel ready, so poll the queue empty before waiting. Queue pairs
+    /// created on `cq` after the channel are covered; destroyed ones stop
+    /// being watched.
+    ///
+    /// The channel is `Send + Sync` and holds no borrow of, or lock on, the
+    /// context: one thread may wait on it while another uses the context,
+    /// and it stays valid (watching nothing) after the context is dropped.
+    /// Each call makes a new, independent channel.
+    ///
+    /// `udp` returns a channel over epoll. `sim` returns `None`: its
+    /// datagrams move only when the simulation's virtual clock is driven, so
+    /// a thread blocked on real time would wait for nothing. `faulty` returns
+    /// its wrapped provider's answer; completions the wrapper completes
+    /// itself (dropped or held sends) never make the channel ready.
+    ///
+    /// # Errors
+    /// Bad handle, or the provider could not create the channel.
+    fn completion_channel(&mut self, cq: CqHandle) -> Result<Option<CompletionChannel>>;
 
     /// The provider's clock: monotonic time since an epoch the provider
     /// fixes. `udp` reads the host's monotonic clock (no system call: the

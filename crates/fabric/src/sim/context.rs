@@ -6,7 +6,7 @@ use super::network::{Datagram, SimDeviceSpec, SimNetwork};
 use super::{DEVICE_ATTR, sim_port};
 use crate::types::*;
 use crate::verbs::Verbs;
-use crate::{Context, FabricError, PostError, Result};
+use crate::{CompletionChannel, Context, FabricError, PostError, Result};
 
 /// Top bit of a queue key in a send request: "use the sending queue pair's
 /// own key instead", as in verbs.
@@ -214,6 +214,18 @@ impl Context for SimContext {
         }
         self.scratch = targets;
         self.verbs.drain_completions(cq, out)
+    }
+
+    /// `None`: datagrams move only as the network's virtual clock is driven,
+    /// so there is nothing to block a thread on.
+    fn completion_channel(&mut self, cq: CqHandle) -> Result<Option<CompletionChannel>> {
+        self.verbs
+            .cqs
+            .get(cq.0)
+            .map(|_| None)
+            .ok_or(FabricError::InvalidHandle {
+                kind: "completion queue",
+            })
     }
 
     fn now(&self) -> std::time::Duration {

@@ -26,11 +26,13 @@ use std::os::fd::AsFd;
 use socket2::{Domain, Protocol, Socket, Type};
 use udbtl_wire::ud;
 
+use crate::channel::Registration;
 use crate::verbs::{Memory, QpEntry, Verbs};
 use crate::{
-    AhAttr, AhHandle, Context, CqHandle, DeviceAttr, DeviceInfo, FabricError, FabricStats, GRH_LEN,
-    NodeAddr, PdHandle, PortAttr, PortState, PostError, Provider, QpAddr, QpHandle, QpInfo,
-    QpInitAttr, RecvWr, ResourceCounts, Result, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    AhAttr, AhHandle, CompletionChannel, Context, CqHandle, DeviceAttr, DeviceInfo, FabricError,
+    FabricStats, GRH_LEN, NodeAddr, PdHandle, PortAttr, PortState, PostError, Provider, QpAddr,
+    QpHandle, QpInfo, QpInitAttr, RecvWr, ResourceCounts, Result, SendWr, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 
 /// The provider's name.
@@ -274,6 +276,7 @@ impl Provider for UdpProvider {
             config: self.config.clone(),
             gso: self.config.gso,
             polls: 0,
+            channels: Vec::new(),
             drop_scratch: vec![0u8; MAX_UDP_PAYLOAD_V6 + GRH_LEN].into_boxed_slice(),
             scratch: Box::new(RecvScratch {
                 targets: [(0, 0); sys::MAX_BATCH],
@@ -308,6 +311,10 @@ pub struct UdpContext {
     /// GSO is used until the kernel refuses it once.
     gso: bool,
     polls: u32,
+    /// Completion channels made by this context, with the completion queue
+    /// each watches: a queue pair receiving into that queue has its socket
+    /// registered with the channel for as long as both live.
+    channels: Vec<(CqHandle, Registration)>,
     /// Where datagrams that no receive was posted for are read and discarded.
     drop_scratch: Box<[u8]>,
     /// Per-batch receive bookkeeping, kept here so a poll prepares nothing.
@@ -834,6 +841,16 @@ impl Context for UdpContext {
                 operation: "getsockname",
                 source: io::Error::other("no local address"),
             })?;
+        // Should anything below fail, closing the socket takes it out of
+        // every epoll set it joined.
+        for (_, channel) in self.channels.iter().filter(|(c, _)| *c == attr.recv_cq) {
+            channel
+                .add(socket.as_fd())
+                .map_err(|source| FabricError::Io {
+                    operation: "epoll_ctl(EPOLL_CTL_ADD)",
+                    source,
+                })?;
+        }
         self.verbs.insert_qp(
             pd,
             attr,
@@ -849,7 +866,14 @@ impl Context for UdpContext {
     }
 
     fn destroy_qp(&mut self, qp: QpHandle) -> Result<()> {
-        self.verbs.remove_qp(qp).map(drop)
+        let recv_cq = self.verbs.qp(qp)?.recv_cq;
+        let transport = self.verbs.remove_qp(qp)?;
+        // Closing the socket would end its epoll registrations too; removing
+        // them first keeps that independent of who else holds the socket.
+        for (_, channel) in self.channels.iter().filter(|(c, _)| *c == recv_cq) {
+            channel.remove(transport.socket.as_fd());
+        }
+        Ok(())
     }
 
     fn create_ah(&mut self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle> {
@@ -962,6 +986,27 @@ impl Context for UdpContext {
             self.receive(cq, out.len() - queued)?;
         }
         self.verbs.drain_completions(cq, out)
+    }
+
+    fn completion_channel(&mut self, cq: CqHandle) -> Result<Option<CompletionChannel>> {
+        if self.verbs.cqs.get(cq.0).is_none() {
+            return Err(FabricError::InvalidHandle {
+                kind: "completion queue",
+            });
+        }
+        let io = |operation| move |source| FabricError::Io { operation, source };
+        let (channel, registration) = CompletionChannel::new().map_err(io("epoll_create"))?;
+        for (_, qp) in self.verbs.qps.iter().filter(|(_, qp)| qp.recv_cq == cq) {
+            registration
+                .add(qp.transport.socket.as_fd())
+                .map_err(io("epoll_ctl(EPOLL_CTL_ADD)"))?;
+        }
+        // Forget channels that are gone or whose queue was destroyed.
+        let cqs = &self.verbs.cqs;
+        self.channels
+            .retain(|(c, r)| r.is_live() && cqs.get(c.0).is_some());
+        self.channels.push((cq, registration));
+        Ok(Some(channel))
     }
 
     fn now(&self) -> std::time::Duration {
