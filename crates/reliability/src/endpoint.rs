@@ -471,7 +471,10 @@ impl<F: Clone, R> Reliability<F, R> {
     /// Sets the credit this side advertises to every peer (datagrams past
     /// the cumulative acknowledgement it will accept), e.g. from the free
     /// share of a receive pool. Capped at the window; 0 stops the peers
-    /// sending new data (they probe until credit returns).
+    /// sending new data (they probe until credit returns). The new value
+    /// rides on the next header sent to each peer; raising it queues
+    /// nothing by itself, so a peer that is probing learns it from its next
+    /// probe's answer (at most `rto_max` later).
     pub fn set_credit(&mut self, credit: u16) {
         self.credit = credit.min(self.config.window);
     }
@@ -964,7 +967,9 @@ impl<F: Clone, R> Reliability<F, R> {
     /// everything the fabric holds, and an acknowledgement may wait there.
     /// A peer whose failure deadline passed keeps a deadline (in the past)
     /// in [`poll_timeout`](Self::poll_timeout) and is examined again by the
-    /// next call of either method.
+    /// next call of either method. So a caller must not call this method
+    /// again merely because that deadline is past: it reads its input
+    /// first, then calls [`handle_timeout`](Self::handle_timeout).
     pub fn handle_timeout_deferring_failures(&mut self, now: Instant) {
         self.fire(now, true);
     }
