@@ -6,7 +6,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use udbtl_reliability::{Config, Instant, PeerId, Receipt, Reliability};
+use udbtl_reliability::{Config, Instant, PeerId, Receipt, Reliability, Room};
 use udbtl_wire::rel;
 
 fn ping_pong(c: &mut Criterion) {
@@ -35,7 +35,7 @@ fn one_way(
 ) {
     from.send(t, peer_from, 7).expect("send");
     let tx = from.poll_transmit(t).expect("transmit");
-    match to.on_datagram(t, peer_to, &tx.header, 1) {
+    match to.on_datagram(t, peer_to, &tx.header, 1, Room::ALL) {
         Receipt::Deliver(buf) => {
             black_box(buf);
         }

@@ -18,6 +18,10 @@ pub struct Config {
     pub window: u16,
     /// Congestion window a peer starts with, in datagrams.
     pub initial_cwnd: u16,
+    /// Credit a sender assumes before the peer's first header tells it the
+    /// real one: its first burst cannot flood a small receive pool.
+    /// `1..=window`.
+    pub initial_credit: u16,
     /// Retransmission timeout before the first RTT sample.
     pub rto_initial: Duration,
     /// Smallest retransmission timeout.
@@ -29,8 +33,9 @@ pub struct Config {
     pub ack_delay: Duration,
     /// Acknowledge at once after this many datagrams without one.
     pub ack_every: u16,
-    /// A peer that acknowledges nothing for this long, while data waits for
-    /// it, is declared lost. Time, not a retry count, decides.
+    /// A peer from which nothing is heard for this long, while data waits
+    /// for it, is declared lost. Time, not a retry count, decides; any valid
+    /// datagram from the peer (an answer to a probe included) restarts it.
     pub peer_timeout: Duration,
     /// How long a closed peer lingers, still acknowledging late datagrams.
     pub linger: Duration,
@@ -46,6 +51,7 @@ impl Default for Config {
         Self {
             window: 64,
             initial_cwnd: 16,
+            initial_credit: 4,
             rto_initial: Duration::from_millis(20),
             rto_min: Duration::from_millis(2),
             rto_max: Duration::from_secs(2),
@@ -84,6 +90,15 @@ impl Config {
         }
         if self.initial_cwnd == 0 {
             return fail("initial_cwnd", "must be at least 1".into());
+        }
+        if self.initial_credit == 0 || self.initial_credit > self.window {
+            return fail(
+                "initial_credit",
+                format!(
+                    "{} is outside 1..=window ({})",
+                    self.initial_credit, self.window
+                ),
+            );
         }
         if self.rto_min.is_zero() || self.rto_min > self.rto_max {
             return fail(

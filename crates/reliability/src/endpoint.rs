@@ -5,7 +5,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::time::Duration;
 
 use udbtl_wire::SeqNum;
-use udbtl_wire::rel::{self, FLAG_ACK_ONLY, FLAG_ACK_REQ};
+use udbtl_wire::rel::{self, FLAG_ACK_ONLY, FLAG_ACK_REQ, FLAG_RESET};
 
 use crate::config::{Config, ConfigError};
 use crate::rtt::Rtt;
@@ -43,7 +43,8 @@ enum Mode {
     Active,
     /// Closed by the caller: no new sends; still acknowledges until then.
     Lingering(Instant),
-    /// Declared lost after `peer_timeout` without progress.
+    /// Declared lost (nothing heard for `peer_timeout` while data waited,
+    /// or the peer sent a reset), or finished lingering.
     Lost,
 }
 
@@ -74,9 +75,13 @@ struct Peer {
     recovery_end: Option<SeqNum>,
     rtt: Rtt,
     rto_at: Option<Instant>,
-    /// Last time the peer acknowledged something new, or when it was first
-    /// owed an acknowledgement.
-    last_progress: Instant,
+    /// Last time a valid datagram from the peer was handled, or when it
+    /// was first owed an acknowledgement, or the last
+    /// [`Reliability::resume`]: the failure clock.
+    last_heard: Instant,
+    /// The retransmission timer was set by [`Reliability::resume`]: its
+    /// expiry refreshes the peer's state without backing off.
+    resumed: bool,
     // ----- receiving
     /// Next sequence number expected from the peer.
     rcv_nxt: SeqNum,
@@ -108,11 +113,12 @@ impl Peer {
             backlog_tail: NIL,
             cwnd: u32::from(config.initial_cwnd) * CWND_UNIT,
             ssthresh: u32::MAX,
-            peer_credit: config.window,
+            peer_credit: config.initial_credit,
             recovery_end: None,
             rtt: Rtt::new(config.rto_initial),
             rto_at: None,
-            last_progress: now,
+            last_heard: now,
+            resumed: false,
             rcv_nxt: config.initial_seq,
             rcv_sack: 0,
             ack_pending: 0,
@@ -135,19 +141,13 @@ impl Peer {
 
     fn fail_at(&self, config: &Config) -> Option<Instant> {
         (self.head != NIL || self.backlog_head != NIL)
-            .then(|| self.last_progress + config.peer_timeout)
+            .then(|| self.last_heard + config.peer_timeout)
     }
 
     /// The earliest timer. The failure deadline only counts when no
     /// retransmission timer runs: while one does, its expiries check for
     /// failure, which keeps the timer heap from gaining an entry per send.
     fn next_deadline(&self, config: &Config) -> Option<Instant> {
-        // Runs on every send and receive: plain comparisons, no iterator.
-        let earliest = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, None) => a,
-            (None, b) => b,
-        };
         let mut next = earliest(self.rto_at, self.ack_at);
         if self.rto_at.is_none() {
             next = earliest(next, self.fail_at(config));
@@ -156,6 +156,16 @@ impl Peer {
             next = earliest(next, Some(until));
         }
         next
+    }
+}
+
+/// The earlier of two optional deadlines. Runs on every send and receive:
+/// plain comparisons, no iterator.
+const fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(if b.as_nanos() < a.as_nanos() { b } else { a }),
+        (a, None) => a,
+        (None, b) => b,
     }
 }
 
@@ -175,7 +185,8 @@ pub enum Receipt<R> {
     /// Arrived early: the endpoint keeps the buffer until its turn.
     Buffered,
     /// Not to be delivered (duplicate, outside the window, acknowledgement
-    /// only, or from a lost peer): the caller reuses the buffer.
+    /// only, from a lost peer, or refused for want of [`Room`]): the caller
+    /// reuses the buffer.
     Discard(R, Discard),
 }
 
@@ -190,6 +201,42 @@ pub enum Discard {
     OutOfWindow,
     /// The peer was declared lost.
     PeerLost,
+    /// The caller had no [`Room`] for the datagram: its data was refused
+    /// (not acknowledged), and the sender will retransmit it.
+    NoRoom,
+}
+
+/// What the caller can take of a received data datagram, passed to
+/// [`Reliability::on_datagram`]. A datagram that needs what is not allowed
+/// is refused: its acknowledgement part is still processed, but it is not
+/// acknowledged, so the sender retransmits it later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Room {
+    /// The caller can take the next in-order datagram (deliver it or keep
+    /// it).
+    pub in_order: bool,
+    /// The caller can keep one more buffer for a datagram that arrives
+    /// before its turn ([`Receipt::Buffered`]).
+    pub early: bool,
+}
+
+impl Room {
+    /// Room for anything.
+    pub const ALL: Self = Self {
+        in_order: true,
+        early: true,
+    };
+}
+
+/// Why a peer was declared lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// Nothing was heard from it for `peer_timeout` while data waited.
+    Timeout,
+    /// It sent a reset: it had declared this side lost, so every stream
+    /// between the two is broken.
+    Reset,
 }
 
 /// Something the caller must hear about.
@@ -209,10 +256,14 @@ pub enum Event<F> {
         /// The fragment.
         frag: F,
     },
-    /// The peer acknowledged nothing for `peer_timeout` while data waited.
+    /// The peer was declared lost: nothing was heard from it for
+    /// `peer_timeout` while data waited, or it reset the streams. Its
+    /// fragments failed (each with an [`Event::Failed`] before this).
     PeerLost {
         /// The peer.
         peer: PeerId,
+        /// Why.
+        reason: LossReason,
     },
     /// A closed peer finished lingering; its id may be reused.
     PeerClosed {
@@ -227,7 +278,9 @@ pub enum Event<F> {
 pub struct Transmit<F> {
     /// The destination.
     pub peer: PeerId,
-    /// The fragment to send, or `None` for an acknowledgement only.
+    /// The fragment to send, or `None` for a datagram without data: an
+    /// acknowledgement, a zero-window probe (with `FLAG_ACK_REQ`) or a
+    /// reset (with [`rel::FLAG_RESET`]).
     pub frag: Option<F>,
     /// The reliability header to send with it (the caller fills in `src`
     /// and may add message and checksum flags).
@@ -274,6 +327,15 @@ pub struct Stats {
     pub out_of_window: u64,
     /// Peers declared lost.
     pub peers_lost: u64,
+    /// Data datagrams refused for want of [`Room`].
+    pub refused_no_room: u64,
+    /// Zero-window probes queued: data waited but the peer's credit (or
+    /// the congestion window) let nothing be in flight.
+    pub probes: u64,
+    /// Resets sent to peers (declared lost, or heard from after that).
+    pub resets_sent: u64,
+    /// Calls of [`Reliability::resume`].
+    pub resumes: u64,
 }
 
 /// Reliable, ordered, exactly-once delivery for every peer of an endpoint,
@@ -287,8 +349,13 @@ pub struct Stats {
 /// # Driving it
 ///
 /// * Inputs: [`send`](Self::send) (a fragment for a peer),
-///   [`on_datagram`](Self::on_datagram) (a received header and its buffer),
-///   [`handle_timeout`](Self::handle_timeout).
+///   [`on_datagram`](Self::on_datagram) (a received header, its buffer and
+///   the [`Room`] the caller has for it),
+///   [`handle_timeout`](Self::handle_timeout) (or
+///   [`handle_timeout_deferring_failures`](Self::handle_timeout_deferring_failures)
+///   while datagrams may still wait to be read),
+///   [`set_credit`](Self::set_credit), and [`resume`](Self::resume) after
+///   the caller did not run for a while.
 /// * Outputs, pulled after any input, in this order:
 ///   [`poll_deliver`](Self::poll_deliver) (buffers now in order),
 ///   [`poll_transmit`](Self::poll_transmit) (datagrams to send),
@@ -322,6 +389,10 @@ pub struct Reliability<F, R> {
 enum Pending {
     Data(u32),
     Ack(u32),
+    /// An acknowledgement-only datagram that asks for one back.
+    Probe(u32),
+    /// An acknowledgement-only datagram that tells the peer it was lost.
+    Reset(u32),
 }
 
 impl<F: Clone, R> Reliability<F, R> {
@@ -399,9 +470,13 @@ impl<F: Clone, R> Reliability<F, R> {
 
     /// Sets the credit this side advertises to every peer (datagrams past
     /// the cumulative acknowledgement it will accept), e.g. from the free
-    /// share of a receive pool. Capped at the window.
+    /// share of a receive pool. Capped at the window; 0 stops the peers
+    /// sending new data (they probe until credit returns). The new value
+    /// rides on the next header sent to each peer; raising it queues
+    /// nothing by itself, so a peer that is probing learns it from its next
+    /// probe's answer (at most `rto_max` later).
     pub fn set_credit(&mut self, credit: u16) {
-        self.credit = credit.clamp(1, self.config.window);
+        self.credit = credit.min(self.config.window);
     }
 
     /// Size in bytes of one peer's state: constant, whatever the traffic.
@@ -439,7 +514,7 @@ impl<F: Clone, R> Reliability<F, R> {
         let p = &mut self.peers[peer.0 as usize];
         if p.head == NIL && p.backlog_head == NIL {
             // The peer owes us nothing until now: the failure clock starts.
-            p.last_progress = now;
+            p.last_heard = now;
         }
         Self::append(
             &mut self.slots,
@@ -475,11 +550,19 @@ impl<F: Clone, R> Reliability<F, R> {
         *tail = index;
     }
 
-    /// Moves backlog into flight while the window allows.
-    fn fill_window(&mut self, _now: Instant, peer: u32) {
+    /// Moves backlog into flight while the window allows. Backlog left with
+    /// no timer running (nothing in flight: the credit allows nothing) arms
+    /// the retransmission timer, whose expiry sends a zero-window probe.
+    fn fill_window(&mut self, now: Instant, peer: u32) {
         loop {
             let p = &mut self.peers[peer as usize];
-            if p.backlog_head == NIL || !p.can_send(&self.config) {
+            if p.backlog_head == NIL {
+                return;
+            }
+            if !p.can_send(&self.config) {
+                if p.rto_at.is_none() {
+                    p.rto_at = Some(now + p.rtt.rto());
+                }
                 return;
             }
             let index = p.backlog_head;
@@ -543,25 +626,41 @@ impl<F: Clone, R> Reliability<F, R> {
                 Pending::Ack(peer) => {
                     let p = &mut self.peers[peer as usize];
                     p.ack_queued = false;
-                    if p.ack_pending == 0 && !p.ack_now {
-                        // A data datagram carried it already.
+                    if (p.ack_pending == 0 && !p.ack_now) || p.mode == Mode::Lost {
+                        // A data datagram carried it already, or the peer
+                        // is gone.
                         continue;
                     }
-                    let mut header = self.ack_header(peer);
-                    header.flags |= FLAG_ACK_ONLY;
-                    header.seq = self.peers[peer as usize].snd_nxt;
                     self.stats.acks_sent += 1;
-                    self.reschedule(peer);
-                    return Some(Transmit {
-                        peer: PeerId(peer),
-                        frag: None,
-                        header,
-                        retransmission: false,
-                    });
+                    return Some(self.control(peer, FLAG_ACK_ONLY));
+                }
+                Pending::Probe(peer) => {
+                    if self.peers[peer as usize].mode == Mode::Lost {
+                        continue;
+                    }
+                    return Some(self.control(peer, FLAG_ACK_ONLY | FLAG_ACK_REQ));
+                }
+                Pending::Reset(peer) => {
+                    self.stats.resets_sent += 1;
+                    return Some(self.control(peer, FLAG_ACK_ONLY | FLAG_RESET));
                 }
             }
         }
         None
+    }
+
+    /// A datagram without data: an acknowledgement with `flags`.
+    fn control(&mut self, peer: u32, flags: u16) -> Transmit<F> {
+        let mut header = self.ack_header(peer);
+        header.flags |= flags;
+        header.seq = self.peers[peer as usize].snd_nxt;
+        self.reschedule(peer);
+        Transmit {
+            peer: PeerId(peer),
+            frag: None,
+            header,
+            retransmission: false,
+        }
     }
 
     /// A header acknowledging what the peer sent; clears what was owed.
@@ -591,31 +690,79 @@ impl<F: Clone, R> Reliability<F, R> {
     // ----- receiving ------------------------------------------------------
 
     /// Handles a received datagram's reliability header; `buf` is the
-    /// buffer holding it. Acknowledgements it carries are processed first.
+    /// buffer holding it and `room` what the caller can take of its data.
+    /// Acknowledgements it carries are processed first, whatever the room.
+    ///
+    /// * Any valid datagram shows the peer alive: its failure clock
+    ///   restarts.
+    /// * Data the room does not allow is refused
+    ///   ([`Discard::NoRoom`]): not acknowledged (the sender retransmits
+    ///   it), but an acknowledgement goes out at once with the current
+    ///   credit.
+    /// * An acknowledgement-only datagram that asks for one
+    ///   (`FLAG_ACK_REQ`, such as a zero-window probe) is answered.
+    /// * A reset ([`rel::FLAG_RESET`]) declares the peer lost
+    ///   ([`LossReason::Reset`]).
+    /// * A peer already declared lost is answered with a reset when it sends
+    ///   data or asks for an acknowledgement, never otherwise.
     pub fn on_datagram(
         &mut self,
         now: Instant,
         peer: PeerId,
         header: &rel::Repr,
         buf: R,
+        room: Room,
     ) -> Receipt<R> {
-        let Some(p) = self.peers.get(peer.0 as usize) else {
+        let Some(p) = self.peers.get_mut(peer.0 as usize) else {
             return Receipt::Discard(buf, Discard::PeerLost);
         };
         if p.mode == Mode::Lost {
+            // It still believes the streams alive: tell it they are broken.
+            // A reset or a plain acknowledgement gets no answer, so two
+            // sides that lost each other cannot loop.
+            if !header.has(FLAG_RESET) && (!header.has(FLAG_ACK_ONLY) || header.has(FLAG_ACK_REQ)) {
+                self.transmits.push_back(Pending::Reset(peer.0));
+            }
             return Receipt::Discard(buf, Discard::PeerLost);
         }
+        if !header.ack.is_after(p.snd_nxt) {
+            // A plausible header (a corrupt or stale one acknowledges what
+            // was never sent): the peer is alive, even if it grants nothing.
+            p.last_heard = now;
+        }
         self.on_ack(now, peer.0, header);
-        if header.has(FLAG_ACK_ONLY) {
+        if header.flags & (FLAG_ACK_ONLY | FLAG_RESET) != 0 {
+            if header.has(FLAG_RESET) {
+                self.declare_lost(peer.0, LossReason::Reset);
+                return Receipt::Discard(buf, Discard::PeerLost);
+            }
+            if header.has(FLAG_ACK_REQ) {
+                self.queue_ack(peer.0);
+            }
             self.reschedule(peer.0);
             return Receipt::Discard(buf, Discard::AckOnly);
         }
-        let receipt = self.on_data(now, peer.0, header, buf);
+        let receipt = self.on_data(now, peer.0, header, buf, room);
         self.reschedule(peer.0);
         receipt
     }
 
-    fn on_data(&mut self, now: Instant, peer: u32, header: &rel::Repr, buf: R) -> Receipt<R> {
+    /// Refuses a data datagram for want of room: not acknowledged, but the
+    /// sender hears the current credit at once.
+    fn refuse(&mut self, peer: u32, buf: R) -> Receipt<R> {
+        self.stats.refused_no_room += 1;
+        self.queue_ack(peer);
+        Receipt::Discard(buf, Discard::NoRoom)
+    }
+
+    fn on_data(
+        &mut self,
+        now: Instant,
+        peer: u32,
+        header: &rel::Repr,
+        buf: R,
+        room: Room,
+    ) -> Receipt<R> {
         let seq = header.seq;
         let window = i32::from(self.config.window);
         let p = &mut self.peers[peer as usize];
@@ -642,6 +789,9 @@ impl<F: Clone, R> Reliability<F, R> {
                 self.queue_ack(peer);
                 return Receipt::Discard(buf, Discard::Duplicate);
             }
+            if !room.early {
+                return self.refuse(peer, buf);
+            }
             p.rcv_sack |= bit;
             self.early.insert((peer, seq.0), buf);
             self.stats.out_of_order += 1;
@@ -649,6 +799,9 @@ impl<F: Clone, R> Reliability<F, R> {
             // A gap: tell the sender now, so it can fast-retransmit.
             self.queue_ack(peer);
             return Receipt::Buffered;
+        }
+        if !room.in_order {
+            return self.refuse(peer, buf);
         }
         // In order: deliver, then everything buffered behind it.
         self.stats.received += 1;
@@ -687,6 +840,8 @@ impl<F: Clone, R> Reliability<F, R> {
             return;
         }
         p.peer_credit = header.credit.min(config.window);
+        // Nothing in flight while data waits: the timer runs for probes.
+        let probing = p.head == NIL && p.backlog_head != NIL;
         let mut newly_acked = 0u32;
         let mut rtt_sample = None;
         // Cumulative part: release everything before `ack`.
@@ -755,7 +910,7 @@ impl<F: Clone, R> Reliability<F, R> {
         }
         if newly_acked > 0 {
             p.rtt.end_backoff();
-            p.last_progress = now;
+            p.resumed = false;
             p.rto_at = (p.head != NIL).then(|| now + p.rtt.rto());
             if p.recovery_end.is_some_and(|end| !end.is_after(p.snd_una)) {
                 p.recovery_end = None;
@@ -775,6 +930,13 @@ impl<F: Clone, R> Reliability<F, R> {
             p.cwnd = p.ssthresh;
             p.recovery_end = Some(p.snd_nxt);
         }
+        if probing && p.can_send(config) {
+            // The window reopened: the probes' backoff says nothing about
+            // the path, and the data about to go out gets a fresh timer.
+            p.rtt.end_backoff();
+            p.resumed = false;
+            p.rto_at = None;
+        }
         self.fill_window(now, peer);
     }
 
@@ -793,9 +955,30 @@ impl<F: Clone, R> Reliability<F, R> {
         None
     }
 
-    /// Fires every timer due at `now`: retransmission timeouts, delayed
-    /// acknowledgements, peer failure detection and the end of lingering.
+    /// Fires every timer due at `now`: retransmission timeouts and
+    /// zero-window probes, delayed acknowledgements, peer failure detection
+    /// and the end of lingering.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.fire(now, false);
+    }
+
+    /// Fires every timer due at `now` as [`handle_timeout`](Self::handle_timeout)
+    /// does, except that no peer is declared lost: the caller has not read
+    /// everything the fabric holds, and an acknowledgement may wait there.
+    /// A peer whose failure deadline passed keeps a deadline (in the past)
+    /// in [`poll_timeout`](Self::poll_timeout) and is examined again by the
+    /// next call of either method. So a caller must not call this method
+    /// again merely because that deadline is past: it reads its input
+    /// first, then calls [`handle_timeout`](Self::handle_timeout).
+    pub fn handle_timeout_deferring_failures(&mut self, now: Instant) {
+        self.fire(now, true);
+    }
+
+    fn fire(&mut self, now: Instant, defer_failures: bool) {
+        // Peers whose failure was deferred: their deadline is in the past,
+        // so they are pushed back only after the loop, or it would pop them
+        // again and again.
+        let mut deferred = Vec::new();
         while let Some(Reverse((at, peer))) = self.timers.peek().copied() {
             if at > now {
                 break;
@@ -805,17 +988,31 @@ impl<F: Clone, R> Reliability<F, R> {
                 continue;
             }
             self.peers[peer as usize].scheduled = None;
-            self.expire(now, peer);
-            self.reschedule(peer);
+            if self.expire(now, peer, defer_failures) {
+                deferred.push(peer);
+            } else {
+                self.reschedule(peer);
+            }
+        }
+        for peer in deferred {
+            let p = &self.peers[peer as usize];
+            let next = earliest(p.next_deadline(&self.config), p.fail_at(&self.config));
+            self.schedule(peer, next);
         }
     }
 
-    fn expire(&mut self, now: Instant, peer: u32) {
+    /// Handles the peer's due timers. Returns `true` if its failure was due
+    /// but deferred.
+    fn expire(&mut self, now: Instant, peer: u32, defer_failure: bool) -> bool {
         let rto_max = self.config.rto_max;
         let p = &mut self.peers[peer as usize];
+        let mut deferred = false;
         if p.fail_at(&self.config).is_some_and(|at| at <= now) {
-            self.declare_lost(peer);
-            return;
+            if !defer_failure {
+                self.declare_lost(peer, LossReason::Timeout);
+                return false;
+            }
+            deferred = true;
         }
         if let Mode::Lingering(until) = p.mode {
             if until <= now && p.head == NIL && p.backlog_head == NIL {
@@ -825,7 +1022,7 @@ impl<F: Clone, R> Reliability<F, R> {
                 self.reclaim_early(peer);
                 self.events
                     .push_back(Event::PeerClosed { peer: PeerId(peer) });
-                return;
+                return deferred;
             }
         }
         if p.ack_at.is_some_and(|at| at <= now) {
@@ -833,35 +1030,83 @@ impl<F: Clone, R> Reliability<F, R> {
             self.queue_ack(peer);
         }
         let p = &mut self.peers[peer as usize];
-        if p.rto_at.is_some_and(|at| at <= now) {
+        if p.rto_at.is_none_or(|at| at > now) {
+            return deferred;
+        }
+        // After `resume` the timer refreshes the state without backing off:
+        // the caller not running is no evidence against the path.
+        let resumed = core::mem::take(&mut p.resumed);
+        if p.head == NIL {
+            if p.backlog_head == NIL {
+                p.rto_at = None;
+            } else {
+                // Data waits but the peer's credit lets nothing fly: ask
+                // it for an acknowledgement, which carries its credit.
+                self.stats.probes += 1;
+                if !resumed {
+                    p.rtt.back_off(rto_max);
+                }
+                p.rto_at = Some(now + p.rtt.rto());
+                self.transmits.push_back(Pending::Probe(peer));
+            }
+            return deferred;
+        }
+        if !resumed {
             self.stats.timeouts += 1;
             p.rtt.back_off(rto_max);
             p.ssthresh = (p.cwnd / 2).max(2 * CWND_UNIT);
             p.cwnd = CWND_UNIT;
             p.recovery_end = Some(p.snd_nxt);
-            p.rto_at = (p.head != NIL).then(|| now + p.rtt.rto());
-            // Resend everything in flight the peer has not selectively
-            // acknowledged: after a timeout nothing outstanding can be
-            // trusted to arrive (UCX resends its window the same way). Each
-            // retransmission asks for an acknowledgement at once.
-            let mut at = p.head;
-            while at != NIL {
-                let slot = &mut self.slots[at as usize];
-                if slot.flags & (SACKED | QUEUED) == 0 {
-                    slot.flags |= QUEUED;
-                    self.transmits.push_back(Pending::Data(at));
-                }
-                at = slot.next;
+        }
+        p.rto_at = Some(now + p.rtt.rto());
+        // Resend everything in flight the peer has not selectively
+        // acknowledged: after a timeout nothing outstanding can be trusted
+        // to arrive (UCX resends its window the same way). Each
+        // retransmission asks for an acknowledgement at once.
+        let mut at = p.head;
+        while at != NIL {
+            let slot = &mut self.slots[at as usize];
+            if slot.flags & (SACKED | QUEUED) == 0 {
+                slot.flags |= QUEUED;
+                self.transmits.push_back(Pending::Data(at));
             }
+            at = slot.next;
+        }
+        deferred
+    }
+
+    /// The caller did not run for a while (its process was stopped or
+    /// starved, and its clock jumped): that is no evidence against any
+    /// peer. Every peer's failure clock restarts at `now`; a peer with data
+    /// waiting gets its retransmission timer due at `now`, so its state
+    /// refreshes at once (retransmission or probe) with a normal timeout
+    /// afterwards, not a backed-off one; every timer is rescheduled.
+    pub fn resume(&mut self, now: Instant) {
+        self.stats.resumes += 1;
+        self.timers.clear();
+        for p in &mut self.peers {
+            p.scheduled = None;
+            p.last_heard = now;
+            if p.mode != Mode::Lost && (p.head != NIL || p.backlog_head != NIL) {
+                p.rtt.end_backoff();
+                p.rto_at = Some(now);
+                p.resumed = true;
+            }
+        }
+        for peer in 0..self.peers.len() {
+            self.reschedule(peer as u32);
         }
     }
 
-    fn declare_lost(&mut self, peer: u32) {
+    fn declare_lost(&mut self, peer: u32, reason: LossReason) {
         self.stats.peers_lost += 1;
         let p = &mut self.peers[peer as usize];
         p.mode = Mode::Lost;
         p.rto_at = None;
         p.ack_at = None;
+        p.resumed = false;
+        // Its timer entry, if any, is left to be dropped as stale.
+        p.scheduled = None;
         for list in [(p.head, true), (p.backlog_head, false)] {
             let mut at = list.0;
             while at != NIL {
@@ -884,8 +1129,15 @@ impl<F: Clone, R> Reliability<F, R> {
         p.backlog_tail = NIL;
         p.in_flight = 0;
         self.reclaim_early(peer);
-        self.events
-            .push_back(Event::PeerLost { peer: PeerId(peer) });
+        if reason == LossReason::Timeout {
+            // Tell the peer, in case it still hears us: it must not wait
+            // for a stream this side abandoned.
+            self.transmits.push_back(Pending::Reset(peer));
+        }
+        self.events.push_back(Event::PeerLost {
+            peer: PeerId(peer),
+            reason,
+        });
     }
 
     /// Takes back the buffers held for a peer whose gap will never fill.
@@ -925,11 +1177,17 @@ impl<F: Clone, R> Reliability<F, R> {
 
     /// Makes sure the timer heap has an entry for the peer's next deadline.
     fn reschedule(&mut self, peer: u32) {
+        let next = self.peers[peer as usize].next_deadline(&self.config);
+        self.schedule(peer, next);
+    }
+
+    /// Makes sure the timer heap has an entry no later than `next`.
+    fn schedule(&mut self, peer: u32, next: Option<Instant>) {
         let p = &mut self.peers[peer as usize];
         // With nothing due, an existing entry is left to fire and find
         // nothing: cheaper than removing it now and pushing another at the
         // next send.
-        let Some(next) = p.next_deadline(&self.config) else {
+        let Some(next) = next else {
             return;
         };
         // An existing entry that fires no later is enough: when it fires

@@ -14,18 +14,35 @@
 //!   selective ACK and the receiver's credit ([`udbtl_wire::rel`]).
 //! * The receiver buffers datagrams that arrive early, inside the window,
 //!   instead of dropping them (UCX and libfabric's rxd drop them), delivers
-//!   in order, and discards duplicates. It acknowledges at once on a gap or
-//!   a duplicate, after `ack_every` datagrams, or after `ack_delay` when no
-//!   reverse traffic carries the acknowledgement.
+//!   in order, and discards duplicates. It acknowledges at once on a gap, a
+//!   duplicate or a request (`FLAG_ACK_REQ`, also on an
+//!   acknowledgement-only datagram), after `ack_every` datagrams, or after
+//!   `ack_delay` when no reverse traffic carries the acknowledgement.
+//! * The caller says, per datagram, whether it has room for it
+//!   ([`Room`]): one it cannot take is refused, not acknowledged, and
+//!   retransmitted later, so a full receive pool never deadlocks. The
+//!   credit it advertises ([`Reliability::set_credit`], possibly 0) tells
+//!   senders how much to send.
 //! * The sender keeps at most min(congestion window, credit, `window`)
-//!   datagrams in flight. It retransmits on a timeout estimated from RTT
-//!   samples (RFC 6298, Karn, exponential backoff) and, without waiting,
-//!   a datagram that `dup_threshold` later ones overtook (fast retransmit).
-//!   The congestion window grows additively and halves once per loss
-//!   episode.
-//! * A peer that acknowledges nothing for `peer_timeout` (time, not a retry
-//!   count) while data waits is declared lost: its fragments fail, other
-//!   peers are unaffected. A closed peer lingers to acknowledge late
+//!   datagrams in flight, assuming `initial_credit` until the peer's first
+//!   header. It retransmits on a timeout estimated from RTT samples
+//!   (RFC 6298, Karn, exponential backoff) and, without waiting, a datagram
+//!   that `dup_threshold` later ones overtook (fast retransmit). The
+//!   congestion window grows additively and halves once per loss episode.
+//!   When data waits but the credit lets nothing fly, the timer sends
+//!   zero-window probes (acknowledgement requests) with the same backoff.
+//! * A peer from which nothing is heard for `peer_timeout` (time, not a
+//!   retry count) while data waits for it is declared lost: its fragments
+//!   fail, other peers are unaffected. Any valid datagram, an answer to a
+//!   probe included, restarts that clock: a busy receiver that grants no
+//!   credit is alive. The lost peer is sent a reset (`FLAG_RESET`), and
+//!   answered with one whenever it sends data or asks for an
+//!   acknowledgement; a peer that receives a reset declares the sender lost
+//!   too ([`LossReason::Reset`]). Failures can be deferred until the caller
+//!   has drained its input
+//!   ([`Reliability::handle_timeout_deferring_failures`]), and a caller
+//!   that was not running restarts every clock with
+//!   [`Reliability::resume`]. A closed peer lingers to acknowledge late
 //!   retransmissions.
 //! * Per-peer state has a constant size ([`Reliability::peer_state_size`]);
 //!   datagrams in flight live in a table shared by all peers.
@@ -38,5 +55,7 @@ mod rtt;
 mod time;
 
 pub use config::{Config, ConfigError, MAX_WINDOW};
-pub use endpoint::{Discard, Event, PeerId, Receipt, Reliability, SendError, Stats, Transmit};
+pub use endpoint::{
+    Discard, Event, LossReason, PeerId, Receipt, Reliability, Room, SendError, Stats, Transmit,
+};
 pub use time::Instant;

@@ -1,5 +1,6 @@
-//! Property test: random interleavings of sends, deliveries in any order,
-//! losses, duplicates and timeouts, checked against a reference model of
+//! Property test: random interleavings of sends, deliveries in any order
+//! (each with a random [`Room`]: the receiver may refuse it), losses,
+//! duplicates and timeouts, checked against a reference model of
 //! exactly-once in-order delivery, with sequence numbers crossing the wrap.
 
 #![allow(clippy::unwrap_used)]
@@ -8,29 +9,34 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use udbtl_reliability::{Config, Event, Instant, PeerId, Receipt, Reliability};
+use udbtl_reliability::{Config, Event, Instant, PeerId, Receipt, Reliability, Room};
 use udbtl_wire::{SeqNum, rel};
 
 #[derive(Debug, Clone)]
 enum Op {
     /// Node `from` sends a new message.
     Send(usize),
-    /// The datagram at this index (modulo what is in flight) arrives.
-    Deliver(usize),
+    /// The datagram at this index (modulo what is in flight) arrives; the
+    /// receiver has this room for it.
+    Deliver(usize, Room),
     /// ... is lost.
     Drop(usize),
     /// ... arrives and stays in flight (a duplicate).
-    Duplicate(usize),
+    Duplicate(usize, Room),
     /// Time passes (µs); timers fire.
     Tick(u64),
+}
+
+fn room() -> impl Strategy<Value = Room> {
+    (any::<bool>(), any::<bool>()).prop_map(|(in_order, early)| Room { in_order, early })
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (0usize..2).prop_map(Op::Send),
-        4 => any::<usize>().prop_map(Op::Deliver),
+        4 => (any::<usize>(), room()).prop_map(|(i, room)| Op::Deliver(i, room)),
         1 => any::<usize>().prop_map(Op::Drop),
-        1 => any::<usize>().prop_map(Op::Duplicate),
+        1 => (any::<usize>(), room()).prop_map(|(i, room)| Op::Duplicate(i, room)),
         1 => (1u64..5_000).prop_map(Op::Tick),
     ]
 }
@@ -89,7 +95,7 @@ impl World {
         }
     }
 
-    fn arrive(&mut self, index: usize, keep: bool) {
+    fn arrive(&mut self, index: usize, keep: bool, room: Room) {
         let (to, header, msg) = if keep {
             self.wire[index]
         } else {
@@ -101,7 +107,10 @@ impl World {
         if let Some(msg) = msg {
             side.held.insert(buf, msg);
         }
-        match side.rel.on_datagram(self.now, PeerId(0), &header, buf) {
+        match side
+            .rel
+            .on_datagram(self.now, PeerId(0), &header, buf, room)
+        {
             Receipt::Deliver(buf) => {
                 side.delivered.push(side.held.remove(&buf).unwrap());
                 while let Some((_, buf)) = side.rel.poll_deliver() {
@@ -159,6 +168,7 @@ proptest! {
         let config = Config {
             window,
             initial_cwnd: window.min(4),
+            initial_credit: window.min(4),
             initial_seq: SeqNum(start),
             ..Config::default()
         };
@@ -172,8 +182,12 @@ proptest! {
                     world.sides[from].rel.send(world.now, PeerId(0), msg).unwrap();
                     world.flush();
                 }
-                Op::Deliver(i) if !world.wire.is_empty() => world.arrive(i % world.wire.len(), false),
-                Op::Duplicate(i) if !world.wire.is_empty() => world.arrive(i % world.wire.len(), true),
+                Op::Deliver(i, room) if !world.wire.is_empty() => {
+                    world.arrive(i % world.wire.len(), false, room);
+                }
+                Op::Duplicate(i, room) if !world.wire.is_empty() => {
+                    world.arrive(i % world.wire.len(), true, room);
+                }
                 Op::Drop(i) if !world.wire.is_empty() => {
                     let len = world.wire.len();
                     world.wire.remove(i % len);
@@ -190,7 +204,7 @@ proptest! {
                 let Some(next) = next else { break };
                 world.tick((next - world.now).as_micros() as u64 + 1);
             } else {
-                world.arrive(0, false);
+                world.arrive(0, false, Room::ALL);
             }
         }
         world.check();

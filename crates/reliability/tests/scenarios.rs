@@ -159,7 +159,12 @@ fn corruption_of_1_percent_is_caught_and_repaired() {
 
 #[test]
 fn tail_loss_is_repaired_by_the_timer() {
-    let config = Config::default();
+    // The whole burst must be in flight at once, before any credit comes
+    // back: the sender trusts the full window from the start.
+    let config = Config {
+        initial_credit: Config::default().window,
+        ..Config::default()
+    };
     let mut net = Net::new(2, &config, 10);
     for i in 0..10 {
         net.send(0, 1, payload(0, i, 32));
@@ -315,6 +320,9 @@ fn goodput_table_snapshot() {
             let config = Config {
                 window,
                 initial_cwnd: window.min(16),
+                // The table measures loss recovery with a receiver that
+                // grants the whole window from the first datagram.
+                initial_credit: window,
                 ..Config::default()
             };
             let mut net = Net::new(2, &config, 42);

@@ -46,8 +46,11 @@ pub const FLAG_LAST: u16 = 0x10;
 /// Flag: the sender gave up on the message in progress (set on an empty
 /// last fragment); the receiver drops what it has of it.
 pub const FLAG_ABORT: u16 = 0x20;
+/// Flag: the sender declared the receiver lost: every stream between them
+/// is broken; the receiver must report it.
+pub const FLAG_RESET: u16 = 0x40;
 const KNOWN_FLAGS: u16 =
-    FLAG_ACK_ONLY | FLAG_ACK_REQ | FLAG_CHECKSUM | FLAG_FIRST | FLAG_LAST | FLAG_ABORT;
+    FLAG_ACK_ONLY | FLAG_ACK_REQ | FLAG_CHECKSUM | FLAG_FIRST | FLAG_LAST | FLAG_ABORT | FLAG_RESET;
 
 mod field {
     use super::Field;
@@ -279,6 +282,27 @@ mod tests {
     }
 
     #[test]
+    fn every_known_flag_parses_and_the_next_bit_does_not() {
+        for flag in [
+            FLAG_ACK_ONLY,
+            FLAG_ACK_REQ,
+            FLAG_CHECKSUM,
+            FLAG_FIRST,
+            FLAG_LAST,
+            FLAG_ABORT,
+            FLAG_RESET,
+        ] {
+            let mut bytes = BYTES;
+            bytes[22..24].copy_from_slice(&flag.to_be_bytes());
+            let parsed = Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()).unwrap();
+            assert!(parsed.has(flag), "flag {flag:#x}");
+        }
+        let mut bytes = BYTES;
+        bytes[22..24].copy_from_slice(&(FLAG_RESET << 1).to_be_bytes());
+        assert!(Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()).is_err());
+    }
+
+    #[test]
     fn parse_of_a_short_unchecked_view_is_an_error() {
         assert!(Repr::parse(&Packet::new_unchecked(&BYTES[..HEADER_LEN - 1])).is_err());
     }
@@ -291,7 +315,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn emit_then_parse(src: u32, seq: u32, ack: u32, sack: u64, credit: u16, flags in 0u16..0x20, checksum: u32) {
+        fn emit_then_parse(src: u32, seq: u32, ack: u32, sack: u64, credit: u16, flags in 0u16..=KNOWN_FLAGS, checksum: u32) {
             let repr = Repr { src, seq: SeqNum(seq), ack: SeqNum(ack), sack, credit, flags, checksum };
             let mut bytes = [0u8; HEADER_LEN];
             repr.emit(&mut Packet::new_unchecked(&mut bytes[..]));

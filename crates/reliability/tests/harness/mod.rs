@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use udbtl_reliability::{Config, Event, Instant, PeerId, Receipt, Reliability};
+use udbtl_reliability::{Config, Event, Instant, LossReason, PeerId, Receipt, Reliability, Room};
 use udbtl_wire::rel;
 
 /// Faults of one directed link.
@@ -64,7 +64,21 @@ pub struct Node {
     pub acked: Vec<u64>,
     pub failed: Vec<u64>,
     pub lost_peers: Vec<(usize, Instant)>,
+    /// Why each of `lost_peers` was lost.
+    pub loss_reasons: Vec<LossReason>,
     pub bad_checksums: u64,
+    /// The room this node gives every received datagram.
+    pub room: Room,
+}
+
+/// A datagram as it was handed to the network (before any fault).
+#[derive(Debug, Clone)]
+pub struct Sent {
+    pub at: Instant,
+    pub from: usize,
+    pub to: usize,
+    pub header: rel::Repr,
+    pub data: bool,
 }
 
 pub struct Net {
@@ -76,6 +90,9 @@ pub struct Net {
     counter: u64,
     rng: fastrand::Rng,
     pub datagrams_sent: u64,
+    /// Every datagram sent, when `record` is set.
+    pub record: bool,
+    pub log: Vec<Sent>,
 }
 
 impl Net {
@@ -103,7 +120,9 @@ impl Net {
                     acked: Vec::new(),
                     failed: Vec::new(),
                     lost_peers: Vec::new(),
+                    loss_reasons: Vec::new(),
                     bad_checksums: 0,
+                    room: Room::ALL,
                 }
             })
             .collect();
@@ -116,6 +135,8 @@ impl Net {
             counter: 0,
             rng: fastrand::Rng::with_seed(seed),
             datagrams_sent: 0,
+            record: false,
+            log: Vec::new(),
         }
     }
 
@@ -156,9 +177,11 @@ impl Net {
             match event {
                 Event::Acked { frag, .. } => node.acked.push(frag),
                 Event::Failed { frag, .. } => node.failed.push(frag),
-                Event::PeerLost { peer } => node
-                    .lost_peers
-                    .push((node.peer_node[peer.0 as usize], self.now)),
+                Event::PeerLost { peer, reason } => {
+                    node.lost_peers
+                        .push((node.peer_node[peer.0 as usize], self.now));
+                    node.loss_reasons.push(reason);
+                }
                 Event::PeerClosed { .. } => {}
             }
         }
@@ -166,6 +189,15 @@ impl Net {
 
     fn transmit(&mut self, mut datagram: Datagram) {
         self.datagrams_sent += 1;
+        if self.record {
+            self.log.push(Sent {
+                at: self.now,
+                from: datagram.from,
+                to: datagram.to,
+                header: datagram.header,
+                data: !datagram.header.has(rel::FLAG_ACK_ONLY),
+            });
+        }
         let faults = self
             .links
             .get(&(datagram.from, datagram.to))
@@ -222,7 +254,10 @@ impl Net {
         let buf = node.next_buf;
         node.next_buf += 1;
         node.held.insert(buf, datagram.payload);
-        match node.rel.on_datagram(now, peer, &datagram.header, buf) {
+        match node
+            .rel
+            .on_datagram(now, peer, &datagram.header, buf, node.room)
+        {
             Receipt::Deliver(buf) => {
                 let bytes = node.held.remove(&buf).unwrap();
                 node.delivered.entry(datagram.from).or_default().push(bytes);
