@@ -300,7 +300,9 @@ fn a_silent_peer_fails_its_sends_and_spares_the_others() {
     let done = completions(&mut nodes[0]);
     let errors = errors(&net, &mut nodes[0]);
     // c's port goes down: nothing reaches it any more.
-    let c_port = nodes[2].modules()[0].context().port_id(1).unwrap();
+    let c_port = nodes[2].modules()[0]
+        .with_context(|c| c.port_id(1))
+        .unwrap();
     net.set_port_state(c_port, PortState::Down).unwrap();
     for i in 0..10 {
         for to in [1, 2] {
@@ -454,7 +456,7 @@ fn seeded_three_way(seed: u64) -> Outcome {
         .iter()
         .map(|n| {
             let m = &n.modules()[0];
-            (m.stats(), m.context().stats(), m.to_string())
+            (m.stats(), m.with_context(Context::stats), m.to_string())
         })
         .collect();
     let received = inboxes
@@ -530,7 +532,9 @@ fn sends_to_a_lost_peer_fail_at_once_and_leak_nothing() {
     let (to_b, to_c) = (eps[0][1].unwrap(), eps[0][2].unwrap());
     let at_b = inbox(&mut nodes[1], Tag::PML);
     let errors = errors(&net, &mut nodes[0]);
-    let c_port = nodes[2].modules()[0].context().port_id(1).unwrap();
+    let c_port = nodes[2].modules()[0]
+        .with_context(|c| c.port_id(1))
+        .unwrap();
     net.set_port_state(c_port, PortState::Down).unwrap();
     // Send to c until it is declared lost.
     nodes[0].modules_mut()[0]
@@ -652,6 +656,16 @@ fn a_message_cut_short_is_dropped_whole_by_its_receiver() {
             }),
         );
     }
+    // A first exchange between a and b, so that a sends on b's real credit
+    // rather than the few datagrams a sender risks before hearing from a
+    // peer.
+    nodes[1].modules_mut()[0]
+        .send_message(eps[1][0].unwrap(), Tag::USR, b"hello")
+        .unwrap();
+    let stop = drive(&net, &mut nodes, Duration::from_secs(1), |nodes| {
+        nodes.iter().all(|n| n.modules()[0].unacknowledged() == 0)
+    });
+    assert_eq!(stop, Stop::Done);
     let eager = nodes[0].modules()[0].limits().eager_limit;
     let cut: Vec<u8> = (0..20 * eager).map(|i| (i % 249) as u8).collect();
     // c's datagram is sent (zero latency: it has arrived) and left unread.

@@ -672,7 +672,7 @@ fn error_completion_does_not_drop_the_rest_of_the_batch() {
         send_bytes(&mut a, ab, Tag::PML, &[i], DesFlags::BTL_OWNERSHIP).unwrap();
         drive(&mut a, &mut b, 1);
     }
-    assert_eq!(b.modules()[0].context().stats().rx_no_buffer, 0);
+    assert_eq!(b.modules()[0].with_context(Context::stats).rx_no_buffer, 0);
     finalize_clean(a);
     finalize_clean(b);
 }

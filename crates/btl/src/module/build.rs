@@ -372,6 +372,7 @@ impl<C: Context> Engine<C> {
             endpoints: Endpoints::default(),
             notices: std::collections::VecDeque::new(),
             held_for_app: 0,
+            app_present: true,
             limits: built.limits,
             qkey: params.ib_qkey,
             job_key: params.job_key,

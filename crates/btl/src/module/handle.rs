@@ -151,13 +151,15 @@ impl<C: Context> Module<C> {
     }
 
     /// Releases endpoints and their address handles. Sends waiting for a
-    /// credit to them complete with an error (reported at the next
-    /// progress call).
+    /// credit to them complete with an error first, through the send
+    /// callback.
     ///
     /// # Errors
     /// An unknown endpoint, or an address handle the fabric refused to free.
     pub fn del_procs(&mut self, endpoints: &[EndpointId]) -> Result<(), BtlError> {
-        self.lock().del_procs(endpoints)
+        let result = self.lock().del_procs(endpoints);
+        self.run_notices();
+        result
     }
 
     /// Attaches a value of the caller's to an endpoint (the peer's rank,
@@ -349,10 +351,15 @@ impl<C: Context> Module<C> {
     /// still processed (the seed returned at the first one and leaked the
     /// batch's receive buffers).
     ///
-    /// Returns the number of completions handled and events reported.
+    /// Returns the number of completions handled, counting as well the
+    /// events the helper thread queued while the application was away.
     pub fn progress(&mut self) -> usize {
-        let polled = self.lock().progress();
-        polled + self.run_notices()
+        let (queued, polled) = {
+            let mut engine = self.lock();
+            (engine.notices.len(), engine.progress(true))
+        };
+        self.run_notices();
+        queued + polled
     }
 
     /// Runs the callbacks for every queued notice; returns how many.
@@ -458,10 +465,10 @@ impl<C: Context> Module<C> {
         self.lock().rcache.stats()
     }
 
-    /// The fabric context, for its counters; the guard holds the module's
+    /// Runs `f` on the fabric context, for its counters, under the module's
     /// lock.
-    pub fn context(&self) -> impl Deref<Target = C> + '_ {
-        MutexGuard::map(self.lock(), |e| &mut e.ctx)
+    pub fn with_context<R>(&self, f: impl FnOnce(&C) -> R) -> R {
+        f(&self.lock().ctx)
     }
 
     /// Descriptors waiting for a send credit.

@@ -94,6 +94,9 @@ struct Engine<C: Context> {
     /// Receive buffers held by `notices` until the application's callback
     /// has seen them.
     held_for_app: usize,
+    /// The application is the one calling (its progress), rather than the
+    /// helper servicing the fabric while it is away.
+    app_present: bool,
     stats: ModuleStats,
     qkey: u32,
     job_key: u32,
@@ -271,21 +274,23 @@ impl<C: Context> Engine<C> {
 
     // ----- progress -----------------------------------------------------
 
-    /// Reads the fabric's clock, then polls the completion queue once, for
-    /// up to [`NUM_WC`](crate::NUM_WC) completions: runs send callbacks
-    /// (posting waiting sends as credits return) and tag callbacks, fires
-    /// the reliability timers that are due, then reposts every consumed
-    /// receive buffer in one call. An error completion is counted and
-    /// handled in place; the rest of the batch is still processed (the seed
-    /// returned at the first one and leaked the batch's receive buffers).
-    ///
-    /// Returns the number of completions handled.
-    pub(super) fn progress(&mut self) -> usize {
+    /// One pass of the drive loop: reads the fabric's clock, polls the
+    /// completion queue once (up to [`NUM_WC`](crate::NUM_WC) completions),
+    /// handles them, fires the reliability timers that are due, sends what
+    /// is owed and reposts consumed buffers. What the callbacks must hear is
+    /// queued in `notices`. `app_present` says whether the application is
+    /// the caller (its own progress) or the helper is servicing the fabric
+    /// while it is away, which decides whether an in-order datagram may be
+    /// taken without room to keep it.
+    pub(super) fn progress(&mut self, app_present: bool) -> usize {
+        self.app_present = app_present;
         // Before polling: a timer must never fire on a clock read after an
         // empty poll, while what would have stopped it sits unread. An
         // unreliable module has no timers and reads no clock.
         let now = if self.reliable.is_some() {
-            self.clock()
+            let now = self.clock();
+            self.note_running(now);
+            now
         } else {
             Instant::ZERO
         };
@@ -310,7 +315,9 @@ impl<C: Context> Engine<C> {
         if let Some(reliable) = self.reliable.as_mut() {
             // An idle poll with no timer due costs one comparison.
             if polled > 0 || reliable.core.poll_timeout().is_some_and(|at| at <= now) {
-                self.drive_reliability(now);
+                // A full batch may have left completions in the fabric.
+                let drained = polled < self.recv.wcs.len();
+                self.drive_reliability(now, drained);
             }
         } else if polled > 0 {
             self.post_waiting();

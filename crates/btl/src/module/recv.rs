@@ -46,6 +46,13 @@ pub(super) struct RecvPool {
     reposts: Vec<RecvWr>,
     /// Where `poll_cq` writes completions.
     pub(super) wcs: Box<[WorkCompletion]>,
+    /// Buffers the reliability state holds for datagrams that arrived early.
+    pub(super) early_held: usize,
+    /// Buffers no early or undeliverable datagram may take: however many
+    /// peers have gaps, the next in-order datagram of any of them (and every
+    /// acknowledgement) always finds a posted buffer, so no stream can stall
+    /// for want of one.
+    reserve: usize,
 }
 
 /// The work request that posts buffer `slot` of a pool of `stride`-byte
@@ -70,7 +77,35 @@ impl RecvPool {
             qp,
             reposts: Vec::with_capacity(NUM_WC),
             wcs: vec![WorkCompletion::EMPTY; NUM_WC].into_boxed_slice(),
+            early_held: 0,
+            reserve: (count / 4).clamp(1, 256),
         }
+    }
+
+    /// Buffers held beyond the current call: early datagrams, and, while the
+    /// application is away, in-order datagrams waiting for it.
+    fn held(&self, held_for_app: usize, app_present: bool) -> usize {
+        self.early_held + if app_present { 0 } else { held_for_app }
+    }
+
+    /// Whether one more buffer may be held without touching the reserve.
+    pub(super) fn may_hold(&self, held_for_app: usize, app_present: bool) -> bool {
+        self.held(held_for_app, app_present) + 1 + self.reserve <= self.count
+    }
+
+    /// The credit to advertise to each of `peers` peers: the buffers free
+    /// beyond the reserve, shared. It adds up to the pool, except that a peer
+    /// always gets one while any buffer is free, so that no peer starves
+    /// when peers outnumber buffers (what that overcommits is refused and
+    /// retransmitted, never lost).
+    pub(super) fn credit_for(&self, held_for_app: usize, app_present: bool, peers: usize) -> u16 {
+        let free = self
+            .count
+            .saturating_sub(self.reserve + self.held(held_for_app, app_present));
+        if free == 0 {
+            return 0;
+        }
+        u16::try_from((free / peers.max(1)).max(1)).unwrap_or(u16::MAX)
     }
 
     /// Queues buffer `slot` for reposting at the end of the progress call.

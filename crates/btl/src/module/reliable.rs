@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use udbtl_fabric::{Context, Gather, Mr, MrHandle, QpAddr, Sge};
 use udbtl_reliability::{
-    Config, ConfigError, Event, Instant, PeerId, Receipt, Reliability, SendError,
+    Config, ConfigError, Event, Instant, LossReason, PeerId, Receipt, Reliability, Room, SendError,
 };
 use udbtl_wire::{btl, datagram, rel};
 
@@ -53,6 +53,9 @@ pub(super) struct Reliable {
     /// Senders not known yet, by process id (see `take_unknown_peers`).
     unknown_peers: Vec<u32>,
     reassembly: Reassembly,
+    /// When the engine last ran (progress or helper), to notice that the
+    /// process was stopped.
+    last_run: Option<Instant>,
 }
 
 impl Reliable {
@@ -67,6 +70,7 @@ impl Reliable {
             ack_next: 0,
             unknown_peers: Vec::new(),
             reassembly: Reassembly::default(),
+            last_run: None,
         })
     }
 
@@ -165,15 +169,47 @@ impl<C: Context> Engine<C> {
 
     /// Timers, transmissions and events, after a progress call's
     /// completions.
-    pub(super) fn drive_reliability(&mut self, now: Instant) {
+    ///
+    /// `drained` says whether the poll emptied the fabric: a peer is never
+    /// declared lost while acknowledgements from it may still sit unread.
+    pub(super) fn drive_reliability(&mut self, now: Instant, drained: bool) {
+        let credit =
+            self.recv
+                .credit_for(self.held_for_app, self.app_present, self.endpoints.len());
         let Some(reliable) = self.reliable.as_mut() else {
             return;
         };
+        reliable.core.set_credit(credit);
         if reliable.core.poll_timeout().is_some_and(|at| at <= now) {
-            reliable.core.handle_timeout(now);
+            if drained {
+                reliable.core.handle_timeout(now);
+            } else {
+                reliable.core.handle_timeout_deferring_failures(now);
+            }
         }
         self.flush_transmits(now);
         self.process_events();
+    }
+
+    /// Notes that the engine runs at `now`. A gap since the last run of more
+    /// than half the peer timeout means this process was not running
+    /// (stopped, suspended, starved): no evidence against any peer, whose
+    /// failure clocks restart.
+    pub(super) fn note_running(&mut self, now: Instant) {
+        let Some(reliable) = self.reliable.as_mut() else {
+            return;
+        };
+        let jump = reliable.core.config().peer_timeout / 2;
+        if let Some(last) = reliable.last_run {
+            if now.saturating_since(last) > jump {
+                tracing::warn!(
+                    gap = ?now.saturating_since(last),
+                    "this process did not run for a while; peers' failure clocks restart"
+                );
+                reliable.core.resume(now);
+            }
+        }
+        reliable.last_run = Some(now);
     }
 
     /// Runs callbacks for acknowledged and failed descriptors; reposts
@@ -184,6 +220,7 @@ impl<C: Context> Engine<C> {
                 return;
             };
             if let Some(held) = reliable.core.poll_reclaim() {
+                self.recv.early_held -= 1;
                 self.recv.repost(held.slot);
                 continue;
             }
@@ -199,12 +236,18 @@ impl<C: Context> Engine<C> {
                         peer.0
                     ))),
                 ),
-                Event::PeerLost { peer } => {
+                Event::PeerLost { peer, reason } => {
                     reliable.reassembly.discard(EndpointId(peer.0));
-                    let message = format!(
-                        "endpoint {} was declared lost: no acknowledgement within peer_timeout",
-                        peer.0
-                    );
+                    let message = match reason {
+                        LossReason::Reset => format!(
+                            "endpoint {} broke the stream: it declared this process lost",
+                            peer.0
+                        ),
+                        _ => format!(
+                            "endpoint {} was declared lost: nothing heard from it within peer_timeout",
+                            peer.0
+                        ),
+                    };
                     self.report_error(Some(EndpointId(peer.0)), false, message);
                 }
                 Event::PeerClosed { peer } => reliable.reassembly.discard(EndpointId(peer.0)),
@@ -348,19 +391,28 @@ impl<C: Context> Engine<C> {
             self.recv.repost(held.slot);
             return;
         };
+        let can_hold = self.recv.may_hold(self.held_for_app, self.app_present);
+        let room = Room {
+            // While the application runs, an in-order datagram is delivered
+            // before this progress call returns; while it is away, its
+            // buffer is kept until it comes back.
+            in_order: self.app_present || can_hold,
+            early: can_hold,
+        };
         match reliable
             .core
-            .on_datagram(now, PeerId(endpoint.0), &header, held)
+            .on_datagram(now, PeerId(endpoint.0), &header, held, room)
         {
             Receipt::Deliver(held) => {
                 self.deliver_in_order(held, endpoint, Tag(tag), header.flags);
                 while let Some((peer, held)) =
                     self.reliable.as_mut().and_then(|r| r.core.poll_deliver())
                 {
+                    self.recv.early_held -= 1;
                     self.deliver_held(held, EndpointId(peer.0));
                 }
             }
-            Receipt::Buffered => {}
+            Receipt::Buffered => self.recv.early_held += 1,
             Receipt::Discard(held, _) => self.recv.repost(held.slot),
         }
     }
