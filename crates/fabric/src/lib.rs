@@ -64,7 +64,7 @@ pub use types::*;
 /// verbs.
 pub trait Provider {
     /// An opened device.
-    type Context: Context;
+    type Context: Context + 'static;
 
     /// The provider's name, e.g. `udp`.
     fn name(&self) -> &'static str;

@@ -5,6 +5,7 @@
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
@@ -12,6 +13,7 @@ use udbtl_fabric::{Context, PortAttr, QpAddr};
 use udbtl_wire::modex;
 
 use super::events::{Callbacks, Notice};
+use super::helper::Helper;
 use super::{
     AddProcs, Engine, ErrorCallback, Limits, ModuleStats, RecvCallback, SendCallback, SendStatus,
 };
@@ -35,6 +37,13 @@ pub struct Module<C: Context> {
     limits: Limits,
     port: PortAttr,
     device: String,
+    /// The application's progress calls so far, published for the helper.
+    calls: u64,
+    activity: Arc<AtomicU64>,
+    /// Services the fabric while the application is away; `None` when
+    /// `progress_thread` is off, the module is unreliable, or the fabric
+    /// cannot wait (the simulator).
+    helper: Option<Helper>,
 }
 
 impl<C: Context> fmt::Debug for Module<C> {
@@ -82,15 +91,45 @@ impl<C: Context> Module<C> {
     ///
     /// # Errors
     /// The failing step and its verbs error.
-    pub fn new(ctx: C, port: u8, params: &Params) -> Result<Self, (C, BtlError)> {
-        let engine = Engine::new(ctx, port, params)?;
-        Ok(Self {
+    pub fn new(ctx: C, port: u8, params: &Params) -> Result<Self, (C, BtlError)>
+    where
+        C: 'static,
+    {
+        let mut engine = Engine::new(ctx, port, params)?;
+        let channel = if params.progress_thread && engine.reliable.is_some() {
+            let cq = engine.cq;
+            engine.ctx.completion_channel(cq).unwrap_or_else(|err| {
+                tracing::warn!(%err, "no completion channel; running without a progress helper");
+                None
+            })
+        } else {
+            None
+        };
+        let mut module = Self {
             limits: engine.limits,
             port: engine.port.clone(),
             device: engine.device.clone(),
             engine: Arc::new(Mutex::new(engine)),
             callbacks: Callbacks::new(),
-        })
+            calls: 0,
+            activity: Arc::default(),
+            helper: None,
+        };
+        if let Some(channel) = channel {
+            // Waits on the sockets end at least this often, so that a quiet
+            // module's idea of when it last ran stays fresh.
+            let idle_wait = Duration::from_millis(u64::from(params.peer_timeout) / 4);
+            match Helper::start(
+                module.engine.clone(),
+                module.activity.clone(),
+                channel,
+                idle_wait,
+            ) {
+                Ok(helper) => module.helper = Some(helper),
+                Err(err) => tracing::warn!(%err, "could not start the progress helper thread"),
+            }
+        }
+        Ok(module)
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, Engine<C>> {
@@ -107,11 +146,13 @@ impl<C: Context> Module<C> {
     /// referenced, or a fabric refusal: each is a leak the caller should
     /// hear about. Teardown still goes as far as it can.
     pub fn finalize(mut self) -> Result<C, (C, BtlError)> {
+        // Stopped and joined first: then the module holds the only reference
+        // to its engine.
+        self.helper = None;
         self.run_notices();
         let engine = match Arc::try_unwrap(self.engine) {
             Ok(engine) => engine.into_inner(),
-            // Only the module holds the engine: nothing else was started.
-            Err(_) => unreachable!("no one else holds the engine"),
+            Err(_) => unreachable!("the helper, the only other holder, was joined"),
         };
         engine.finalize()
     }
@@ -354,12 +395,29 @@ impl<C: Context> Module<C> {
     /// Returns the number of completions handled, counting as well the
     /// events the helper thread queued while the application was away.
     pub fn progress(&mut self) -> usize {
+        self.calls = self.calls.wrapping_add(1);
+        self.activity.store(self.calls, Ordering::Relaxed);
         let (queued, polled) = {
             let mut engine = self.lock();
             (engine.notices.len(), engine.progress(true))
         };
         self.run_notices();
         queued + polled
+    }
+
+    /// Services the fabric as the helper thread does while the application
+    /// is away: acknowledgements, retransmissions, credit, the peer-failure
+    /// clock; in-order data is kept for the next `progress` and no callback
+    /// runs. For drivers of a simulated fabric, which has no helper thread,
+    /// to play a rank that is busy computing.
+    pub fn service(&mut self) -> usize {
+        self.lock().progress(false)
+    }
+
+    /// Whether a helper thread services this module while the application is
+    /// away.
+    pub fn has_helper(&self) -> bool {
+        self.helper.is_some()
     }
 
     /// Runs the callbacks for every queued notice; returns how many.

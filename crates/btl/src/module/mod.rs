@@ -34,6 +34,7 @@ mod descriptors;
 mod endpoints;
 mod events;
 mod handle;
+mod helper;
 mod messages;
 mod recv;
 mod reliable;

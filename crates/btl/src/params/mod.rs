@@ -336,6 +336,12 @@ parameters! {
     peer_timeout: u32 = (30_000), int(10, 86_400_000), udbtl,
         "Milliseconds without acknowledgement, while data waits, before a peer is \
          declared lost (time, not a retry count, decides)";
+    progress_thread: bool = (true), BOOL, udbtl,
+        "A helper thread services each reliable module (acknowledgements, retransmissions, \
+         credit, the peer-failure clock) while the application does not call progress, so \
+         that a rank busy computing is never taken for a dead one; it sleeps on the sockets \
+         or a timer, and callbacks still run only in the application's own progress. Off \
+         for programs that progress continuously";
     checksum: String = (String::from("auto")), choice(&["auto", "on", "off"]), udbtl,
         "Checksum every reliable datagram: auto does so on fabrics that do not check \
          integrity themselves (sim); UDP has its own checksum";
