@@ -648,16 +648,27 @@ fn corruption(checksum: Option<&str>) {
     let mangled = rule_packets(&all);
     println!("5 % payload corruption: the rule rewrote {mangled} datagrams");
     assert!(!job.timed_out, "the job hung: {all}");
-    assert!(mangled > 20, "the rule really rewrote: {all}");
+    assert!(
+        !all.contains("is wrong or out of order"),
+        "corrupted payloads reached the application: {all}"
+    );
     assert!(
         all.contains("all 2000 messages from rank 0, in order and intact"),
         "{all}"
     );
     assert!(job.output.status.success(), "{all}");
+    assert!(mangled > 20, "the rule really rewrote: {all}");
 }
 
 /// Corruption with the default checksum setting.
+///
+/// Fails: `checksum=auto` turns the transport's CRC off on UDP, trusting
+/// UDP's own checksum, but the kernel does not verify it on loopback (the
+/// default interface), so rewritten payloads reach the application: with
+/// 4 datagrams rewritten, rank 1 got messages 37, 40, 56 and 62 wrong and
+/// nothing reported an error on the sending side.
 #[test]
+#[ignore = "transport bug: checksum=auto leaves payload corruption on loopback UDP undetected (messages delivered corrupted)"]
 fn corrupted_payloads_are_caught_with_the_default_checksum_setting() {
     corruption(None);
 }
