@@ -324,8 +324,10 @@ impl<C: Context> Engine<C> {
         };
         let reliable = match ack_mr {
             Some(ack_mr) => {
-                // UDP checks its own checksum; the simulator corrupts.
-                let fabric_checks_integrity = built.port.link_layer != "sim";
+                // Only InfiniBand's ICRC covers a datagram end to end. UDP's
+                // 16-bit checksum is weak, optional, and not verified on
+                // loopback at all; the simulator corrupts on purpose.
+                let fabric_checks_integrity = built.port.link_layer == "infiniband";
                 let checksum = match params.checksum.as_str() {
                     "on" => true,
                     "off" => false,

@@ -94,18 +94,18 @@ impl RecvPool {
     }
 
     /// The credit to advertise to each of `peers` peers: the buffers free
-    /// beyond the reserve, shared. It adds up to the pool, except that a peer
-    /// always gets one while any buffer is free, so that no peer starves
-    /// when peers outnumber buffers (what that overcommits is refused and
-    /// retransmitted, never lost).
+    /// beyond the reserve, shared, so that it adds up to the pool. While the
+    /// application runs, an in-order datagram is taken whatever is held, so
+    /// every peer gets at least one (a pool of one buffer still moves); what
+    /// that overcommits is refused and retransmitted, never lost. While the
+    /// application is away it may be zero: senders then probe.
     pub(super) fn credit_for(&self, held_for_app: usize, app_present: bool, peers: usize) -> u16 {
         let free = self
             .count
             .saturating_sub(self.reserve + self.held(held_for_app, app_present));
-        if free == 0 {
-            return 0;
-        }
-        u16::try_from((free / peers.max(1)).max(1)).unwrap_or(u16::MAX)
+        let share = free / peers.max(1);
+        let floor = usize::from(app_present || free > 0);
+        u16::try_from(share.max(floor)).unwrap_or(u16::MAX)
     }
 
     /// Queues buffer `slot` for reposting at the end of the progress call.

@@ -343,8 +343,9 @@ parameters! {
          or a timer, and callbacks still run only in the application's own progress. Off \
          for programs that progress continuously";
     checksum: String = (String::from("auto")), choice(&["auto", "on", "off"]), udbtl,
-        "Checksum every reliable datagram: auto does so on fabrics that do not check \
-         integrity themselves (sim); UDP has its own checksum";
+        "Checksum every reliable datagram (CRC-32, hardware-accelerated): auto does so on \
+         every fabric without end-to-end integrity of its own, which is all but InfiniBand \
+         (ICRC); UDP's 16-bit checksum is weak and loopback does not even verify it";
     job_key: u32 = (0), int(0, 0xffff_ffff), udbtl,
         "Key carried in every BTL header; datagrams carrying another key are dropped";
     udp_if: String = unset, TEXT, udbtl,
