@@ -96,14 +96,12 @@ impl<C: Context> Module<C> {
         C: 'static,
     {
         let mut engine = Engine::new(ctx, port, params)?;
-        let channel = if params.progress_thread && engine.reliable.is_some() {
+        // An unreliable module has nothing to service, and a fabric that
+        // cannot wait on real time (the simulator) must not be serviced on
+        // it.
+        let wants_helper = params.progress_thread && engine.reliable.is_some() && {
             let cq = engine.cq;
-            engine.ctx.completion_channel(cq).unwrap_or_else(|err| {
-                tracing::warn!(%err, "no completion channel; running without a progress helper");
-                None
-            })
-        } else {
-            None
+            matches!(engine.ctx.completion_channel(cq), Ok(Some(_)))
         };
         let mut module = Self {
             limits: engine.limits,
@@ -115,15 +113,11 @@ impl<C: Context> Module<C> {
             activity: Arc::default(),
             helper: None,
         };
-        if let Some(channel) = channel {
-            // Waits on the sockets end at least this often, so that a quiet
-            // module's idea of when it last ran stays fresh.
-            let idle_wait = Duration::from_millis(u64::from(params.peer_timeout) / 4);
+        if wants_helper {
             match Helper::start(
                 module.engine.clone(),
                 module.activity.clone(),
-                channel,
-                idle_wait,
+                Duration::from_millis(u64::from(params.peer_timeout)),
             ) {
                 Ok(helper) => module.helper = Some(helper),
                 Err(err) => tracing::warn!(%err, "could not start the progress helper thread"),
@@ -149,7 +143,7 @@ impl<C: Context> Module<C> {
         // Stopped and joined first: then the module holds the only reference
         // to its engine.
         self.helper = None;
-        self.run_notices();
+        run_notices(&mut self.engine.lock(), &mut self.callbacks);
         let engine = match Arc::try_unwrap(self.engine) {
             Ok(engine) => engine.into_inner(),
             Err(_) => unreachable!("the helper, the only other holder, was joined"),
@@ -198,8 +192,9 @@ impl<C: Context> Module<C> {
     /// # Errors
     /// An unknown endpoint, or an address handle the fabric refused to free.
     pub fn del_procs(&mut self, endpoints: &[EndpointId]) -> Result<(), BtlError> {
-        let result = self.lock().del_procs(endpoints);
-        self.run_notices();
+        let mut engine = self.engine.lock();
+        let result = engine.del_procs(endpoints);
+        run_notices(&mut engine, &mut self.callbacks);
         result
     }
 
@@ -397,11 +392,10 @@ impl<C: Context> Module<C> {
     pub fn progress(&mut self) -> usize {
         self.calls = self.calls.wrapping_add(1);
         self.activity.store(self.calls, Ordering::Relaxed);
-        let (queued, polled) = {
-            let mut engine = self.lock();
-            (engine.notices.len(), engine.progress(true))
-        };
-        self.run_notices();
+        let mut engine = self.engine.lock();
+        let queued = engine.notices.len();
+        let polled = engine.progress(true);
+        run_notices(&mut engine, &mut self.callbacks);
         queued + polled
     }
 
@@ -418,35 +412,6 @@ impl<C: Context> Module<C> {
     /// away.
     pub fn has_helper(&self) -> bool {
         self.helper.is_some()
-    }
-
-    /// Runs the callbacks for every queued notice; returns how many.
-    fn run_notices(&mut self) -> usize {
-        let mut engine = self.engine.lock();
-        let mut ran = 0;
-        while let Some(notice) = engine.notices.pop_front() {
-            ran += 1;
-            match notice {
-                Notice::Datagram(delivery) => engine.deliver(&mut self.callbacks, delivery),
-                Notice::Sent { event, owned } => {
-                    if let Some(callback) = self.callbacks.send.as_mut() {
-                        callback(&event);
-                    }
-                    if owned {
-                        engine.release(event.descriptor);
-                    }
-                }
-                Notice::Error(event) => {
-                    if let Some(callback) = self.callbacks.error.as_mut() {
-                        callback(&event);
-                    }
-                }
-            }
-        }
-        if ran > 0 {
-            engine.flush_reposts();
-        }
-        ran
     }
 
     /// Installs the receive callback for `tag`, replacing any earlier one.
@@ -551,4 +516,33 @@ impl<C: Context> fmt::Display for Module<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&*self.lock(), f)
     }
+}
+
+/// Runs the callbacks for every queued notice, in order, reposting each
+/// delivered buffer after its callback; returns how many ran.
+fn run_notices<C: Context>(engine: &mut Engine<C>, callbacks: &mut Callbacks) -> usize {
+    let mut ran = 0;
+    while let Some(notice) = engine.notices.pop_front() {
+        ran += 1;
+        match notice {
+            Notice::Datagram(delivery) => engine.deliver(callbacks, delivery),
+            Notice::Sent { event, owned } => {
+                if let Some(callback) = callbacks.send.as_mut() {
+                    callback(&event);
+                }
+                if owned {
+                    engine.release(event.descriptor);
+                }
+            }
+            Notice::Error(event) => {
+                if let Some(callback) = callbacks.error.as_mut() {
+                    callback(&event);
+                }
+            }
+        }
+    }
+    if ran > 0 {
+        engine.flush_reposts();
+    }
+    ran
 }
