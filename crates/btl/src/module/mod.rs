@@ -1,7 +1,11 @@
 //! A BTL module: one active port, its queue pairs, its receive pool, its
 //! fragments and its endpoints.
 //!
-//! The module is one type whose work is split by job, one file each:
+//! The public [`Module`] (`handle.rs`) is a handle on the module's state,
+//! the `Engine`, which sits behind a lock so that the progress helper
+//! (`helper.rs`) can service the fabric while the application is away; the
+//! caller's callbacks stay with the handle and run only in the caller's own
+//! calls. The engine's work is split by job, one file each:
 //!
 //! * `build.rs`: bringing it up in the seed's order, its [`Limits`], and
 //!   tearing it down in the verbs order;
@@ -13,9 +17,11 @@
 //! * `recv.rs`: the receive pool, header checks, dispatch, reposting;
 //! * `reliable.rs`: the drive of the sans-IO reliability state, and
 //!   multi-datagram messages (`messages.rs`: cutting and reassembly);
-//! * `events.rs`: what callbacks receive; `stats.rs`: counters and the dump.
+//! * `events.rs`: what callbacks receive, and the notices queued for them;
+//!   `stats.rs`: counters and the dump.
 //!
-//! This file holds the type, addressing, `send`, and `progress`.
+//! This file holds the engine's type, `send`, posting, and one pass of the
+//! drive loop.
 
 /// The [`Poster`](send::Poster) of a module, from its fields (so that the
 /// context can be borrowed mutably beside it).
