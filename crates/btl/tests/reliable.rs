@@ -12,15 +12,16 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use udbtl_btl::*;
-use udbtl_fabric::sim::{LinkConfig, SimDeviceSpec, SimNetStats, SimNetwork, SimProvider};
-use udbtl_fabric::{Context, FabricStats, PortState};
+use common::{Btl, Inbox, Stop, drive, errors, inbox, mesh, node, peer_timeout_default};
 
-type Btl = Component<SimProvider>;
-type Inbox = Arc<Mutex<Vec<(Option<EndpointId>, Vec<u8>)>>>;
+use udbtl_btl::*;
+use udbtl_fabric::sim::{LinkConfig, SimNetStats, SimNetwork};
+use udbtl_fabric::{Context, FabricStats, PortState};
 
 fn config() -> BtlConfig {
     BtlConfig {
@@ -28,39 +29,6 @@ fn config() -> BtlConfig {
         sd_num: Some(64),
         ..BtlConfig::default()
     }
-}
-
-fn node(net: &SimNetwork, name: &str, config: BtlConfig) -> Btl {
-    let provider = net.provider();
-    provider
-        .add_device(SimDeviceSpec::new(name, 1).with_max_msg_size(2048))
-        .unwrap();
-    let params = Params::load_from(&config, |_| None).unwrap();
-    Component::init(provider, params).unwrap()
-}
-
-/// Connects every node to every other; `eps[i][j]` is i's endpoint for j.
-fn mesh(nodes: &mut [Btl]) -> Vec<Vec<Option<EndpointId>>> {
-    let blobs: Vec<Vec<u8>> = nodes.iter().map(Component::modex).collect();
-    let views: Vec<Option<&[u8]>> = blobs.iter().map(|b| Some(b.as_slice())).collect();
-    nodes
-        .iter_mut()
-        .map(|n| n.add_procs(&views).unwrap()[0].endpoints.clone())
-        .collect()
-}
-
-fn inbox(btl: &mut Btl, tag: Tag) -> Inbox {
-    let inbox: Inbox = Arc::default();
-    let sink = inbox.clone();
-    btl.modules_mut()[0].register(
-        tag,
-        Box::new(move |ev: &RecvEvent<'_>| {
-            sink.lock()
-                .unwrap()
-                .push((ev.endpoint, ev.payload.to_vec()))
-        }),
-    );
-    inbox
 }
 
 fn completions(btl: &mut Btl) -> Arc<Mutex<Vec<SendEvent>>> {
@@ -72,87 +40,11 @@ fn completions(btl: &mut Btl) -> Arc<Mutex<Vec<SendEvent>>> {
     seen
 }
 
-/// Error events with the virtual time each was reported at.
-type Errors = Arc<Mutex<Vec<(ErrorEvent, Duration)>>>;
-
-fn errors(net: &SimNetwork, btl: &mut Btl) -> Errors {
-    let seen: Errors = Arc::default();
-    let sink = seen.clone();
-    let net = net.clone();
-    btl.modules_mut()[0].register_error(Box::new(move |ev: &ErrorEvent| {
-        sink.lock().unwrap().push((ev.clone(), net.now()))
-    }));
-    seen
-}
-
 fn message(from: usize, index: usize) -> Vec<u8> {
     let len = 1 + index * 37 % 1500;
     (0..len)
         .map(|i| (i * 31 + index * 7 + from) as u8)
         .collect()
-}
-
-/// Why [`drive`] stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stop {
-    /// `done` held.
-    Done,
-    /// `limit` of virtual time passed.
-    Limit,
-    /// Nothing will ever happen again: no datagram arrives later and no
-    /// driven module has a timer armed.
-    Idle,
-}
-
-/// Progresses every node in `nodes`; when none handled anything, moves
-/// virtual time to the earliest of the network's next arrival and every
-/// node's next deadline (never past `limit` from the start). Stops when
-/// `done` holds, when `limit` of virtual time has passed, or when the
-/// scenario is idle.
-///
-/// After a round in which nothing was handled and nothing sent, an arrival
-/// at or before the current time that no progress call consumed belongs to
-/// a node not driven here (a subset of the nodes may be driven); it cannot
-/// move the clock and is ignored.
-fn drive(
-    net: &SimNetwork,
-    nodes: &mut [Btl],
-    limit: Duration,
-    mut done: impl FnMut(&mut [Btl]) -> bool,
-) -> Stop {
-    let end = net.now() + limit;
-    loop {
-        if done(nodes) {
-            return Stop::Done;
-        }
-        if net.now() >= end {
-            return Stop::Limit;
-        }
-        let sent = net.stats().sent;
-        let handled: usize = nodes.iter_mut().map(Component::progress).sum();
-        // A timer that fired may have sent something a node earlier in the
-        // round has not polled yet: go round again before moving the clock.
-        if handled > 0 || net.stats().sent != sent {
-            continue;
-        }
-        let now = net.now();
-        let deadline = nodes.iter_mut().filter_map(Component::next_deadline).min();
-        if let Some(at) = deadline {
-            // A progress call fires every timer due at its clock: one still
-            // due afterwards would make a simulated fabric spin for ever.
-            assert!(
-                at > now,
-                "a timer due at {at:?} is still armed after progress at {now:?}"
-            );
-        }
-        let arrival = net.next_arrival().filter(|&at| at > now);
-        match [deadline, arrival].into_iter().flatten().min() {
-            Some(at) => net.advance_to(at.min(end)),
-            // Timers that fired in the last round may have finished the job.
-            None if done(nodes) => return Stop::Done,
-            None => return Stop::Idle,
-        }
-    }
 }
 
 fn lossy(net: &SimNetwork, loss: f64, duplicate: f64, reorder: f64, corrupt: f64) {
@@ -189,7 +81,7 @@ fn alloc_driving(
 fn exchange_under(loss: f64, duplicate: f64, reorder: f64, corrupt: f64, seed: u64) -> Vec<Btl> {
     let net = SimNetwork::new(seed);
     lossy(&net, loss, duplicate, reorder, corrupt);
-    let mut nodes = vec![node(&net, "a", config()), node(&net, "b", config())];
+    let mut nodes = vec![node(&net, "a", &config()), node(&net, "b", &config())];
     let eps = mesh(&mut nodes);
     let got = inbox(&mut nodes[1], Tag::PML);
     let done = completions(&mut nodes[0]);
@@ -253,7 +145,7 @@ fn corruption_is_caught_by_the_checksum() {
 fn large_messages_are_reassembled_exactly_once() {
     let net = SimNetwork::new(4);
     lossy(&net, 0.05, 0.02, 0.05, 0.0);
-    let mut nodes = vec![node(&net, "a", config()), node(&net, "b", config())];
+    let mut nodes = vec![node(&net, "a", &config()), node(&net, "b", &config())];
     let eps = mesh(&mut nodes);
     let got = inbox(&mut nodes[1], Tag::USR);
     let big: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
@@ -275,12 +167,6 @@ fn large_messages_are_reassembled_exactly_once() {
     assert_eq!(nodes[1].modules()[0].stats().messages_reassembled, 1);
 }
 
-/// The peer_timeout the parameters default to.
-fn peer_timeout_default() -> Duration {
-    let params = Params::load_from(&config(), |_| None).unwrap();
-    Duration::from_millis(u64::from(params.peer_timeout))
-}
-
 #[test]
 fn a_silent_peer_fails_its_sends_and_spares_the_others() {
     // The default peer_timeout (30 s): virtual time makes waiting it out
@@ -291,9 +177,9 @@ fn a_silent_peer_fails_its_sends_and_spares_the_others() {
     let rto_max = (peer_timeout / 3).min(Duration::from_secs(2));
     let net = SimNetwork::new(5);
     let mut nodes = vec![
-        node(&net, "a", config()),
-        node(&net, "b", config()),
-        node(&net, "c", config()),
+        node(&net, "a", &config()),
+        node(&net, "b", &config()),
+        node(&net, "c", &config()),
     ];
     let eps = mesh(&mut nodes);
     let at_b = inbox(&mut nodes[1], Tag::PML);
@@ -366,7 +252,7 @@ fn a_silent_peer_fails_its_sends_and_spares_the_others() {
 #[test]
 fn reliable_modules_finalize_without_leaks() {
     let net = SimNetwork::new(6);
-    let mut nodes = vec![node(&net, "a", config()), node(&net, "b", config())];
+    let mut nodes = vec![node(&net, "a", &config()), node(&net, "b", &config())];
     let eps = mesh(&mut nodes);
     nodes[0].modules_mut()[0]
         .send_message(eps[0][1].unwrap(), Tag::PML, &[7u8; 5000])
@@ -407,7 +293,7 @@ fn seeded_three_way(seed: u64) -> Outcome {
     lossy(&net, 0.05, 0.05, 0.05, 0.05);
     let mut nodes: Vec<Btl> = ["a", "b", "c"]
         .iter()
-        .map(|name| node(&net, name, config()))
+        .map(|name| node(&net, name, &config()))
         .collect();
     let eps = mesh(&mut nodes);
     let inboxes: Vec<Inbox> = nodes.iter_mut().map(|n| inbox(n, Tag::PML)).collect();
@@ -524,9 +410,9 @@ fn send_frags_in_use(btl: &Btl) -> usize {
 fn sends_to_a_lost_peer_fail_at_once_and_leak_nothing() {
     let net = SimNetwork::new(9);
     let mut nodes = vec![
-        node(&net, "a", config()),
-        node(&net, "b", config()),
-        node(&net, "c", config()),
+        node(&net, "a", &config()),
+        node(&net, "b", &config()),
+        node(&net, "c", &config()),
     ];
     let eps = mesh(&mut nodes);
     let (to_b, to_c) = (eps[0][1].unwrap(), eps[0][2].unwrap());
@@ -631,9 +517,9 @@ fn a_message_cut_short_is_dropped_whole_by_its_receiver() {
         ..config()
     };
     let mut nodes = vec![
-        node(&net, "a", small_pool),
-        node(&net, "b", config()),
-        node(&net, "c", config()),
+        node(&net, "a", &small_pool),
+        node(&net, "b", &config()),
+        node(&net, "c", &config()),
     ];
     let eps = mesh(&mut nodes);
     let (a_to_b, c_to_a) = (eps[0][1].unwrap(), eps[2][0].unwrap());
@@ -737,9 +623,9 @@ fn processes_with_the_same_id_are_told_apart_by_address() {
     let net = SimNetwork::new(21);
     lossy(&net, 0.02, 0.0, 0.02, 0.0);
     let mut nodes = vec![
-        node(&net, "a", config()),
-        node(&net, "b", config()),
-        node(&net, "c", config()),
+        node(&net, "a", &config()),
+        node(&net, "b", &config()),
+        node(&net, "c", &config()),
     ];
     for btl in &mut nodes[..2] {
         btl.modules_mut()[0].set_process_id(7);

@@ -1,4 +1,5 @@
-//! Helpers shared by the simulated-fabric tests `pool.rs` and `busy.rs`:
+//! Helpers shared by the simulated-fabric tests `reliable.rs`, `pool.rs` and
+//! `busy.rs`:
 //! nodes on one seeded `sim` network, a full mesh, inboxes, and a driver on
 //! virtual time in which each node plays an active rank (`progress`), a busy
 //! one (`service` only: what its progress helper thread would do) or a dead
@@ -147,7 +148,7 @@ pub(crate) fn drive(
 /// when none handled anything, moves virtual time to the earliest of the
 /// network's next arrival and every driven node's next deadline (never past
 /// `limit` from the start). Stops when `done` holds, when `limit` has
-/// passed, or when the scenario is idle. As `drive` in `reliable.rs`.
+/// passed, or when the scenario is idle.
 pub(crate) fn drive_roles(
     net: &SimNetwork,
     nodes: &mut [Btl],
