@@ -87,9 +87,8 @@ pub(super) fn bad(des: Descriptor, problem: &'static str) -> BtlError {
 }
 
 impl<C: Context> Engine<C> {
-    /// A send fragment with room for `size` bytes, from the send free list.
-    /// `None` if `size` exceeds the eager limit or the list is at its bound;
-    /// the caller retries after completions return fragments.
+    /// The engine's side of `Module::alloc`, whose documentation is the
+    /// contract.
     pub(super) fn alloc(&mut self, order: u8, size: usize, flags: DesFlags) -> Option<Descriptor> {
         if size > self.limits.eager_limit {
             return None;
@@ -102,12 +101,8 @@ impl<C: Context> Engine<C> {
         Some(des)
     }
 
-    /// Returns a descriptor the caller owns. A send fragment goes back to its
-    /// list; a user fragment releases its registration first.
-    ///
-    /// # Errors
-    /// A stale descriptor, or one still owned by the BTL (waiting or
-    /// posted): a descriptor may only be freed after local completion.
+    /// The engine's side of `Module::free`, whose documentation is the
+    /// contract.
     pub(super) fn free(&mut self, des: Descriptor) -> Result<(), BtlError> {
         let state = self
             .frags
@@ -131,20 +126,8 @@ impl<C: Context> Engine<C> {
         self.frags.pool_mut(des).put(des);
     }
 
-    /// Prepares a descriptor holding `reserve` bytes for the caller's header
-    /// followed by up to `*size` bytes from `convertor`; sets `*size` to the
-    /// number of data bytes taken.
-    ///
-    /// Data is sent from user memory, without a copy, when the convertor is
-    /// zero-copy capable (shared memory), `reserve` fits the user fragment's
-    /// header room, and either `registration` is given or the data exceeds
-    /// the eager limit. The data is then cut at the maximum datagram size, so
-    /// a large buffer takes several calls. Otherwise the data is packed into
-    /// a send fragment. Unlike the seed, the zero-copy branch returns a
-    /// working descriptor, carries the BTL header in its own gather entry, and
-    /// never exceeds one datagram.
-    ///
-    /// `None` when no fragment is free or `reserve` leaves no room.
+    /// The engine's side of `Module::prepare_src`, whose documentation is the
+    /// contract.
     pub(super) fn prepare_src(
         &mut self,
         registration: Option<RegId>,
@@ -234,13 +217,8 @@ impl<C: Context> Engine<C> {
         Some(des)
     }
 
-    /// Registers user memory through the registration cache (the module's
-    /// `btl_mpool`), for callers that pass a registration to
-    /// [`prepare_src`](Self::prepare_src). Release it with
-    /// [`mpool_deregister`](Self::mpool_deregister).
-    ///
-    /// # Errors
-    /// The fabric refused the registration.
+    /// The engine's side of `Module::mpool_register`, whose documentation is the
+    /// contract.
     pub(super) fn mpool_register(&mut self, data: &Arc<[u8]>) -> Result<RegId, BtlError> {
         let pd = self.pd;
         self.rcache
@@ -254,10 +232,8 @@ impl<C: Context> Engine<C> {
             })
     }
 
-    /// Drops a reference taken by [`mpool_register`](Self::mpool_register).
-    ///
-    /// # Errors
-    /// The registration holds no reference.
+    /// The engine's side of `Module::mpool_deregister`, whose documentation is the
+    /// contract.
     pub(super) fn mpool_deregister(&mut self, reg: RegId) -> Result<(), BtlError> {
         self.rcache
             .release(&mut self.ctx, reg, deregister)
@@ -267,11 +243,8 @@ impl<C: Context> Engine<C> {
             })
     }
 
-    /// The bytes after the BTL header that the caller fills: the reserve and,
-    /// for a send fragment, the packed payload (`alloc`'s `size` bytes).
-    ///
-    /// # Errors
-    /// A stale descriptor.
+    /// The engine's side of `Module::segment_mut`, whose documentation is the
+    /// contract.
     pub(super) fn segment_mut(&mut self, des: Descriptor) -> Result<&mut [u8], BtlError> {
         let header_len = self.header_len;
         Ok(&mut self.registered_mut(des)?[header_len..])
@@ -296,21 +269,15 @@ impl<C: Context> Engine<C> {
         Ok(&mut bytes[sge.offset..sge.offset + sge.len])
     }
 
-    /// Sets the value handed back in the descriptor's
-    /// [`SendEvent`](super::SendEvent).
-    ///
-    /// # Errors
-    /// A stale descriptor.
+    /// The engine's side of `Module::set_context`, whose documentation is the
+    /// contract.
     pub(super) fn set_context(&mut self, des: Descriptor, context: u64) -> Result<(), BtlError> {
         self.frags.checked_mut(des)?.context = context;
         Ok(())
     }
 
-    /// Changes the length of an allocated send fragment's segment (at most
-    /// what it was allocated with), e.g. after packing fewer bytes.
-    ///
-    /// # Errors
-    /// A stale descriptor or a longer length.
+    /// The engine's side of `Module::set_segment_len`, whose documentation is the
+    /// contract.
     pub(super) fn set_segment_len(&mut self, des: Descriptor, len: usize) -> Result<(), BtlError> {
         let limit = self.limits.eager_limit;
         let frag = self.frags.checked_mut(des)?;
@@ -321,12 +288,8 @@ impl<C: Context> Engine<C> {
         Ok(())
     }
 
-    /// Marks whether a descriptor starts and/or ends a message, for
-    /// messages sent as several descriptors (the receiver delivers them as
-    /// one). By default a descriptor is a whole message.
-    ///
-    /// # Errors
-    /// A stale descriptor.
+    /// The engine's side of `Module::set_message_bounds`, whose documentation is the
+    /// contract.
     pub(super) fn set_message_bounds(
         &mut self,
         des: Descriptor,

@@ -160,7 +160,8 @@ pub struct AddProcs {
 }
 
 impl<C: Context> Engine<C> {
-    /// This module's published address.
+    /// The engine's side of `Module::address`, whose documentation is the
+    /// contract.
     pub(super) fn address(&self) -> modex::Address {
         modex::Address {
             location: match self.port.addr {
@@ -178,14 +179,8 @@ impl<C: Context> Engine<C> {
         }
     }
 
-    /// Turns peers' published addresses into endpoints. `peers[i]` is peer
-    /// `i`'s address list, or `None` if it published nothing. A peer with no
-    /// address on this module's network is unreachable through this module;
-    /// that is not an error for the whole call (a seed bug).
-    ///
-    /// # Errors
-    /// A verbs failure creating an address handle; endpoints created before
-    /// it are released.
+    /// The engine's side of `Module::add_procs`, whose documentation is the
+    /// contract.
     pub(super) fn add_procs(
         &mut self,
         peers: &[Option<&[modex::Address]>],
@@ -236,13 +231,8 @@ impl<C: Context> Engine<C> {
         Some((chosen.qpns.map(|qpn| QpAddr { node, qpn }), chosen.proc_id))
     }
 
-    /// Creates an endpoint for a peer module whose queue pairs are `qps`
-    /// (the first receives; datagrams from any of them are recognised as the
-    /// peer's) in process `proc_id`, with an address handle built with the
-    /// service level and path bits parameters.
-    ///
-    /// # Errors
-    /// The address handle could not be created.
+    /// The engine's side of `Module::add_endpoint`, whose documentation is the
+    /// contract.
     pub(super) fn add_endpoint(
         &mut self,
         qps: [QpAddr; modex::QPNS],
@@ -289,11 +279,8 @@ impl<C: Context> Engine<C> {
         Ok(id)
     }
 
-    /// Releases endpoints and their address handles. Sends waiting for a
-    /// credit to them complete with an error first.
-    ///
-    /// # Errors
-    /// An unknown endpoint, or an address handle the fabric refused to free.
+    /// The engine's side of `Module::del_procs`, whose documentation is the
+    /// contract.
     pub(super) fn del_procs(&mut self, endpoints: &[EndpointId]) -> Result<(), BtlError> {
         for &id in endpoints {
             let reuse = self.reliable.is_none();
@@ -332,12 +319,8 @@ impl<C: Context> Engine<C> {
         }
     }
 
-    /// Attaches a value of the caller's to an endpoint (the peer's rank,
-    /// say); receive callbacks get it back as
-    /// `RecvEvent::endpoint_context`, so mapping a sender costs no lookup.
-    ///
-    /// # Errors
-    /// An unknown endpoint.
+    /// The engine's side of `Module::set_endpoint_context`, whose documentation is the
+    /// contract.
     pub(super) fn set_endpoint_context(
         &mut self,
         endpoint: EndpointId,
@@ -352,7 +335,8 @@ impl<C: Context> Engine<C> {
         Ok(())
     }
 
-    /// The remote queue pair of an endpoint.
+    /// The engine's side of `Module::endpoint_addr`, whose documentation is the
+    /// contract.
     pub(super) fn endpoint_addr(&self, endpoint: EndpointId) -> Option<QpAddr> {
         self.endpoints.get(endpoint).map(|e| e.remote)
     }

@@ -141,17 +141,8 @@ fn deregister<C: Context>(ctx: &mut C, mr: Mr) {
 impl<C: Context> Engine<C> {
     // ----- sending ------------------------------------------------------
 
-    /// Sends a descriptor to an endpoint with `tag`. The BTL owns the
-    /// descriptor until the send callback reports its completion.
-    ///
-    /// With no send credit free, the descriptor waits in the module's queue
-    /// and is posted when a send completion returns a credit. Each peer's
-    /// datagrams leave by one queue pair; peers are striped over them.
-    ///
-    /// # Errors
-    /// A stale or busy descriptor, an unknown endpoint, or a post the fabric
-    /// refused; in every case the descriptor is back in the caller's hands
-    /// and no credit is lost (the seed swallowed post failures).
+    /// The engine's side of `Module::send`, whose documentation is the
+    /// contract.
     pub(super) fn send(
         &mut self,
         endpoint: EndpointId,
@@ -363,9 +354,8 @@ impl<C: Context> Engine<C> {
         self.complete_send(Descriptor::from_raw(wc.wr_id as u32), status);
     }
 
-    /// When the reliability state next needs a progress call even if nothing
-    /// arrives, on the fabric's clock; `None` when no timer is armed. A
-    /// driver of a simulated fabric advances time to it.
+    /// The engine's side of `Module::next_deadline`, whose documentation is the
+    /// contract.
     pub(super) fn next_deadline(&mut self) -> Option<std::time::Duration> {
         let at = self.reliable.as_mut()?.core.poll_timeout()?;
         Some(std::time::Duration::from_nanos(at.as_nanos()))

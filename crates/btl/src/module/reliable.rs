@@ -503,10 +503,8 @@ impl<C: Context> Engine<C> {
         }
     }
 
-    /// Process ids (as published in the modex) of senders this module does
-    /// not know yet, collected since the last call. A caller that fetches
-    /// addresses lazily connects to them; their retransmissions are then
-    /// accepted.
+    /// The engine's side of `Module::take_unknown_peers`, whose documentation is the
+    /// contract.
     pub(super) fn take_unknown_peers(&mut self) -> Vec<u32> {
         self.reliable
             .as_mut()
@@ -514,7 +512,8 @@ impl<C: Context> Engine<C> {
             .unwrap_or_default()
     }
 
-    /// Descriptors sent reliably and not yet acknowledged.
+    /// The engine's side of `Module::unacknowledged`, whose documentation is the
+    /// contract.
     pub(super) fn unacknowledged(&self) -> usize {
         let Some(reliable) = self.reliable.as_ref() else {
             return 0;
