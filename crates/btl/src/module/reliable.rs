@@ -436,6 +436,8 @@ impl<C: Context> Engine<C> {
     /// Hands one in-order datagram to the application's next progress.
     fn deliver_in_order(&mut self, held: Held, endpoint: EndpointId, tag: Tag, flags: u16) {
         let Some(src) = self.endpoints.get(endpoint).map(|e| e.remote) else {
+            // Held for a peer whose endpoint the caller deleted since.
+            self.stats.recv_unknown_peer += 1;
             self.recv.repost(held.slot);
             return;
         };
