@@ -106,9 +106,6 @@ typedef struct udbtl_component {
     void *rs;
     size_t num_modules;
     udbtl_module_t **modules;
-    /* One string per Rust parameter; their MCA variable indices. */
-    char **values;
-    int *var_index;
     size_t num_params;
     bool print_stats;
     unsigned latency;
@@ -118,15 +115,20 @@ OPAL_MODULE_DECLSPEC extern udbtl_component_t mca_btl_udbtl_component;
 
 static int udbtl_output = -1;
 
+/* One string per Rust parameter, and its MCA variable index. The variable
+ * system keeps pointers to the strings until the component is unloaded, after
+ * close, so they are static. */
+#define UDBTL_MAX_PARAMS 64
+static char *param_values[UDBTL_MAX_PARAMS];
+static int param_index[UDBTL_MAX_PARAMS];
+
 /* ----- parameters ------------------------------------------------------- */
 
 static int udbtl_register(void)
 {
     udbtl_component_t *c = &mca_btl_udbtl_component;
     c->num_params = udbtl_rs_param_count();
-    c->values = calloc(c->num_params, sizeof(char *));
-    c->var_index = calloc(c->num_params, sizeof(int));
-    if (NULL == c->values || NULL == c->var_index) {
+    if (c->num_params > UDBTL_MAX_PARAMS) {
         return OPAL_ERR_OUT_OF_RESOURCE;
     }
     for (size_t i = 0; i < c->num_params; ++i) {
@@ -137,12 +139,12 @@ static int udbtl_register(void)
         }
         /* Values are registered as strings and parsed by the Rust side,
          * which knows each one's syntax and range (shown in the help). */
-        c->values[i] = NULL == def ? NULL : strdup(def);
-        c->var_index[i] = mca_base_component_var_register(
+        param_values[i] = NULL == def ? NULL : strdup(def);
+        param_index[i] = mca_base_component_var_register(
             &c->super.btl_version, name, help, MCA_BASE_VAR_TYPE_STRING, NULL, 0,
             NULL == def ? MCA_BASE_VAR_FLAG_DEF_UNSET : 0,
             from_seed ? OPAL_INFO_LVL_4 : OPAL_INFO_LVL_5, MCA_BASE_VAR_SCOPE_READONLY,
-            &c->values[i]);
+            &param_values[i]);
     }
     c->print_stats = false;
     (void) mca_base_component_var_register(
@@ -167,12 +169,6 @@ static int udbtl_open(void)
 
 static int udbtl_close(void)
 {
-    udbtl_component_t *c = &mca_btl_udbtl_component;
-    /* The variable system owns the strings once registered. */
-    free(c->values);
-    free(c->var_index);
-    c->values = NULL;
-    c->var_index = NULL;
     if (udbtl_output >= 0) {
         opal_output_close(udbtl_output);
         udbtl_output = -1;
@@ -498,10 +494,10 @@ static const char **explicit_values(void)
     }
     for (size_t i = 0; i < c->num_params; ++i) {
         mca_base_var_source_t source = MCA_BASE_VAR_SOURCE_DEFAULT;
-        if (c->var_index[i] >= 0
-            && OPAL_SUCCESS == mca_base_var_get_value(c->var_index[i], NULL, &source, NULL)
+        if (param_index[i] >= 0
+            && OPAL_SUCCESS == mca_base_var_get_value(param_index[i], NULL, &source, NULL)
             && MCA_BASE_VAR_SOURCE_DEFAULT != source) {
-            values[i] = c->values[i];
+            values[i] = param_values[i];
         }
     }
     return values;

@@ -6,7 +6,7 @@ use std::ffi::CString;
 use std::fmt::Write as _;
 use std::sync::OnceLock;
 
-use udbtl_btl::params::{Source, env_var};
+use udbtl_btl::params::{ParamError, Source, env_var};
 use udbtl_btl::{
     BtlConfig, BtlError, Component, DesFlags, Descriptor, EndpointId, HostEvent, Module,
     SendStatus, Tag, udp_config,
@@ -245,35 +245,33 @@ impl OmpiTransport {
     /// said for a person.
     pub fn init(explicit: &[Option<String>], job_id: u32, rank: u32) -> Result<Self, String> {
         let table = param_table();
-        let mut set: HashMap<String, (String, String)> = HashMap::new();
+        let mut set: HashMap<String, String> = HashMap::new();
         for (entry, value) in table.iter().zip(explicit) {
             if let Some(value) = value {
                 let name = entry.name.to_string_lossy().into_owned();
-                set.insert(env_var(&name), (name, value.clone()));
+                set.insert(env_var(&name), value.clone());
             }
         }
         let lookup = |key: &str| {
             set.get(key)
-                .map(|(_, value)| value.clone())
+                .cloned()
                 .or_else(|| std::env::var_os(key).map(|v| v.to_string_lossy().into_owned()))
         };
-        let mut params =
-            udbtl_btl::Params::load_from(&BtlConfig::default(), lookup).map_err(|err| {
-                let mca: Vec<String> = set
-                    .values()
-                    .map(|(name, value)| format!("btl_udbtl_{name}={value}"))
-                    .collect();
-                if mca.is_empty() {
-                    format!("bad parameter: {err}")
-                } else {
-                    // The error names the UDBTL_* variable that the MCA
-                    // value stands in for.
-                    format!(
-                        "bad parameter: {err} (MCA values given: {})",
-                        mca.join(", ")
-                    )
+        let mut params = udbtl_btl::Params::load_from(&BtlConfig::default(), lookup).map_err(
+            |err| match &err {
+                // Name the MCA variable the user set, not the environment
+                // variable it stands in for.
+                ParamError::Invalid {
+                    name,
+                    value,
+                    reason,
+                    ..
+                } if set.contains_key(&env_var(name)) => {
+                    format!("invalid value {value:?} for MCA parameter btl_udbtl_{name}: {reason}")
                 }
-            })?;
+                _ => format!("bad parameter: {err}"),
+            },
+        )?;
         if params.source("job_key") == Some(Source::Default) {
             params.job_key = job_key(job_id);
         }
@@ -401,7 +399,7 @@ mod tests {
         explicit[sd_num] = Some("many".to_owned());
         let err = OmpiTransport::init(&explicit, 1, 0).expect_err("sd_num=many must be refused");
         assert!(
-            err.contains("SD_NUM") && err.contains("btl_udbtl_sd_num=many"),
+            err.contains("MCA parameter btl_udbtl_sd_num") && err.contains("\"many\""),
             "{err}"
         );
     }
