@@ -85,6 +85,8 @@ struct mca_btl_base_endpoint_t {
     opal_proc_t *proc;
     udbtl_module_t *module;
     uint32_t id;
+    /* The peer's loss was reported to ob1 (once is enough: it aborts). */
+    bool lost;
 };
 
 /* An Open MPI descriptor around a Rust send fragment. */
@@ -671,12 +673,21 @@ void udbtl_c_received(void *btl, uint8_t tag, const void *payload, size_t len)
     }
 }
 
-/* A send is over (acknowledged, or failed with `status`). */
+static void report_lost(udbtl_module_t *m, struct mca_btl_base_endpoint_t *ep, int fatal,
+                        const char *message);
+
+/* A send is over: acknowledged, or failed because its peer is lost. */
 void udbtl_c_sent(void *btl, uint64_t context, int ok, int owned)
 {
     udbtl_frag_t *frag = (udbtl_frag_t *) (uintptr_t) context;
+    udbtl_module_t *m = (udbtl_module_t *) btl;
+    /* Name the peer before ob1 hears of the failure: ob1 aborts the job
+     * from its completion callback too. */
+    if (!ok && NULL != frag->endpoint) {
+        report_lost(m, frag->endpoint, 1, "a send to it could not be delivered");
+    }
     if (!frag->silent && NULL != frag->base.des_cbfunc) {
-        frag->base.des_cbfunc((mca_btl_base_module_t *) btl, frag->endpoint, &frag->base,
+        frag->base.des_cbfunc(&m->super, frag->endpoint, &frag->base,
                               ok ? OPAL_SUCCESS : OPAL_ERR_UNREACH);
     }
     /* Rust frees its side of an owned fragment after this returns. */
@@ -685,20 +696,25 @@ void udbtl_c_sent(void *btl, uint64_t context, int ok, int owned)
     }
 }
 
-/* The transport lost a peer (or failed): ob1's error handler aborts the job
- * with `message`, naming the peer. */
-void udbtl_c_error(void *btl, uint64_t endpoint_context, int fatal, const char *message)
+/* Tells ob1's error handler, which aborts the job with the message. */
+static void report_lost(udbtl_module_t *m, struct mca_btl_base_endpoint_t *ep, int fatal,
+                        const char *message)
 {
-    udbtl_module_t *m = (udbtl_module_t *) btl;
-    struct mca_btl_base_endpoint_t *ep =
-        (struct mca_btl_base_endpoint_t *) (uintptr_t) endpoint_context;
     char text[1024];
-    snprintf(text, sizeof(text), "btl udbtl on %s: %s%s%s", opal_proc_local_get()->proc_hostname,
-             message, NULL != ep ? " (peer host " : "",
-             NULL != ep ? (NULL != ep->proc->proc_hostname ? ep->proc->proc_hostname : "?")
-                        : "");
     if (NULL != ep) {
-        strncat(text, ")", sizeof(text) - strlen(text) - 1);
+        if (ep->lost) {
+            return;
+        }
+        ep->lost = true;
+        snprintf(text, sizeof(text), "btl udbtl on %s (rank %u): lost contact with rank %u on %s: %s",
+                 opal_proc_local_get()->proc_hostname, (unsigned) OPAL_PROC_MY_NAME.vpid,
+                 (unsigned) ep->proc->proc_name.vpid,
+                 NULL != ep->proc->proc_hostname ? ep->proc->proc_hostname : "an unknown host",
+                 message);
+    } else {
+        snprintf(text, sizeof(text), "btl udbtl on %s (rank %u): %s",
+                 opal_proc_local_get()->proc_hostname, (unsigned) OPAL_PROC_MY_NAME.vpid,
+                 message);
     }
     opal_output(0, "%s", text);
     if (NULL != m->error_cb) {
@@ -706,4 +722,12 @@ void udbtl_c_error(void *btl, uint64_t endpoint_context, int fatal, const char *
                                                    : MCA_BTL_ERROR_FLAGS_NONFATAL,
                     NULL != ep ? ep->proc : NULL, text);
     }
+}
+
+/* The transport lost a peer (`endpoint_context` is its endpoint), or
+ * failed (0). */
+void udbtl_c_error(void *btl, uint64_t endpoint_context, int fatal, const char *message)
+{
+    report_lost((udbtl_module_t *) btl,
+                (struct mca_btl_base_endpoint_t *) (uintptr_t) endpoint_context, fatal, message);
 }
