@@ -3,8 +3,10 @@
  *
  * Like the classic MPI "hello world", each rank prints its rank, the world
  * size and the MPI library it runs on.  It goes one step further so that it
- * also moves a little data: the greetings are gathered at rank 0, which
- * checks that each came from the rank it claims before saying OK.
+ * also moves a little data both ways: the greetings are gathered at rank 0,
+ * which checks that each came from the rank it claims, and then tells
+ * everyone how many it found good; each rank checks that number before
+ * rank 0 says OK.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -40,20 +42,28 @@ int main(int argc, char **argv)
     }
     MPI_Gather(greeting, GREETING, MPI_CHAR, all, GREETING, MPI_CHAR, 0,
                MPI_COMM_WORLD);
+    int good = 0;
     if (rank == 0) {
         for (int r = 0; r < size; r++) {
             char want[GREETING];
             snprintf(want, sizeof want, "Hello, world, I am %d of %d (", r,
                      size);
-            if (strncmp(all + (size_t)r * GREETING, want, strlen(want)) != 0) {
+            if (strncmp(all + (size_t)r * GREETING, want, strlen(want)) == 0)
+                good++;
+            else
                 fprintf(stderr, "hello: greeting %d is \"%.*s\"\n", r,
                         GREETING, all + (size_t)r * GREETING);
-                MPI_Abort(MPI_COMM_WORLD, 1);
-            }
         }
-        printf("OK hello (%d ranks)\n", size);
         free(all);
     }
+    MPI_Bcast(&good, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (good != size) {
+        fprintf(stderr, "hello: rank %d: %d of %d greetings were good\n",
+                rank, good, size);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    if (rank == 0)
+        printf("OK hello (%d ranks)\n", size);
 
     MPI_Finalize();
     return 0;
