@@ -5,7 +5,7 @@
 mod common;
 
 use std::process::Output;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use common::Run;
 

@@ -17,7 +17,9 @@ pub const MPICC: &str = "mpicc.openmpi";
 pub fn unavailable() -> Option<String> {
     for tool in [MPIRUN, MPICC] {
         if Command::new(tool).arg("--version").output().is_err() {
-            return Some(format!("{tool} not found (apt-get install openmpi-bin libopenmpi-dev)"));
+            return Some(format!(
+                "{tool} not found (apt-get install openmpi-bin libopenmpi-dev)"
+            ));
         }
     }
     None
@@ -162,7 +164,12 @@ impl Run {
     pub fn command(&self, exe: &Path, args: &[&str]) -> Command {
         let mut cmd = Command::new("timeout");
         cmd.args(["-k", "5", &self.limit.as_secs().to_string(), MPIRUN])
-            .args(["--allow-run-as-root", "--oversubscribe", "--bind-to", "none"])
+            .args([
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "--bind-to",
+                "none",
+            ])
             .args(["-np", &self.np.to_string()])
             .args(["--mca", "pml", "ob1", "--mca", "btl", &self.btl])
             .args(["--mca", "oob_tcp_if_include", "lo"])
@@ -253,7 +260,11 @@ pub fn assert_carried(out: &Output, np: u32) {
     );
     if np > 1 {
         for s in &all {
-            assert!(s.sent > 0 && s.received > 0, "rank {} moved nothing over udbtl: {s:?}", s.rank);
+            assert!(
+                s.sent > 0 && s.received > 0,
+                "rank {} moved nothing over udbtl: {s:?}",
+                s.rank
+            );
         }
     }
 }
