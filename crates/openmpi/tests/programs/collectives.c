@@ -98,6 +98,8 @@ static void all_collectives(MPI_Comm comm, size_t n, int round)
     int *send = ints(total + 8 * (size_t)size);
     int *recv = ints((n + 8 + HOLE) * (size_t)size);
 
+    /* A barrier has nothing to check but that it returns on every rank
+     * (which the collectives after it depend on). */
     MPI_Barrier(comm);
 
     /* bcast: the root's values reach everyone. */

@@ -294,8 +294,8 @@ int main(int argc, char **argv)
     if (argc > 2 && strcmp(argv[1], "--max") == 0)
         max = (size_t)atoll(argv[2]);
 
-    /* Amounts of data: tiny (a message of a few fragments of types), then
-     * fractions of `max` that straddle the usual eager limits. */
+    /* Amounts of data: tiny (40 bytes, a block or two), then fractions of
+     * `max` below, around and well above the usual eager limits. */
     const size_t divisors[] = {0, 64, 16, 4, 1}; /* 0: 40 bytes */
     int cases = 0;
     for (size_t f = 0; f < sizeof divisors / sizeof divisors[0]; f++) {
