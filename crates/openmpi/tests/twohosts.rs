@@ -33,7 +33,7 @@ fn p2p_and_collectives_across_two_hosts() {
         .mca("plm_rsh_agent", &tools.join("nsssh").display().to_string())
         // The veth is vA in one namespace and vB in the other; the subnet
         // selects it in both.
-        .mca("btl_udbtl_if_include", SUBNET);
+        .mca("btl_udbtl_udp_if", SUBNET);
     run.mpirun_args
         .extend(["--host".into(), "localhost,udB".into()]);
 
