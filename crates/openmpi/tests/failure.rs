@@ -33,9 +33,11 @@ const START_LIMIT: Duration = Duration::from_secs(60);
 const ROUNDS_FIRST: u64 = 16;
 /// How long processes may take to go away after mpirun has exited.
 const GRACE: Duration = Duration::from_secs(5);
-/// The rank that is killed or stopped. Rank 0 is the one that sends, so it
-/// always has data waiting for the victim.
-const VICTIM: u32 = 1;
+/// The rank usually killed or stopped: it only receives, so the sender
+/// (rank 0) always has data waiting for it when it goes silent.
+const RECEIVER: u32 = 1;
+/// The rank that only sends.
+const SENDER: u32 = 0;
 
 /// One job at a time: the tests find their processes by command line and
 /// measure time, and two 8 MiB streams on two vCPUs would slow each other.
@@ -61,31 +63,42 @@ impl Fault {
 #[test]
 fn killed_rank_ends_the_job() {
     require_openmpi!();
-    let outcome = inject(Fault::Kill, 3);
+    let outcome = inject(Fault::Kill, 3, RECEIVER);
     // Either Open MPI's own notice ("process rank 1 ... exited on signal 9")
     // or the component's report names the victim.
-    let line = naming_line(&outcome.text(), outcome.victim_pid, false);
-    assert!(line.is_some(), "the output does not name rank {VICTIM}");
+    let line = naming_line(&outcome.text(), RECEIVER, outcome.victim_pid, false);
+    assert!(line.is_some(), "the output does not name rank {RECEIVER}");
 }
 
 #[test]
 fn stopped_rank_is_declared_lost() {
     require_openmpi!();
-    stopped(2);
+    stopped(2, RECEIVER);
 }
 
 #[test]
 fn stopped_rank_among_three_is_declared_lost() {
     require_openmpi!();
-    stopped(3);
+    stopped(3, RECEIVER);
 }
 
-fn stopped(np: u32) {
-    let outcome = inject(Fault::Stop, np);
-    let line = naming_line(&outcome.text(), outcome.victim_pid, true);
+/// The survivor only waits to receive from the stopped rank. udbtl declares
+/// a peer lost only while data waits for it (README, failure model): unless
+/// the stop catches the receiver with a control message in flight, it has
+/// nothing outstanding and waits forever (2 of 3 runs on 2026-12-02).
+#[test]
+#[ignore = "udbtl does not yet notice a silent peer it only receives from; the job hangs"]
+fn stopped_sender_is_declared_lost() {
+    require_openmpi!();
+    stopped(2, SENDER);
+}
+
+fn stopped(np: u32, victim: u32) {
+    let outcome = inject(Fault::Stop, np, victim);
+    let line = naming_line(&outcome.text(), victim, outcome.victim_pid, true);
     assert!(
         line.is_some(),
-        "no udbtl message names the stopped rank {VICTIM} (pid {})",
+        "no udbtl message names the stopped rank {victim} (pid {})",
         outcome.victim_pid
     );
     // Declared lost before the timeout would mean a live peer can be lost
@@ -113,15 +126,15 @@ impl Outcome {
 }
 
 /// Starts a streaming job of `np` ranks, waits until data flows, applies
-/// `fault` to rank [`VICTIM`], and checks that the job ends non-zero within
+/// `fault` to rank `victim`, and checks that the job ends non-zero within
 /// [`END_LIMIT`] and leaves nothing running. Panics (after cleaning up) if
 /// not.
-fn inject(fault: Fault, np: u32) -> Outcome {
+fn inject(fault: Fault, np: u32, victim: u32) -> Outcome {
     let _serial = SERIAL
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     let exe = common::program("failure_transfer");
-    let tag = format!("{fault:?}-np{np}-{}", std::process::id()).to_lowercase();
+    let tag = format!("{fault:?}-np{np}-r{victim}-{}", std::process::id()).to_lowercase();
     // The program streams for longer than the test waits: ending cleanly
     // would itself be a failure to notice.
     let mut run = Run::udbtl(np).mca("btl_udbtl_peer_timeout", &PEER_TIMEOUT_MS.to_string());
@@ -153,10 +166,10 @@ fn inject(fault: Fault, np: u32) -> Outcome {
             Err(RecvTimeoutError::Disconnected) => job.fail("the job ended before the fault"),
         }
     }
-    let victim_pid = pids[VICTIM as usize].expect("victim pid");
+    let victim_pid = pids[victim as usize].expect("victim pid");
     job.victim = Some(victim_pid);
     eprintln!(
-        "{tag}: {rounds} rounds after {:?}; kill {} rank {VICTIM} (pid {victim_pid})",
+        "{tag}: {rounds} rounds after {:?}; kill {} rank {victim} (pid {victim_pid})",
         started.elapsed(),
         fault.signal()
     );
@@ -179,7 +192,7 @@ fn inject(fault: Fault, np: u32) -> Outcome {
     );
     assert!(
         !status.success(),
-        "the job succeeded although rank {VICTIM} was lost"
+        "the job succeeded although rank {victim} was lost"
     );
     Outcome {
         stdout,
@@ -355,21 +368,21 @@ fn print_output(stdout: &str, stderr: &str) {
     println!("--- mpirun stderr\n{stderr}---");
 }
 
-/// The first line that names rank [`VICTIM`] (or its pid) as the failed
+/// The first line that names rank `victim` (or its `pid`) as the failed
 /// peer. With `from_udbtl`, only a message of the component counts: a line
 /// that mentions udbtl and a loss, naming the peer on that line or within the
 /// next few (Open MPI's help messages span several lines).
-fn naming_line(text: &str, pid: u32, from_udbtl: bool) -> Option<String> {
+fn naming_line(text: &str, victim: u32, pid: u32, from_udbtl: bool) -> Option<String> {
     let names = |line: &str| {
         let line = line.to_lowercase();
         let words = [
-            format!("rank {VICTIM}"),
-            format!("rank={VICTIM}"),
-            format!("rank: {VICTIM}"),
-            format!("rank {VICTIM}:"),
-            format!("peer {VICTIM}"),
-            format!("peer={VICTIM}"),
-            format!("],{VICTIM}]"),
+            format!("rank {victim}"),
+            format!("rank={victim}"),
+            format!("rank: {victim}"),
+            format!("rank {victim}:"),
+            format!("peer {victim}"),
+            format!("peer={victim}"),
+            format!("],{victim}]"),
             format!("pid {pid}"),
             format!("pid={pid}"),
             format!("pid: {pid}"),
