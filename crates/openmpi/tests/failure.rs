@@ -30,7 +30,7 @@ const END_LIMIT: Duration = Duration::from_secs(60);
 const START_LIMIT: Duration = Duration::from_secs(60);
 /// Rounds (of one message to each peer) to see before the signal, so that
 /// it lands in the middle of a stream rather than during startup.
-const ROUNDS_FIRST: u64 = 16;
+const ROUNDS_FIRST: u64 = 4;
 /// How long processes may take to go away after mpirun has exited.
 const GRACE: Duration = Duration::from_secs(5);
 /// The rank usually killed or stopped: it only receives, so the sender
