@@ -212,8 +212,14 @@ impl<C: Context + 'static> HostModule for Module<C> {
         if let Some(r) = self.reliability_stats() {
             let _ = write!(
                 line,
-                " retransmitted={} duplicates={} lost_peers={} bad_checksum={}",
-                r.retransmitted, r.duplicates, r.peers_lost, s.recv_bad_checksum
+                " retransmitted={} fast_retransmits={} timeouts={} duplicates={} lost_peers={} \
+                 bad_checksum={}",
+                r.retransmitted,
+                r.fast_retransmits,
+                r.timeouts,
+                r.duplicates,
+                r.peers_lost,
+                s.recv_bad_checksum
             );
         }
         line
