@@ -212,12 +212,13 @@ impl<C: Context + 'static> HostModule for Module<C> {
         if let Some(r) = self.reliability_stats() {
             let _ = write!(
                 line,
-                " retransmitted={} fast_retransmits={} timeouts={} duplicates={} lost_peers={} \
+                " retransmitted={} fast_retransmits={} timeouts={} duplicates={} keepalives={} lost_peers={} \
                  bad_checksum={}",
                 r.retransmitted,
                 r.fast_retransmits,
                 r.timeouts,
                 r.duplicates,
+                r.keepalives,
                 r.peers_lost,
                 s.recv_bad_checksum
             );

@@ -37,6 +37,14 @@ pub struct Config {
     /// for it, is declared lost. Time, not a retry count, decides; any valid
     /// datagram from the peer (an answer to a probe included) restarts it.
     pub peer_timeout: Duration,
+    /// Keep watching a peer for a while after data last flowed either way:
+    /// while nothing is owed either way, probe it every quarter of
+    /// `peer_timeout` until it has answered for a whole `peer_timeout`, and
+    /// declare it lost if nothing is heard for `peer_timeout`. Without this,
+    /// a peer that dies while this side only waits for its data (an MPI
+    /// receive) is never noticed. A few probes per idle spell, per peer that
+    /// was active.
+    pub keepalive: bool,
     /// How long a closed peer lingers, still acknowledging late datagrams.
     pub linger: Duration,
     /// A datagram is presumed lost once this many later ones were
@@ -61,6 +69,7 @@ impl Default for Config {
             linger: Duration::from_secs(10),
             dup_threshold: 3,
             initial_seq: SeqNum(0),
+            keepalive: false,
         }
     }
 }

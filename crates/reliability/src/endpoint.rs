@@ -79,6 +79,11 @@ struct Peer {
     /// was first owed an acknowledgement, or the last
     /// [`Reliability::resume`]: the failure clock.
     last_heard: Instant,
+    /// Last time data was sequenced for the peer or arrived from it; starts
+    /// the keepalive watch (see [`Config::keepalive`]).
+    last_data: Option<Instant>,
+    /// Last keepalive probe sent.
+    last_keepalive: Option<Instant>,
     /// The retransmission timer was set by [`Reliability::resume`]: its
     /// expiry refreshes the peer's state without backing off.
     resumed: bool,
@@ -118,6 +123,8 @@ impl Peer {
             rtt: Rtt::new(config.rto_initial),
             rto_at: None,
             last_heard: now,
+            last_data: None,
+            last_keepalive: None,
             resumed: false,
             rcv_nxt: config.initial_seq,
             rcv_sack: 0,
@@ -140,8 +147,33 @@ impl Peer {
     }
 
     fn fail_at(&self, config: &Config) -> Option<Instant> {
-        (self.head != NIL || self.backlog_head != NIL)
-            .then(|| self.last_heard + config.peer_timeout)
+        (!self.idle() || self.watched(config)).then(|| self.last_heard + config.peer_timeout)
+    }
+
+    /// Nothing is in flight or waiting for the peer.
+    fn idle(&self) -> bool {
+        self.head == NIL && self.backlog_head == NIL
+    }
+
+    /// Under the keepalive watch: data flowed, and the peer has not been
+    /// heard from for a whole `peer_timeout` since.
+    fn watched(&self, config: &Config) -> bool {
+        config.keepalive
+            && self.mode == Mode::Active
+            && self
+                .last_data
+                .is_some_and(|data| self.last_heard < data + config.peer_timeout)
+    }
+
+    /// When the next keepalive probe is due: a quarter of `peer_timeout`
+    /// after the peer was last heard from or probed, while idle and watched.
+    fn keepalive_at(&self, config: &Config) -> Option<Instant> {
+        (self.idle() && self.watched(config)).then(|| {
+            let since = self
+                .last_keepalive
+                .map_or(self.last_heard, |probe| probe.max(self.last_heard));
+            since + config.peer_timeout / 4
+        })
     }
 
     /// The earliest timer. The failure deadline only counts when no
@@ -151,6 +183,7 @@ impl Peer {
         let mut next = earliest(self.rto_at, self.ack_at);
         if self.rto_at.is_none() {
             next = earliest(next, self.fail_at(config));
+            next = earliest(next, self.keepalive_at(config));
         }
         if let Mode::Lingering(until) = self.mode {
             next = earliest(next, Some(until));
@@ -332,6 +365,9 @@ pub struct Stats {
     /// Zero-window probes queued: data waited but the peer's credit (or
     /// the congestion window) let nothing be in flight.
     pub probes: u64,
+    /// Keepalive probes sent to idle peers under watch (see
+    /// [`Config::keepalive`]).
+    pub keepalives: u64,
     /// Resets sent to peers (declared lost, or heard from after that).
     pub resets_sent: u64,
     /// Calls of [`Reliability::resume`].
@@ -573,6 +609,7 @@ impl<F: Clone, R> Reliability<F, R> {
             let seq = p.snd_nxt;
             p.snd_nxt = seq.next();
             p.in_flight += 1;
+            p.last_data = Some(now);
             Self::append(&mut self.slots, &mut p.head, &mut p.tail, index);
             let slot = &mut self.slots[index as usize];
             slot.seq = seq;
@@ -767,6 +804,7 @@ impl<F: Clone, R> Reliability<F, R> {
         let window = i32::from(self.config.window);
         let p = &mut self.peers[peer as usize];
         let offset = seq - p.rcv_nxt;
+        p.last_data = Some(now);
         if header.has(FLAG_ACK_REQ) {
             p.ack_now = true;
         }
@@ -1028,6 +1066,12 @@ impl<F: Clone, R> Reliability<F, R> {
         if p.ack_at.is_some_and(|at| at <= now) {
             p.ack_at = None;
             self.queue_ack(peer);
+        }
+        let p = &mut self.peers[peer as usize];
+        if p.rto_at.is_none() && p.keepalive_at(&self.config).is_some_and(|at| at <= now) {
+            p.last_keepalive = Some(now);
+            self.stats.keepalives += 1;
+            self.transmits.push_back(Pending::Probe(peer));
         }
         let p = &mut self.peers[peer as usize];
         if p.rto_at.is_none_or(|at| at > now) {

@@ -293,6 +293,83 @@ fn silent_peer_is_still_lost_within_timeout_and_one_rto_max() {
     assert_eq!(net.nodes[0].acked.len(), 4);
 }
 
+/// Node 0 sends node 1 a few messages; from `dark_from` on, neither hears
+/// the other. Node 1 owes nothing and is owed nothing: only its keepalive
+/// watch can notice node 0 is gone.
+fn receiver_left_waiting(keepalive: bool, dark_from: Duration) -> Net {
+    let config = Config {
+        keepalive,
+        ..liveness_config()
+    };
+    let mut net = Net::new(2, &config, 23);
+    for i in 0..5 {
+        net.send(0, 1, payload(0, i, 32));
+    }
+    for (from, to) in [(0, 1), (1, 0)] {
+        net.set_faults(
+            from,
+            to,
+            harness::Faults {
+                outage: Some((dark_from, Duration::from_secs(1000))),
+                ..harness::Faults::default()
+            },
+        );
+    }
+    net.run_until_idle(Duration::from_secs(20));
+    net
+}
+
+#[test]
+fn a_receiver_with_nothing_owed_notices_its_sender_is_gone() {
+    let config = liveness_config();
+    let dark_from = ms(100);
+    let net = receiver_left_waiting(true, dark_from);
+    assert_eq!(net.nodes[1].delivered[&0].len(), 5);
+    let lost = &net.nodes[1].lost_peers;
+    assert_eq!(lost.len(), 1, "the receiver must notice");
+    assert_eq!(net.nodes[1].loss_reasons, [LossReason::Timeout]);
+    let lost_at = lost[0].1 - Instant::ZERO;
+    assert!(
+        lost_at <= dark_from + config.peer_timeout,
+        "lost at {lost_at:?}, more than the timeout after the last word"
+    );
+    assert!(net.nodes[1].rel.stats().keepalives > 0);
+    // Without the watch, nothing tells the receiver: it would wait forever.
+    let blind = receiver_left_waiting(false, dark_from);
+    assert!(blind.nodes[1].lost_peers.is_empty());
+    assert_eq!(blind.nodes[1].rel.stats().keepalives, 0);
+}
+
+#[test]
+fn idle_peers_that_answer_are_watched_briefly_then_left_alone() {
+    let config = Config {
+        keepalive: true,
+        ..liveness_config()
+    };
+    let mut net = Net::new(2, &config, 24);
+    for i in 0..5 {
+        net.send(0, 1, payload(0, i, 32));
+        net.send(1, 0, payload(1, i, 32));
+    }
+    // Ends only when no timer is armed: the watch ends by itself.
+    net.run_until_idle(Duration::from_secs(60));
+    assert!(
+        net.now - Instant::ZERO < 3 * config.peer_timeout,
+        "still probing at {:?}",
+        net.now
+    );
+    for node in &net.nodes {
+        assert!(node.lost_peers.is_empty(), "alive and idle is not lost");
+        let keepalives = node.rel.stats().keepalives;
+        // A probe every quarter timeout until the peer answered for a whole
+        // timeout: about four, never a stream.
+        assert!((1..=8).contains(&keepalives), "{keepalives} keepalives");
+    }
+    for node in &mut net.nodes {
+        assert_eq!(node.rel.poll_timeout(), None);
+    }
+}
+
 // ----- 4. zero-window probing -----------------------------------------------
 
 #[test]

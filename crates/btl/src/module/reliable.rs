@@ -108,6 +108,7 @@ fn reliability_state(params: &Params) -> Result<Reliability<Descriptor, Held>, C
         peer_timeout: Duration::from_millis(u64::from(params.peer_timeout)),
         rto_max,
         rto_initial: Config::default().rto_initial.min(rto_max),
+        keepalive: params.keepalive,
         ..Config::default()
     };
     Reliability::new(config)

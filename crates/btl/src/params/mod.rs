@@ -30,9 +30,10 @@
 //!
 //! # Parameters that are not the seed's
 //!
-//! `provider`, `rcache_max_entries`, `rcache_max_bytes`, `send_frags_max`,
-//! `user_frags_max`, `job_key`, `udp_if`, `udp_ipv6` and `udp_mtu` are udbtl
-//! additions; [`ParamInfo::from_seed`] is `false` for them. The seed's
+//! Every parameter from `provider` on in the table below (the registration
+//! cache's bounds, reliability, the progress helper, checksums, keepalive,
+//! the job key, the UDP provider's settings) is a udbtl addition;
+//! [`ParamInfo::from_seed`] is `false` for them. The seed's
 //! `min_send_size` and `max_send_size` defaulted to 2048 on the assumption of a
 //! 2 KB InfiniBand MTU that was never queried; here they are unset by default
 //! and the provider's MTU decides.
@@ -336,6 +337,11 @@ parameters! {
     peer_timeout: u32 = (30_000), int(10, 86_400_000), udbtl,
         "Milliseconds without acknowledgement, while data waits, before a peer is \
          declared lost (time, not a retry count, decides)";
+    keepalive: bool = (true), BOOL, udbtl,
+        "After data last flowed with a peer, probe it a few times while idle (every quarter \
+         of peer_timeout, until it has answered for a whole peer_timeout), so that a peer \
+         that dies while this process only waits for its data is reported within \
+         peer_timeout instead of never";
     progress_thread: bool = (true), BOOL, udbtl,
         "A helper thread services each reliable module (acknowledgements, retransmissions, \
          credit, the peer-failure clock) while the application does not call progress, so \
