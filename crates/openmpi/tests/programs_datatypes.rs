@@ -13,12 +13,6 @@ use common::Run;
 /// several 8-rank jobs at once would starve each other into timeouts.
 static LAUNCH: Mutex<()> = Mutex::new(());
 
-/// `np` ranks over `self,udbtl`. PMIx's munge security plugin is kept out:
-/// without a munge daemon it retries for over two seconds at every launch.
-fn udbtl(np: u32) -> Run {
-    Run::udbtl(np).env("PMIX_MCA_psec", "^munge")
-}
-
 /// Builds `name` and runs it on `run`, one launch at a time (building is in
 /// the lock too: the harness builds into one temporary file per process).
 /// Asserts success, the program's `OK <name>` line and udbtl's traffic.
@@ -40,29 +34,29 @@ fn run_ok(name: &str, run: &Run, args: &[&str]) -> Output {
 #[test]
 fn datatypes_1_rank() {
     require_openmpi!();
-    run_ok("datatypes", &udbtl(1), &[]);
+    run_ok("datatypes", &Run::udbtl(1), &[]);
 }
 
 #[test]
 fn datatypes_2_ranks() {
     require_openmpi!();
-    run_ok("datatypes", &udbtl(2), &[]);
+    run_ok("datatypes", &Run::udbtl(2), &[]);
 }
 
 #[test]
 fn datatypes_3_ranks() {
     require_openmpi!();
-    run_ok("datatypes", &udbtl(3), &[]);
+    run_ok("datatypes", &Run::udbtl(3), &[]);
 }
 
 #[test]
 fn datatypes_4_ranks() {
     require_openmpi!();
-    run_ok("datatypes", &udbtl(4), &[]);
+    run_ok("datatypes", &Run::udbtl(4), &[]);
 }
 
 #[test]
 fn datatypes_8_ranks() {
     require_openmpi!();
-    run_ok("datatypes", &udbtl(8), &[]);
+    run_ok("datatypes", &Run::udbtl(8), &[]);
 }

@@ -18,12 +18,6 @@ fn one_at_a_time() -> MutexGuard<'static, ()> {
     LAUNCH.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// `np` ranks over `self,udbtl`. PMIx's munge security plugin is kept out:
-/// without a munge daemon it retries for over two seconds at every launch.
-fn udbtl(np: u32) -> Run {
-    Run::udbtl(np).env("PMIX_MCA_psec", "^munge")
-}
-
 /// The faults injected in a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Faults {
@@ -64,7 +58,7 @@ fn total(out: &Output, key: &str) -> u64 {
 /// the `OK <name>` line, udbtl's traffic, and that the faults happened and
 /// were repaired: with drops, some rank retransmitted.
 fn run_faulty(name: &str, np: u32, faults: Faults, seed: u64, args: &[&str]) -> Output {
-    let run = faults.apply(udbtl(np), seed);
+    let run = faults.apply(Run::udbtl(np), seed);
     let _turn = one_at_a_time();
     let exe = common::program(name);
     let out = run.success(&exe, args);
@@ -133,7 +127,7 @@ fn thresholds(defaults: [u64; 3]) -> [u64; 3] {
     if found.iter().any(Option::is_none) {
         let _turn = one_at_a_time();
         let exe = common::program("hello");
-        let out = udbtl(2).output(&exe, &[]);
+        let out = Run::udbtl(2).output(&exe, &[]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         for field in stderr
             .lines()

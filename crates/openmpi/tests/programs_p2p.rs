@@ -17,12 +17,6 @@ fn one_at_a_time() -> MutexGuard<'static, ()> {
     LAUNCH.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// `np` ranks over `self,udbtl`. PMIx's munge security plugin is kept out:
-/// without a munge daemon it retries for over two seconds at every launch.
-fn udbtl(np: u32) -> Run {
-    Run::udbtl(np).env("PMIX_MCA_psec", "^munge")
-}
-
 /// Builds `name` and runs it on `run`, one launch at a time (building is in
 /// the lock too: the harness builds into one temporary file per process).
 /// Asserts success, the program's `OK <name>` line and udbtl's traffic.
@@ -81,7 +75,7 @@ fn thresholds(defaults: [u64; 3]) -> [u64; 3] {
     if found.iter().any(Option::is_none) {
         let _turn = one_at_a_time();
         let exe = common::program("hello");
-        let out = udbtl(2).output(&exe, &[]);
+        let out = Run::udbtl(2).output(&exe, &[]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         for field in stderr
             .lines()
@@ -121,7 +115,7 @@ fn threshold_args() -> &'static [String] {
 fn p2p(np: u32, max: &str) {
     let mut args = vec!["--max", max];
     args.extend(threshold_args().iter().map(String::as_str));
-    run_ok("p2p", &udbtl(np), &args);
+    run_ok("p2p", &Run::udbtl(np), &args);
 }
 
 #[test]
@@ -159,31 +153,31 @@ fn p2p_8_ranks() {
 #[test]
 fn matching_1_rank() {
     require_openmpi!();
-    run_ok("matching", &udbtl(1), &[]);
+    run_ok("matching", &Run::udbtl(1), &[]);
 }
 
 #[test]
 fn matching_2_ranks() {
     require_openmpi!();
-    run_ok("matching", &udbtl(2), &[]);
+    run_ok("matching", &Run::udbtl(2), &[]);
 }
 
 #[test]
 fn matching_3_ranks() {
     require_openmpi!();
-    run_ok("matching", &udbtl(3), &[]);
+    run_ok("matching", &Run::udbtl(3), &[]);
 }
 
 #[test]
 fn matching_4_ranks() {
     require_openmpi!();
-    run_ok("matching", &udbtl(4), &[]);
+    run_ok("matching", &Run::udbtl(4), &[]);
 }
 
 #[test]
 fn matching_8_ranks() {
     require_openmpi!();
-    run_ok("matching", &udbtl(8), &[]);
+    run_ok("matching", &Run::udbtl(8), &[]);
 }
 
 #[test]
