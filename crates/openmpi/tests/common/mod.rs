@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 /// `mpirun` of Open MPI (Debian installs it beside MPICH's).
@@ -36,8 +36,17 @@ macro_rules! require_openmpi {
     };
 }
 
+/// One `mpirun` at a time from a test binary: the machine may have 2 CPUs,
+/// and several 8-rank jobs at once would starve each other into timeouts.
+/// Some tests also find their processes by command line and measure time.
+/// A test that panicked while holding the turn does not stop the others.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LAUNCH: Mutex<()> = Mutex::new(());
+    LAUNCH.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// The profile folder (`target/debug`) of the running test binary.
-fn profile_dir() -> PathBuf {
+pub fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     // target/<profile>/deps/<test binary>
     exe.parent()
@@ -225,19 +234,30 @@ pub struct Stats {
     pub lost_peers: u64,
 }
 
-/// Every `udbtl-stats:` line in `stderr`.
-pub fn stats(stderr: &[u8]) -> Vec<Stats> {
+/// The `key=value` fields of every `udbtl-stats:` line in `stderr`, one
+/// list per line (per rank).
+pub fn stats_fields(stderr: &[u8]) -> Vec<Vec<(String, String)>> {
     String::from_utf8_lossy(stderr)
         .lines()
         .filter_map(|line| line.split_once("udbtl-stats:").map(|(_, rest)| rest))
         .map(|rest| {
+            rest.split_whitespace()
+                .filter_map(|field| field.split_once('='))
+                .map(|(key, value)| (key.to_owned(), value.to_owned()))
+                .collect()
+        })
+        .collect()
+}
+
+/// Every `udbtl-stats:` line in `stderr`.
+pub fn stats(stderr: &[u8]) -> Vec<Stats> {
+    stats_fields(stderr)
+        .iter()
+        .map(|fields| {
             let mut stats = Stats::default();
-            for field in rest.split_whitespace() {
-                let Some((key, value)) = field.split_once('=') else {
-                    continue;
-                };
+            for (key, value) in fields {
                 let value: u64 = value.parse().unwrap_or(0);
-                match key {
+                match key.as_str() {
                     "rank" => stats.rank = value as u32,
                     "sent" => stats.sent = value,
                     "received" => stats.received = value,
@@ -249,6 +269,17 @@ pub fn stats(stderr: &[u8]) -> Vec<Stats> {
             stats
         })
         .collect()
+}
+
+/// Sum over the ranks' `udbtl-stats:` lines of the counter `key` (for the
+/// counters [`Stats`] does not carry).
+pub fn total(out: &Output, key: &str) -> u64 {
+    stats_fields(&out.stderr)
+        .iter()
+        .flatten()
+        .filter(|(k, _)| k == key)
+        .filter_map(|(_, v)| v.parse::<u64>().ok())
+        .sum()
 }
 
 /// Asserts that udbtl carried traffic on every one of `np` ranks (when
@@ -270,4 +301,98 @@ pub fn assert_carried(out: &Output, np: u32) {
             );
         }
     }
+}
+
+/// Asserts that `name` printed its `OK <name>` line; `with` says how it was
+/// run (e.g. `3 ranks`), for the message.
+pub fn assert_said_ok(name: &str, out: &Output, with: &str) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.lines().any(|l| l.starts_with(&format!("OK {name}"))),
+        "{name} with {with} did not say OK:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Builds `name` and runs it on `run`, one launch at a time ([`serial`];
+/// building is in the lock too: [`program`] builds into one temporary file
+/// per process). Asserts success, the program's `OK <name>` line and udbtl's
+/// traffic.
+pub fn run_ok(name: &str, run: &Run, args: &[&str]) -> Output {
+    let _turn = serial();
+    let exe = program(name);
+    let out = run.success(&exe, args);
+    assert_said_ok(name, &out, &format!("{} ranks", run.np));
+    assert_carried(&out, run.np);
+    out
+}
+
+/// A size as Open MPI prints it: a number, maybe with a K, M or G suffix.
+pub fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let (digits, unit) = match text.char_indices().last()? {
+        (i, 'k' | 'K') => (&text[..i], 1 << 10),
+        (i, 'm' | 'M') => (&text[..i], 1 << 20),
+        (i, 'g' | 'G') => (&text[..i], 1 << 30),
+        _ => (text, 1),
+    };
+    digits.parse::<u64>().ok().map(|n| n * unit)
+}
+
+/// The thresholds ob1 switches protocol at: the component's
+/// `btl_udbtl_{eager_limit,rndv_eager_limit,max_send_size}`.
+///
+/// They come from `ompi_info` when the component registers them as MCA
+/// parameters; otherwise from its own `udbtl-stats:` line (which reports the
+/// limits it gave ob1) after a small run; otherwise from `defaults`. Any
+/// source may lack some of them.
+pub fn thresholds(defaults: [u64; 3]) -> [u64; 3] {
+    const NAMES: [&str; 3] = ["eager_limit", "rndv_eager_limit", "max_send_size"];
+    let mut found: [Option<u64>; 3] = [None; 3];
+
+    let info = Command::new("ompi_info")
+        .args(["--param", "btl", "udbtl", "--level", "9", "--parsable"])
+        .env("OMPI_MCA_mca_base_component_path", component_path())
+        .output()
+        .expect("run ompi_info");
+    for line in String::from_utf8_lossy(&info.stdout).lines() {
+        for (i, name) in NAMES.iter().enumerate() {
+            let key = format!("mca:btl:udbtl:param:btl_udbtl_{name}:value:");
+            if let Some(value) = line.strip_prefix(&key) {
+                found[i] = found[i].or(parse_size(value));
+            }
+        }
+    }
+
+    if found.iter().any(Option::is_none) {
+        let out = {
+            let _turn = serial();
+            let exe = program("hello");
+            Run::udbtl(2).output(&exe, &[])
+        };
+        for (key, value) in stats_fields(&out.stderr).iter().flatten() {
+            if let Some(i) = NAMES.iter().position(|n| n == key) {
+                found[i] = found[i].or(parse_size(value));
+            }
+        }
+    }
+
+    let mut limits = defaults;
+    for (limit, value) in limits.iter_mut().zip(found) {
+        if let Some(value) = value.filter(|v| *v > 0) {
+            *limit = value;
+        }
+    }
+    limits
+}
+
+/// The component's thresholds, looked up once per test binary, as
+/// arguments for `p2p`.
+pub fn threshold_args() -> &'static [String] {
+    static ARGS: OnceLock<Vec<String>> = OnceLock::new();
+    ARGS.get_or_init(|| {
+        let limits = thresholds([65536, 65536, 131072]);
+        eprintln!("ob1 thresholds (eager, rndv eager, max send): {limits:?}");
+        limits.iter().map(u64::to_string).collect()
+    })
 }
