@@ -37,9 +37,11 @@ impl Faults {
 /// were repaired: with drops, some rank retransmitted.
 fn run_faulty(name: &str, np: u32, faults: Faults, seed: u64, args: &[&str]) -> Output {
     let run = faults.apply(Run::udbtl(np), seed);
-    let _turn = common::serial();
     let exe = common::program(name);
-    let out = run.success(&exe, args);
+    let out = {
+        let _turn = common::serial();
+        run.success(&exe, args)
+    };
     let stderr = String::from_utf8_lossy(&out.stderr);
     common::assert_said_ok(name, &out, &format!("{np} ranks and {faults:?}"));
     common::assert_carried(&out, np);

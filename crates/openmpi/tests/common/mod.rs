@@ -96,9 +96,15 @@ pub fn component_path() -> String {
     format!("{}:{}", component_dir().display(), default_component_dir())
 }
 
-/// Compiles `tests/programs/<name>.c` (once per test binary) and returns the
-/// executable.
+/// Compiles `tests/programs/<name>.c` (when the executable is older than
+/// the source) and returns the executable.
+///
+/// Safe from any thread and process: one build at a time per test binary
+/// (so the threads after the first find the program fresh), each into a
+/// temporary file named by process and thread, renamed into place.
 pub fn program(name: &str) -> PathBuf {
+    static BUILD: Mutex<()> = Mutex::new(());
+    let _build = BUILD.lock().unwrap_or_else(PoisonError::into_inner);
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/programs")
         .join(format!("{name}.c"));
@@ -110,7 +116,12 @@ pub fn program(name: &str) -> PathBuf {
         _ => false,
     };
     if !fresh {
-        let tmp = out_dir.join(format!(".{name}.{}", std::process::id()));
+        // "ThreadId(7)" -> "7"
+        let thread: String = format!("{:?}", std::thread::current().id())
+            .chars()
+            .filter(char::is_ascii_digit)
+            .collect();
+        let tmp = out_dir.join(format!(".{name}.{}.{thread}", std::process::id()));
         let out = Command::new(MPICC)
             .args(["-O2", "-Wall", "-Werror", "-o"])
             .arg(&tmp)
@@ -314,13 +325,11 @@ pub fn assert_said_ok(name: &str, out: &Output, with: &str) {
     );
 }
 
-/// Builds `name` and runs it on `run`, one launch at a time ([`serial`];
-/// building is in the lock too: [`program`] builds into one temporary file
-/// per process). Asserts success, the program's `OK <name>` line and udbtl's
-/// traffic.
+/// Builds `name` and runs it on `run`, one launch at a time ([`serial`]).
+/// Asserts success, the program's `OK <name>` line and udbtl's traffic.
 pub fn run_ok(name: &str, run: &Run, args: &[&str]) -> Output {
-    let _turn = serial();
     let exe = program(name);
+    let _turn = serial();
     let out = run.success(&exe, args);
     assert_said_ok(name, &out, &format!("{} ranks", run.np));
     assert_carried(&out, run.np);
@@ -365,9 +374,9 @@ pub fn thresholds(defaults: [u64; 3]) -> [u64; 3] {
     }
 
     if found.iter().any(Option::is_none) {
+        let exe = program("hello");
         let out = {
             let _turn = serial();
-            let exe = program("hello");
             Run::udbtl(2).output(&exe, &[])
         };
         for (key, value) in stats_fields(&out.stderr).iter().flatten() {
