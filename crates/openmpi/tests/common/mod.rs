@@ -152,6 +152,9 @@ pub struct Run {
     pub env: Vec<(String, String)>,
     /// Killed (and the test failed) after this long.
     pub limit: Duration,
+    /// The interface (name or subnet) for the out-of-band channel and the tcp
+    /// BTL: `oob_tcp_if_include` and `btl_tcp_if_include`. `lo` by default.
+    pub oob_if: String,
 }
 
 impl Run {
@@ -164,6 +167,7 @@ impl Run {
             mpirun_args: vec!["--mca".into(), "btl_udbtl_print_stats".into(), "1".into()],
             env: Vec::new(),
             limit: Duration::from_secs(120),
+            oob_if: "lo".into(),
         }
     }
 
@@ -192,8 +196,8 @@ impl Run {
             ])
             .args(["-np", &self.np.to_string()])
             .args(["--mca", "pml", "ob1", "--mca", "btl", &self.btl])
-            .args(["--mca", "oob_tcp_if_include", "lo"])
-            .args(["--mca", "btl_tcp_if_include", "lo"])
+            .args(["--mca", "oob_tcp_if_include", &self.oob_if])
+            .args(["--mca", "btl_tcp_if_include", &self.oob_if])
             .args(&self.mpirun_args)
             .arg(exe)
             .args(args)
