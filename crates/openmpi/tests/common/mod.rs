@@ -56,21 +56,64 @@ pub fn profile_dir() -> PathBuf {
 }
 
 /// A folder holding `mca_btl_udbtl.so`, for `mca_base_component_path`.
-/// Cargo names the library `libmca_btl_udbtl.so`; Open MPI looks for
-/// `mca_btl_udbtl.so`.
+///
+/// Cargo builds only the rlib for integration tests, so the cdylib in
+/// `target/<profile>` may be missing or stale: the component is built here,
+/// once per test binary, by `cargo build -p udbtl-openmpi` into its own
+/// target folder (`target/ompi-component-build`: the outer cargo holds the
+/// lock of its own). Cargo names the library `libmca_btl_udbtl.so`; Open MPI
+/// looks for `mca_btl_udbtl.so`.
 pub fn component_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let profile = profile_dir();
+        let built = build_component(&profile);
         let dir = profile.join("ompi-component");
         std::fs::create_dir_all(&dir).expect("create component folder");
-        let built = profile.join("libmca_btl_udbtl.so");
-        assert!(built.exists(), "{} was not built", built.display());
+        // Copied under a temporary name and renamed, so that another test
+        // binary never loads a half-written library.
         let tmp = dir.join(format!(".mca_btl_udbtl.so.{}", std::process::id()));
         std::fs::copy(&built, &tmp).expect("copy the component");
         std::fs::rename(&tmp, dir.join("mca_btl_udbtl.so")).expect("install the component");
         dir
     })
+}
+
+/// Runs `cargo build -p udbtl-openmpi` (release if the test binary is) into
+/// `<target>/ompi-component-build` and returns the built library.
+fn build_component(profile: &Path) -> PathBuf {
+    let release = profile.file_name().is_some_and(|n| n == "release");
+    let target = profile
+        .parent()
+        .expect("target folder")
+        .join("ompi-component-build");
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(&cargo);
+    cmd.args(["build", "-p", "udbtl-openmpi", "--locked", "--target-dir"])
+        .arg(&target)
+        .current_dir(&workspace);
+    if release {
+        cmd.arg("--release");
+    }
+    let started = std::time::Instant::now();
+    let out = cmd.output().expect("run cargo build for the component");
+    assert!(
+        out.status.success(),
+        "{cargo} build -p udbtl-openmpi failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let built = target
+        .join(if release { "release" } else { "debug" })
+        .join("libmca_btl_udbtl.so");
+    assert!(built.exists(), "{} was not built", built.display());
+    eprintln!(
+        "built the component ({}) in {:?}",
+        built.display(),
+        started.elapsed()
+    );
+    built
 }
 
 /// Open MPI's own component folder (`ompi_info --path pkglibdir`).
