@@ -14,7 +14,6 @@ mod common;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Mutex;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -38,10 +37,6 @@ const GRACE: Duration = Duration::from_secs(5);
 const RECEIVER: u32 = 1;
 /// The rank that only sends.
 const SENDER: u32 = 0;
-
-/// One job at a time: the tests find their processes by command line and
-/// measure time, and two 8 MiB streams on two vCPUs would slow each other.
-static SERIAL: Mutex<()> = Mutex::new(());
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
@@ -130,9 +125,9 @@ impl Outcome {
 /// [`END_LIMIT`] and leaves nothing running. Panics (after cleaning up) if
 /// not.
 fn inject(fault: Fault, np: u32, victim: u32) -> Outcome {
-    let _serial = SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    // One job at a time: the tests find their processes by command line and
+    // measure time, and two 8 MiB streams on two vCPUs would slow each other.
+    let _serial = common::serial();
     let exe = common::program("failure_transfer");
     let tag = format!("{fault:?}-np{np}-r{victim}-{}", std::process::id()).to_lowercase();
     // The program streams for longer than the test waits: ending cleanly

@@ -5,65 +5,34 @@
 
 mod common;
 
-use std::process::Output;
-use std::sync::{Mutex, PoisonError};
-
-use common::Run;
-
-/// One `mpirun` at a time from this file: the machine may have 2 CPUs, and
-/// several 8-rank jobs at once would starve each other into timeouts.
-static LAUNCH: Mutex<()> = Mutex::new(());
-
-/// `np` ranks over `self,udbtl`. PMIx's munge security plugin is kept out:
-/// without a munge daemon it retries for over two seconds at every launch.
-fn udbtl(np: u32) -> Run {
-    Run::udbtl(np).env("PMIX_MCA_psec", "^munge")
-}
-
-/// Builds `name` and runs it on `run`, one launch at a time (building is in
-/// the lock too: the harness builds into one temporary file per process).
-/// Asserts success, the program's `OK <name>` line and udbtl's traffic.
-fn run_ok(name: &str, run: &Run, args: &[&str]) -> Output {
-    let _turn = LAUNCH.lock().unwrap_or_else(PoisonError::into_inner);
-    let exe = common::program(name);
-    let out = run.success(&exe, args);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        stdout.lines().any(|l| l.starts_with(&format!("OK {name}"))),
-        "{name} with {} ranks did not say OK:\n{stdout}\nstderr:\n{}",
-        run.np,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    common::assert_carried(&out, run.np);
-    out
-}
+use common::{Run, run_ok};
 
 #[test]
 fn collectives_1_rank() {
     require_openmpi!();
-    run_ok("collectives", &udbtl(1), &[]);
+    run_ok("collectives", &Run::udbtl(1), &[]);
 }
 
 #[test]
 fn collectives_2_ranks() {
     require_openmpi!();
-    run_ok("collectives", &udbtl(2), &[]);
+    run_ok("collectives", &Run::udbtl(2), &[]);
 }
 
 #[test]
 fn collectives_3_ranks() {
     require_openmpi!();
-    run_ok("collectives", &udbtl(3), &[]);
+    run_ok("collectives", &Run::udbtl(3), &[]);
 }
 
 #[test]
 fn collectives_4_ranks() {
     require_openmpi!();
-    run_ok("collectives", &udbtl(4), &[]);
+    run_ok("collectives", &Run::udbtl(4), &[]);
 }
 
 #[test]
 fn collectives_8_ranks() {
     require_openmpi!();
-    run_ok("collectives", &udbtl(8), &[]);
+    run_ok("collectives", &Run::udbtl(8), &[]);
 }

@@ -5,24 +5,9 @@
 
 mod common;
 
-use std::process::{Command, Output};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::process::Output;
 
-use common::Run;
-
-/// One `mpirun` at a time from this file: the machine may have 2 CPUs, and
-/// several 8-rank jobs at once would starve each other into timeouts.
-static LAUNCH: Mutex<()> = Mutex::new(());
-
-fn one_at_a_time() -> MutexGuard<'static, ()> {
-    LAUNCH.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// `np` ranks over `self,udbtl`. PMIx's munge security plugin is kept out:
-/// without a munge daemon it retries for over two seconds at every launch.
-fn udbtl(np: u32) -> Run {
-    Run::udbtl(np).env("PMIX_MCA_psec", "^munge")
-}
+use common::{Run, parse_size, threshold_args};
 
 /// The faults injected in a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,33 +32,18 @@ impl Faults {
     }
 }
 
-/// Sum over the ranks' `udbtl-stats:` lines of the counter `key` (for the
-/// counters the harness's `Stats` does not carry).
-fn total(out: &Output, key: &str) -> u64 {
-    String::from_utf8_lossy(&out.stderr)
-        .lines()
-        .filter_map(|l| l.split_once("udbtl-stats:").map(|(_, rest)| rest))
-        .flat_map(str::split_whitespace)
-        .filter_map(|field| field.split_once('='))
-        .filter(|(k, _)| *k == key)
-        .filter_map(|(_, v)| v.parse::<u64>().ok())
-        .sum()
-}
-
 /// Builds `name` and runs it on `np` ranks with `faults`; asserts success,
 /// the `OK <name>` line, udbtl's traffic, and that the faults happened and
 /// were repaired: with drops, some rank retransmitted.
 fn run_faulty(name: &str, np: u32, faults: Faults, seed: u64, args: &[&str]) -> Output {
-    let run = faults.apply(udbtl(np), seed);
-    let _turn = one_at_a_time();
+    let run = faults.apply(Run::udbtl(np), seed);
     let exe = common::program(name);
-    let out = run.success(&exe, args);
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let out = {
+        let _turn = common::serial();
+        run.success(&exe, args)
+    };
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stdout.lines().any(|l| l.starts_with(&format!("OK {name}"))),
-        "{name} with {np} ranks and {faults:?} did not say OK:\n{stdout}\nstderr:\n{stderr}"
-    );
+    common::assert_said_ok(name, &out, &format!("{np} ranks and {faults:?}"));
     common::assert_carried(&out, np);
     let stats = common::stats(&out.stderr);
     assert!(
@@ -86,87 +56,11 @@ fn run_faulty(name: &str, np: u32, faults: Faults, seed: u64, args: &[&str]) -> 
             "{name} with {faults:?}: no rank retransmitted, so nothing was lost:\n{stderr}"
         ),
         Faults::DuplicateReorder => assert!(
-            total(&out, "duplicates") > 0,
+            common::total(&out, "duplicates") > 0,
             "{name} with {faults:?}: no duplicate was seen:\n{stderr}"
         ),
     }
     out
-}
-
-/// A size as Open MPI prints it: a number, maybe with a K, M or G suffix.
-fn parse_size(text: &str) -> Option<u64> {
-    let text = text.trim();
-    let (digits, unit) = match text.char_indices().last()? {
-        (i, 'k' | 'K') => (&text[..i], 1 << 10),
-        (i, 'm' | 'M') => (&text[..i], 1 << 20),
-        (i, 'g' | 'G') => (&text[..i], 1 << 30),
-        _ => (text, 1),
-    };
-    digits.parse::<u64>().ok().map(|n| n * unit)
-}
-
-/// The thresholds ob1 switches protocol at: the component's
-/// `btl_udbtl_{eager_limit,rndv_eager_limit,max_send_size}`.
-///
-/// They come from `ompi_info` when the component registers them as MCA
-/// parameters; otherwise from its own `udbtl-stats:` line (which reports the
-/// limits it gave ob1) after a small run; otherwise from `defaults`. Any
-/// source may lack some of them.
-fn thresholds(defaults: [u64; 3]) -> [u64; 3] {
-    const NAMES: [&str; 3] = ["eager_limit", "rndv_eager_limit", "max_send_size"];
-    let mut found: [Option<u64>; 3] = [None; 3];
-
-    let info = Command::new("ompi_info")
-        .args(["--param", "btl", "udbtl", "--level", "9", "--parsable"])
-        .env("OMPI_MCA_mca_base_component_path", common::component_path())
-        .output()
-        .expect("run ompi_info");
-    for line in String::from_utf8_lossy(&info.stdout).lines() {
-        for (i, name) in NAMES.iter().enumerate() {
-            let key = format!("mca:btl:udbtl:param:btl_udbtl_{name}:value:");
-            if let Some(value) = line.strip_prefix(&key) {
-                found[i] = found[i].or(parse_size(value));
-            }
-        }
-    }
-
-    if found.iter().any(Option::is_none) {
-        let _turn = one_at_a_time();
-        let exe = common::program("hello");
-        let out = udbtl(2).output(&exe, &[]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        for field in stderr
-            .lines()
-            .filter_map(|l| l.split_once("udbtl-stats:").map(|(_, rest)| rest))
-            .flat_map(str::split_whitespace)
-        {
-            let Some((key, value)) = field.split_once('=') else {
-                continue;
-            };
-            if let Some(i) = NAMES.iter().position(|n| *n == key) {
-                found[i] = found[i].or(parse_size(value));
-            }
-        }
-    }
-
-    let mut limits = defaults;
-    for (limit, value) in limits.iter_mut().zip(found) {
-        if let Some(value) = value.filter(|v| *v > 0) {
-            *limit = value;
-        }
-    }
-    limits
-}
-
-/// The component's thresholds, looked up once per test binary, as
-/// arguments for `p2p`. (The same lookup as in `programs_p2p.rs`: test
-/// binaries share no code but `common`.)
-fn threshold_args() -> &'static [String] {
-    static ARGS: OnceLock<Vec<String>> = OnceLock::new();
-    ARGS.get_or_init(|| {
-        let limits = thresholds([65536, 65536, 131072]);
-        limits.iter().map(u64::to_string).collect()
-    })
 }
 
 fn p2p(faults: Faults) {

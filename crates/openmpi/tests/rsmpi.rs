@@ -30,6 +30,7 @@ fn rsmpi_three_ranks() {
 
 fn check(np: u32) {
     let exe = program();
+    let _turn = common::serial();
     let started = Instant::now();
     let out = Run::udbtl(np).success(exe, &[]);
     println!("{np} ranks took {:?}", started.elapsed());
@@ -50,12 +51,7 @@ fn program() -> &'static Path {
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rsmpi/Cargo.toml");
         // Beside the harness's own build products (target/<profile>/rsmpi),
         // so that `cargo clean` removes it and reruns reuse it.
-        let exe = std::env::current_exe().expect("test binary path");
-        let target = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("target/<profile>")
-            .join("rsmpi");
+        let target = common::profile_dir().join("rsmpi");
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let started = Instant::now();
         let out = Command::new(cargo)

@@ -36,6 +36,8 @@ fn p2p_and_collectives_across_two_hosts() {
         .mca("btl_udbtl_udp_if", SUBNET);
     run.mpirun_args
         .extend(["--host".into(), "localhost,udB".into()]);
+    // The out-of-band channel and the tcp BTL on the veth subnet too.
+    run.oob_if = SUBNET.into();
 
     let started = Instant::now();
     let out = in_host_a(&run.command(&exe, &["3"]))
@@ -140,23 +142,13 @@ impl Drop for Hosts {
     }
 }
 
-/// `cmd` (the harness's `timeout … mpirun …`) run inside udA, with the
-/// out-of-band channel and the tcp BTL on the veth subnet instead of `lo`:
-/// the harness puts `lo` there, and mpirun refuses a parameter given twice.
+/// `cmd` (the harness's `timeout … mpirun …`) run inside udA.
 fn in_host_a(cmd: &Command) -> Command {
     let mut wrapped = Command::new("ip");
     wrapped
         .args(["netns", "exec", "udA"])
-        .arg(cmd.get_program());
-    let args: Vec<_> = cmd.get_args().collect();
-    for (i, arg) in args.iter().enumerate() {
-        let name = i.checked_sub(1).and_then(|j| args[j].to_str());
-        if matches!(name, Some("oob_tcp_if_include" | "btl_tcp_if_include")) {
-            wrapped.arg(SUBNET);
-        } else {
-            wrapped.arg(arg);
-        }
-    }
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
     for (key, value) in cmd.get_envs() {
         match value {
             Some(value) => wrapped.env(key, value),

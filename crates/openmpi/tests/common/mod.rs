@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 /// `mpirun` of Open MPI (Debian installs it beside MPICH's).
@@ -36,8 +36,17 @@ macro_rules! require_openmpi {
     };
 }
 
+/// One `mpirun` at a time from a test binary: the machine may have 2 CPUs,
+/// and several 8-rank jobs at once would starve each other into timeouts.
+/// Some tests also find their processes by command line and measure time.
+/// A test that panicked while holding the turn does not stop the others.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LAUNCH: Mutex<()> = Mutex::new(());
+    LAUNCH.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// The profile folder (`target/debug`) of the running test binary.
-fn profile_dir() -> PathBuf {
+pub fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     // target/<profile>/deps/<test binary>
     exe.parent()
@@ -47,21 +56,64 @@ fn profile_dir() -> PathBuf {
 }
 
 /// A folder holding `mca_btl_udbtl.so`, for `mca_base_component_path`.
-/// Cargo names the library `libmca_btl_udbtl.so`; Open MPI looks for
-/// `mca_btl_udbtl.so`.
+///
+/// Cargo builds only the rlib for integration tests, so the cdylib in
+/// `target/<profile>` may be missing or stale: the component is built here,
+/// once per test binary, by `cargo build -p udbtl-openmpi` into its own
+/// target folder (`target/ompi-component-build`: the outer cargo holds the
+/// lock of its own). Cargo names the library `libmca_btl_udbtl.so`; Open MPI
+/// looks for `mca_btl_udbtl.so`.
 pub fn component_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let profile = profile_dir();
+        let built = build_component(&profile);
         let dir = profile.join("ompi-component");
         std::fs::create_dir_all(&dir).expect("create component folder");
-        let built = profile.join("libmca_btl_udbtl.so");
-        assert!(built.exists(), "{} was not built", built.display());
+        // Copied under a temporary name and renamed, so that another test
+        // binary never loads a half-written library.
         let tmp = dir.join(format!(".mca_btl_udbtl.so.{}", std::process::id()));
         std::fs::copy(&built, &tmp).expect("copy the component");
         std::fs::rename(&tmp, dir.join("mca_btl_udbtl.so")).expect("install the component");
         dir
     })
+}
+
+/// Runs `cargo build -p udbtl-openmpi` (release if the test binary is) into
+/// `<target>/ompi-component-build` and returns the built library.
+fn build_component(profile: &Path) -> PathBuf {
+    let release = profile.file_name().is_some_and(|n| n == "release");
+    let target = profile
+        .parent()
+        .expect("target folder")
+        .join("ompi-component-build");
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(&cargo);
+    cmd.args(["build", "-p", "udbtl-openmpi", "--locked", "--target-dir"])
+        .arg(&target)
+        .current_dir(&workspace);
+    if release {
+        cmd.arg("--release");
+    }
+    let started = std::time::Instant::now();
+    let out = cmd.output().expect("run cargo build for the component");
+    assert!(
+        out.status.success(),
+        "{cargo} build -p udbtl-openmpi failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let built = target
+        .join(if release { "release" } else { "debug" })
+        .join("libmca_btl_udbtl.so");
+    assert!(built.exists(), "{} was not built", built.display());
+    eprintln!(
+        "built the component ({}) in {:?}",
+        built.display(),
+        started.elapsed()
+    );
+    built
 }
 
 /// Open MPI's own component folder (`ompi_info --path pkglibdir`).
@@ -87,9 +139,15 @@ pub fn component_path() -> String {
     format!("{}:{}", component_dir().display(), default_component_dir())
 }
 
-/// Compiles `tests/programs/<name>.c` (once per test binary) and returns the
-/// executable.
+/// Compiles `tests/programs/<name>.c` (when the executable is older than
+/// the source) and returns the executable.
+///
+/// Safe from any thread and process: one build at a time per test binary
+/// (so the threads after the first find the program fresh), each into a
+/// temporary file named by process and thread, renamed into place.
 pub fn program(name: &str) -> PathBuf {
+    static BUILD: Mutex<()> = Mutex::new(());
+    let _build = BUILD.lock().unwrap_or_else(PoisonError::into_inner);
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/programs")
         .join(format!("{name}.c"));
@@ -101,7 +159,12 @@ pub fn program(name: &str) -> PathBuf {
         _ => false,
     };
     if !fresh {
-        let tmp = out_dir.join(format!(".{name}.{}", std::process::id()));
+        // "ThreadId(7)" -> "7"
+        let thread: String = format!("{:?}", std::thread::current().id())
+            .chars()
+            .filter(char::is_ascii_digit)
+            .collect();
+        let tmp = out_dir.join(format!(".{name}.{}.{thread}", std::process::id()));
         let out = Command::new(MPICC)
             .args(["-O2", "-Wall", "-Werror", "-o"])
             .arg(&tmp)
@@ -132,6 +195,9 @@ pub struct Run {
     pub env: Vec<(String, String)>,
     /// Killed (and the test failed) after this long.
     pub limit: Duration,
+    /// The interface (name or subnet) for the out-of-band channel and the tcp
+    /// BTL: `oob_tcp_if_include` and `btl_tcp_if_include`. `lo` by default.
+    pub oob_if: String,
 }
 
 impl Run {
@@ -144,6 +210,7 @@ impl Run {
             mpirun_args: vec!["--mca".into(), "btl_udbtl_print_stats".into(), "1".into()],
             env: Vec::new(),
             limit: Duration::from_secs(120),
+            oob_if: "lo".into(),
         }
     }
 
@@ -172,12 +239,15 @@ impl Run {
             ])
             .args(["-np", &self.np.to_string()])
             .args(["--mca", "pml", "ob1", "--mca", "btl", &self.btl])
-            .args(["--mca", "oob_tcp_if_include", "lo"])
-            .args(["--mca", "btl_tcp_if_include", "lo"])
+            .args(["--mca", "oob_tcp_if_include", &self.oob_if])
+            .args(["--mca", "btl_tcp_if_include", &self.oob_if])
             .args(&self.mpirun_args)
             .arg(exe)
             .args(args)
             .env("OMPI_MCA_mca_base_component_path", component_path())
+            // PMIx's munge security plugin is kept out: without a munge
+            // daemon it retries for over two seconds at every launch.
+            .env("PMIX_MCA_psec", "^munge")
             .env_remove("OMPI_MCA_btl")
             .env_remove("OMPI_MCA_pml");
         for (key, _) in std::env::vars() {
@@ -222,19 +292,30 @@ pub struct Stats {
     pub lost_peers: u64,
 }
 
-/// Every `udbtl-stats:` line in `stderr`.
-pub fn stats(stderr: &[u8]) -> Vec<Stats> {
+/// The `key=value` fields of every `udbtl-stats:` line in `stderr`, one
+/// list per line (per rank).
+pub fn stats_fields(stderr: &[u8]) -> Vec<Vec<(String, String)>> {
     String::from_utf8_lossy(stderr)
         .lines()
         .filter_map(|line| line.split_once("udbtl-stats:").map(|(_, rest)| rest))
         .map(|rest| {
+            rest.split_whitespace()
+                .filter_map(|field| field.split_once('='))
+                .map(|(key, value)| (key.to_owned(), value.to_owned()))
+                .collect()
+        })
+        .collect()
+}
+
+/// Every `udbtl-stats:` line in `stderr`.
+pub fn stats(stderr: &[u8]) -> Vec<Stats> {
+    stats_fields(stderr)
+        .iter()
+        .map(|fields| {
             let mut stats = Stats::default();
-            for field in rest.split_whitespace() {
-                let Some((key, value)) = field.split_once('=') else {
-                    continue;
-                };
+            for (key, value) in fields {
                 let value: u64 = value.parse().unwrap_or(0);
-                match key {
+                match key.as_str() {
                     "rank" => stats.rank = value as u32,
                     "sent" => stats.sent = value,
                     "received" => stats.received = value,
@@ -246,6 +327,17 @@ pub fn stats(stderr: &[u8]) -> Vec<Stats> {
             stats
         })
         .collect()
+}
+
+/// Sum over the ranks' `udbtl-stats:` lines of the counter `key` (for the
+/// counters [`Stats`] does not carry).
+pub fn total(out: &Output, key: &str) -> u64 {
+    stats_fields(&out.stderr)
+        .iter()
+        .flatten()
+        .filter(|(k, _)| k == key)
+        .filter_map(|(_, v)| v.parse::<u64>().ok())
+        .sum()
 }
 
 /// Asserts that udbtl carried traffic on every one of `np` ranks (when
@@ -267,4 +359,96 @@ pub fn assert_carried(out: &Output, np: u32) {
             );
         }
     }
+}
+
+/// Asserts that `name` printed its `OK <name>` line; `with` says how it was
+/// run (e.g. `3 ranks`), for the message.
+pub fn assert_said_ok(name: &str, out: &Output, with: &str) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.lines().any(|l| l.starts_with(&format!("OK {name}"))),
+        "{name} with {with} did not say OK:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Builds `name` and runs it on `run`, one launch at a time ([`serial`]).
+/// Asserts success, the program's `OK <name>` line and udbtl's traffic.
+pub fn run_ok(name: &str, run: &Run, args: &[&str]) -> Output {
+    let exe = program(name);
+    let _turn = serial();
+    let out = run.success(&exe, args);
+    assert_said_ok(name, &out, &format!("{} ranks", run.np));
+    assert_carried(&out, run.np);
+    out
+}
+
+/// A size as Open MPI prints it: a number, maybe with a K, M or G suffix.
+pub fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let (digits, unit) = match text.char_indices().last()? {
+        (i, 'k' | 'K') => (&text[..i], 1 << 10),
+        (i, 'm' | 'M') => (&text[..i], 1 << 20),
+        (i, 'g' | 'G') => (&text[..i], 1 << 30),
+        _ => (text, 1),
+    };
+    digits.parse::<u64>().ok().map(|n| n * unit)
+}
+
+/// The thresholds ob1 switches protocol at: the component's
+/// `btl_udbtl_{eager_limit,rndv_eager_limit,max_send_size}`.
+///
+/// They come from `ompi_info` when the component registers them as MCA
+/// parameters; otherwise from its own `udbtl-stats:` line (which reports the
+/// limits it gave ob1) after a small run; otherwise from `defaults`. Any
+/// source may lack some of them.
+pub fn thresholds(defaults: [u64; 3]) -> [u64; 3] {
+    const NAMES: [&str; 3] = ["eager_limit", "rndv_eager_limit", "max_send_size"];
+    let mut found: [Option<u64>; 3] = [None; 3];
+
+    let info = Command::new("ompi_info")
+        .args(["--param", "btl", "udbtl", "--level", "9", "--parsable"])
+        .env("OMPI_MCA_mca_base_component_path", component_path())
+        .output()
+        .expect("run ompi_info");
+    for line in String::from_utf8_lossy(&info.stdout).lines() {
+        for (i, name) in NAMES.iter().enumerate() {
+            let key = format!("mca:btl:udbtl:param:btl_udbtl_{name}:value:");
+            if let Some(value) = line.strip_prefix(&key) {
+                found[i] = found[i].or(parse_size(value));
+            }
+        }
+    }
+
+    if found.iter().any(Option::is_none) {
+        let exe = program("hello");
+        let out = {
+            let _turn = serial();
+            Run::udbtl(2).output(&exe, &[])
+        };
+        for (key, value) in stats_fields(&out.stderr).iter().flatten() {
+            if let Some(i) = NAMES.iter().position(|n| n == key) {
+                found[i] = found[i].or(parse_size(value));
+            }
+        }
+    }
+
+    let mut limits = defaults;
+    for (limit, value) in limits.iter_mut().zip(found) {
+        if let Some(value) = value.filter(|v| *v > 0) {
+            *limit = value;
+        }
+    }
+    limits
+}
+
+/// The component's thresholds, looked up once per test binary, as
+/// arguments for `p2p`.
+pub fn threshold_args() -> &'static [String] {
+    static ARGS: OnceLock<Vec<String>> = OnceLock::new();
+    ARGS.get_or_init(|| {
+        let limits = thresholds([65536, 65536, 131072]);
+        eprintln!("ob1 thresholds (eager, rndv eager, max send): {limits:?}");
+        limits.iter().map(u64::to_string).collect()
+    })
 }
