@@ -117,12 +117,52 @@ pub(crate) enum FragState {
 }
 
 /// User memory a user fragment sends from, with the registration covering it.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct UserData {
     pub(crate) reg: RegId,
     pub(crate) lkey: LKey,
-    pub(crate) data: Arc<[u8]>,
+    pub(crate) data: UserBytes,
     pub(crate) range: Range<usize>,
+}
+
+/// Where a user fragment's bytes live.
+pub(crate) enum UserBytes {
+    /// Reference-counted memory the BTL holds a share of.
+    Shared(Arc<[u8]>),
+    /// Memory its owner lends until the send completes.
+    Lent(Box<dyn LentBytes>),
+}
+
+impl UserBytes {
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match self {
+            Self::Shared(data) => data,
+            Self::Lent(lent) => lent.bytes(),
+        }
+    }
+}
+
+impl std::fmt::Debug for UserBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self {
+            Self::Shared(_) => "shared",
+            Self::Lent(_) => "lent",
+        };
+        write!(f, "{kind} {} bytes", self.bytes().len())
+    }
+}
+
+/// Memory a caller lends the BTL to send from without a copy
+/// ([`Module::prepare_lent`](crate::Module::prepare_lent)): a C host's
+/// user buffer, say, which it keeps until the send completes, as MPI does.
+///
+/// The contract, which the BTL relies on: [`bytes`](Self::bytes) returns the
+/// same bytes, unchanged, from the `prepare_lent` call until the
+/// descriptor's send completion is reported (retransmissions read them) or
+/// the descriptor is freed.
+pub trait LentBytes: Send + Sync + 'static {
+    /// The bytes to send.
+    fn bytes(&self) -> &[u8];
 }
 
 /// Per-fragment bookkeeping.

@@ -63,7 +63,7 @@ pub mod rcache;
 pub use component::{Component, udp_config};
 pub use convertor::Convertor;
 pub use error::{BtlError, SendFailure};
-pub use frag::{DesFlags, Descriptor};
+pub use frag::{DesFlags, Descriptor, LentBytes};
 pub use module::{
     AddProcs, ErrorCallback, ErrorEvent, HostEvent, Limits, Module, ModuleStats, Received,
     RecvCallback, RecvEvent, Segment, SendCallback, SendEvent, SendStatus, USER_RESERVE_MAX,

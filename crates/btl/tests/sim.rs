@@ -560,6 +560,71 @@ fn zero_copy_send_of_a_mebibyte_through_the_registration_cache() {
     finalize_clean(b);
 }
 
+/// Memory lent for a zero-copy send, as a C host lends its user buffer.
+struct Lent(Vec<u8>);
+
+impl LentBytes for Lent {
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+#[test]
+fn lent_memory_is_sent_without_a_copy_behind_the_longest_reserve() {
+    let net = SimNetwork::new(17);
+    let reliable = BtlConfig {
+        reliable: Some(true),
+        ..small()
+    };
+    let (mut a, mut b, ab, _) = pair(&net, reliable);
+    let got: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+    {
+        let got = got.clone();
+        b.modules_mut()[0].register(
+            Tag::PML,
+            Box::new(move |ev: &RecvEvent<'_>| got.lock().unwrap().push(ev.payload.to_vec())),
+        );
+    }
+    let module = &mut a.modules_mut()[0];
+    assert!(
+        module.limits().header_len > 8,
+        "a reliable module's header is the long one"
+    );
+    let data: Vec<u8> = (0..3000u32).map(|i| (i % 253) as u8).collect();
+    let des = module
+        .prepare_lent(
+            Box::new(Lent(data.clone())),
+            NO_ORDER,
+            USER_RESERVE_MAX,
+            DesFlags::BTL_OWNERSHIP,
+        )
+        .map_err(|_| "refused")
+        .unwrap();
+    // The whole reserve is writable, behind the reliability extension (it
+    // was not: the reserve assumed the short header and overlapped the next
+    // fragment).
+    let header = vec![0xa5u8; USER_RESERVE_MAX];
+    module.segment_mut(des).unwrap().copy_from_slice(&header);
+    module.send(ab, des, Tag::PML).unwrap();
+    drive(&mut a, &mut b, 8);
+    let got = got.lock().unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0], [header, data].concat());
+    assert!(
+        a.modules_mut()[0]
+            .prepare_lent(
+                Box::new(Lent(vec![0; 8])),
+                NO_ORDER,
+                USER_RESERVE_MAX + 1,
+                DesFlags::NONE
+            )
+            .is_err(),
+        "a longer reserve is refused"
+    );
+    finalize_clean(a);
+    finalize_clean(b);
+}
+
 #[test]
 fn registration_cache_hits_and_evicts_at_its_limit() {
     let net = SimNetwork::new(8);

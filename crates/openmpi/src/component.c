@@ -62,6 +62,8 @@ extern int udbtl_rs_add_proc(void *module, const uint8_t *blob, size_t len, uint
 extern int udbtl_rs_del_proc(void *module, uint32_t endpoint);
 extern int udbtl_rs_progress(void *module, void *btl);
 extern int udbtl_rs_alloc(void *module, uint8_t order, size_t size, uint32_t *des, void **data);
+extern int udbtl_rs_prepare_lent(void *module, uint8_t order, size_t reserve, const void *data,
+                                 size_t len, uint32_t *des, void **header);
 extern int udbtl_rs_free(void *module, uint32_t des);
 extern int udbtl_rs_send(void *module, uint32_t endpoint, uint32_t des, size_t len, uint8_t tag,
                          int owned, uint64_t context);
@@ -89,10 +91,15 @@ struct mca_btl_base_endpoint_t {
     bool lost;
 };
 
-/* An Open MPI descriptor around a Rust send fragment. */
+/* Contiguous data at least this long is sent from the user's buffer, not
+ * copied: below it, copying costs less than the registration lookup. */
+#define UDBTL_ZERO_COPY_MIN 16384
+
+/* An Open MPI descriptor around a Rust send fragment: one segment, or, when
+ * it sends from the user's buffer, the header and then the data. */
 typedef struct udbtl_frag {
     mca_btl_base_descriptor_t base;
-    mca_btl_base_segment_t segment;
+    mca_btl_base_segment_t segments[2];
     udbtl_module_t *module;
     struct mca_btl_base_endpoint_t *endpoint;
     uint32_t des;
@@ -195,7 +202,7 @@ static udbtl_frag_t *frag_get(udbtl_module_t *m)
         frag->next_all = m->all_frags;
         m->all_frags = frag;
     }
-    frag->base.des_segments = &frag->segment;
+    frag->base.des_segments = frag->segments;
     frag->base.des_segment_count = 1;
     frag->base.des_cbfunc = NULL;
     frag->base.des_cbdata = NULL;
@@ -227,8 +234,8 @@ static udbtl_frag_t *frag_alloc(udbtl_module_t *m, uint8_t order, size_t size, u
         return NULL;
     }
     frag->des = des;
-    frag->segment.seg_addr.pval = data;
-    frag->segment.seg_len = size;
+    frag->segments[0].seg_addr.pval = data;
+    frag->segments[0].seg_len = size;
     frag->base.des_flags = flags;
     frag->base.order = order;
     return frag;
@@ -339,9 +346,52 @@ static int udbtl_free(struct mca_btl_base_module_t *btl, mca_btl_base_descriptor
     return OPAL_SUCCESS;
 }
 
+/* Sends contiguous data from the user's buffer: the header goes in a
+ * registered fragment, the data is read in place when posted and whenever
+ * retransmitted; ob1 keeps the buffer until the send callback. NULL when
+ * Rust cannot (the caller copies instead). */
+static udbtl_frag_t *prepare_zero_copy(udbtl_module_t *m, struct opal_convertor_t *convertor,
+                                       uint8_t order, size_t reserve, size_t want,
+                                       uint32_t flags)
+{
+    size_t position = convertor->bConverted;
+    /* A contiguous convertor packs by pointing into the user's memory. */
+    struct iovec iov = {.iov_base = NULL, .iov_len = want};
+    uint32_t iov_count = 1;
+    size_t taken = want;
+    if (opal_convertor_pack(convertor, &iov, &iov_count, &taken) < 0 || 0 == taken) {
+        opal_convertor_set_position(convertor, &position);
+        return NULL;
+    }
+    uint32_t des;
+    void *header;
+    udbtl_frag_t *frag = NULL;
+    if (UDBTL_RS_OK
+        == udbtl_rs_prepare_lent(m->rs, order, reserve, iov.iov_base, taken, &des, &header)) {
+        frag = frag_get(m);
+        if (NULL == frag) {
+            (void) udbtl_rs_free(m->rs, des);
+        }
+    }
+    if (NULL == frag) {
+        opal_convertor_set_position(convertor, &position);
+        return NULL;
+    }
+    frag->des = des;
+    frag->segments[0].seg_addr.pval = header;
+    frag->segments[0].seg_len = reserve;
+    frag->segments[1].seg_addr.pval = iov.iov_base;
+    frag->segments[1].seg_len = taken;
+    frag->base.des_segment_count = 2;
+    frag->base.des_flags = flags;
+    frag->base.order = order;
+    return frag;
+}
+
 /* Packs up to `*size` bytes from the convertor after `reserve` bytes of the
- * caller's header. The data is copied: a fragment is kept until the peer
- * acknowledges it, so the user's buffer is free at once. */
+ * caller's header. Large contiguous data is sent from the user's buffer;
+ * the rest is copied into a fragment kept until the peer acknowledges it,
+ * so the user's buffer is free at once. */
 static mca_btl_base_descriptor_t *udbtl_prepare_src(struct mca_btl_base_module_t *btl,
                                                     struct mca_btl_base_endpoint_t *endpoint,
                                                     struct opal_convertor_t *convertor,
@@ -356,13 +406,22 @@ static mca_btl_base_descriptor_t *udbtl_prepare_src(struct mca_btl_base_module_t
     if (want > max - reserve) {
         want = max - reserve;
     }
+    if (want >= UDBTL_ZERO_COPY_MIN && 0 == opal_convertor_need_buffers(convertor)) {
+        udbtl_frag_t *frag = prepare_zero_copy((udbtl_module_t *) btl, convertor, order, reserve,
+                                               want, flags);
+        if (NULL != frag) {
+            *size = frag->segments[1].seg_len;
+            frag->endpoint = endpoint;
+            return &frag->base;
+        }
+    }
     udbtl_frag_t *frag = frag_alloc((udbtl_module_t *) btl, order, reserve + want, flags);
     if (NULL == frag) {
         return NULL;
     }
     size_t packed = 0;
     if (want > 0) {
-        struct iovec iov = {.iov_base = (char *) frag->segment.seg_addr.pval + reserve,
+        struct iovec iov = {.iov_base = (char *) frag->segments[0].seg_addr.pval + reserve,
                             .iov_len = want};
         uint32_t iov_count = 1;
         packed = want;
@@ -372,7 +431,7 @@ static mca_btl_base_descriptor_t *udbtl_prepare_src(struct mca_btl_base_module_t
         }
     }
     *size = packed;
-    frag->segment.seg_len = reserve + packed;
+    frag->segments[0].seg_len = reserve + packed;
     frag->endpoint = endpoint;
     return &frag->base;
 }
@@ -387,9 +446,10 @@ static int udbtl_send(struct mca_btl_base_module_t *btl,
     /* The bytes are in our fragment, which is kept until acknowledged: a
      * send ob1 lets us own and needs no callback for is complete for it
      * now (return 1), and the acknowledgement only frees the fragment. */
-    frag->silent = owned && 0 == (des->des_flags & MCA_BTL_DES_SEND_ALWAYS_CALLBACK);
+    frag->silent = owned && 0 == (des->des_flags & MCA_BTL_DES_SEND_ALWAYS_CALLBACK)
+                   && 1 == des->des_segment_count;
     frag->endpoint = endpoint;
-    int rc = udbtl_rs_send(m->rs, endpoint->id, frag->des, frag->segment.seg_len, tag, owned,
+    int rc = udbtl_rs_send(m->rs, endpoint->id, frag->des, frag->segments[0].seg_len, tag, owned,
                            (uint64_t) (uintptr_t) frag);
     if (UDBTL_RS_OK != rc) {
         frag->silent = 0;
@@ -421,9 +481,9 @@ static int udbtl_sendi(struct mca_btl_base_module_t *btl,
         }
         return OPAL_ERR_RESOURCE_BUSY;
     }
-    memcpy(frag->segment.seg_addr.pval, header, header_size);
+    memcpy(frag->segments[0].seg_addr.pval, header, header_size);
     if (payload_size > 0) {
-        struct iovec iov = {.iov_base = (char *) frag->segment.seg_addr.pval + header_size,
+        struct iovec iov = {.iov_base = (char *) frag->segments[0].seg_addr.pval + header_size,
                             .iov_len = payload_size};
         uint32_t iov_count = 1;
         size_t packed = payload_size;

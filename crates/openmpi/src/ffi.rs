@@ -13,7 +13,7 @@
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::ptr;
 
-use udbtl_btl::{Descriptor, EndpointId, HostEvent, Tag};
+use udbtl_btl::{Descriptor, EndpointId, HostEvent, LentBytes, Tag};
 
 use crate::transport::{HostModule, OmpiTransport, param_table};
 
@@ -368,6 +368,62 @@ pub unsafe extern "C" fn udbtl_rs_alloc(
             unsafe {
                 *des = descriptor.raw();
                 *data = bytes.cast();
+            }
+            OK
+        }
+        None => BUSY,
+    }
+}
+
+/// A user buffer ob1 lends for a zero-copy send.
+#[derive(Debug)]
+struct UserBuffer {
+    addr: usize,
+    len: usize,
+}
+
+impl LentBytes for UserBuffer {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: built by `udbtl_rs_prepare_lent` from memory its caller
+        // keeps readable and unchanged until the send completes or the
+        // descriptor is freed, which is as long as the BTL reads it (ob1
+        // completes the request only from the send callback).
+        unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
+    }
+}
+
+/// A descriptor that sends `len` bytes at `data` without copying them, after
+/// `reserve` bytes of header: sets `*des` and `*header` (where the header
+/// goes). Returns 0, or -1 when it cannot (the caller copies instead).
+///
+/// # Safety
+/// `module` came from `udbtl_rs_module`; `data` is readable for `len` bytes
+/// and stays unchanged until the descriptor's send completes or it is
+/// freed; the out-pointers are valid for writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn udbtl_rs_prepare_lent(
+    module: *mut c_void,
+    order: u8,
+    reserve: usize,
+    data: *const c_void,
+    len: usize,
+    des: *mut u32,
+    header: *mut *mut c_void,
+) -> c_int {
+    if data.is_null() || len == 0 {
+        return BUSY;
+    }
+    let lent = Box::new(UserBuffer {
+        addr: data as usize,
+        len,
+    });
+    // SAFETY: per the contract.
+    match unsafe { with_module(module, |m| m.prepare_lent(lent, order, reserve)) }.flatten() {
+        Some((descriptor, bytes)) => {
+            // SAFETY: the caller passes writable out-pointers.
+            unsafe {
+                *des = descriptor.raw();
+                *header = bytes.cast();
             }
             OK
         }

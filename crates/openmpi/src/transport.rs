@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use udbtl_btl::params::{ParamError, Source, env_var};
 use udbtl_btl::{
-    BtlConfig, BtlError, Component, DesFlags, Descriptor, EndpointId, HostEvent, Module,
+    BtlConfig, BtlError, Component, DesFlags, Descriptor, EndpointId, HostEvent, LentBytes, Module,
     SendStatus, Tag, udp_config,
 };
 use udbtl_fabric::Context;
@@ -95,6 +95,15 @@ pub trait HostModule {
     fn finish(&mut self, event: HostEvent);
     /// A send fragment of `size` bytes and where its bytes are.
     fn alloc(&mut self, order: u8, size: usize) -> Option<(Descriptor, *mut u8)>;
+    /// A descriptor that sends `lent` without a copy after `reserve` header
+    /// bytes, and where the header goes; `None` when it cannot (the caller
+    /// copies instead).
+    fn prepare_lent(
+        &mut self,
+        lent: Box<dyn LentBytes>,
+        order: u8,
+        reserve: usize,
+    ) -> Option<(Descriptor, *mut u8)>;
     /// See [`Module::free`].
     fn free(&mut self, des: Descriptor) -> Result<(), BtlError>;
     /// Sends the first `len` bytes of `des`'s segment; `context` comes back
@@ -138,6 +147,22 @@ impl<C: Context + 'static> HostModule for Module<C> {
         let des = Self::alloc(self, order, size, DesFlags::NONE)?;
         match self.segment_ptr(des) {
             Ok((data, _)) => Some((des, data)),
+            Err(_) => {
+                let _ = Self::free(self, des);
+                None
+            }
+        }
+    }
+
+    fn prepare_lent(
+        &mut self,
+        lent: Box<dyn LentBytes>,
+        order: u8,
+        reserve: usize,
+    ) -> Option<(Descriptor, *mut u8)> {
+        let des = Module::prepare_lent(self, lent, order, reserve, DesFlags::NONE).ok()?;
+        match self.segment_ptr(des) {
+            Ok((header, _)) => Some((des, header)),
             Err(_) => {
                 let _ = Self::free(self, des);
                 None

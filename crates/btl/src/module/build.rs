@@ -28,8 +28,10 @@ pub(super) const HEADER_MAX: usize = udbtl_wire::datagram::HEADER_LEN;
 /// Fewest receive buffers `rd_mem` may lower the pool to.
 const MIN_RECV_BUFFERS: usize = 64;
 
-/// The most a caller may reserve in front of zero-copy data.
-pub const USER_RESERVE_MAX: usize = USER_FRAG_STRIDE - btl::HEADER_LEN;
+/// The most a caller may reserve in front of zero-copy data: a user
+/// fragment's registered part holds the longest BTL header (the reliability
+/// extension included) and then the reserve.
+pub const USER_RESERVE_MAX: usize = USER_FRAG_STRIDE - HEADER_MAX;
 
 /// Sizes a module works with, derived from the parameters and the port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

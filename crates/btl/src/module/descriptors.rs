@@ -10,12 +10,14 @@ use udbtl_wire::rel;
 use super::{Engine, deregister};
 use crate::convertor::Convertor;
 use crate::error::BtlError;
-use crate::frag::{DesFlags, Descriptor, Frag, FragKind, FragPool, FragState, UserData};
+use crate::frag::{
+    DesFlags, Descriptor, Frag, FragKind, FragPool, FragState, LentBytes, UserBytes, UserData,
+};
 use crate::rcache::RegId;
 
 /// Bytes of registered memory a user fragment has for the BTL header and the
 /// caller's reserved header.
-pub(super) const USER_FRAG_STRIDE: usize = 64;
+pub(super) const USER_FRAG_STRIDE: usize = 128;
 
 /// The two free lists.
 #[derive(Debug)]
@@ -211,10 +213,55 @@ impl<C: Context> Engine<C> {
         frag.user = Some(UserData {
             reg,
             lkey,
-            data,
+            data: UserBytes::Shared(data),
             range,
         });
         Some(des)
+    }
+
+    /// The engine's side of `Module::prepare_lent`, whose documentation is the
+    /// contract.
+    pub(super) fn prepare_lent(
+        &mut self,
+        lent: Box<dyn LentBytes>,
+        order: u8,
+        reserve: usize,
+        flags: DesFlags,
+    ) -> Result<Descriptor, Box<dyn LentBytes>> {
+        let len = lent.bytes().len();
+        let fits = reserve <= super::USER_RESERVE_MAX
+            && reserve
+                .checked_add(len)
+                .is_some_and(|total| total <= self.limits.max_send_size);
+        if !fits {
+            return Err(lent);
+        }
+        let Some(des) = self.frags.user.get(&mut self.ctx, self.pd) else {
+            return Err(lent);
+        };
+        let pd = self.pd;
+        let Ok((reg, lkey)) = self.rcache.acquire(
+            &mut self.ctx,
+            lent.bytes(),
+            |c, r| c.reg_user_mr(pd, r),
+            deregister,
+        ) else {
+            self.frags.user.put(des);
+            return Err(lent);
+        };
+        let Some(frag) = self.frags.user.frag_mut(des) else {
+            return Err(lent);
+        };
+        frag.seg_len = reserve;
+        frag.flags = flags;
+        frag.order = order;
+        frag.user = Some(UserData {
+            reg,
+            lkey,
+            data: UserBytes::Lent(lent),
+            range: 0..len,
+        });
+        Ok(des)
     }
 
     /// The engine's side of `Module::mpool_register`, whose documentation is the
@@ -292,7 +339,13 @@ impl<C: Context> Engine<C> {
     pub(super) fn set_segment_len(&mut self, des: Descriptor, len: usize) -> Result<(), BtlError> {
         let limit = self.limits.eager_limit;
         let frag = self.frags.checked_mut(des)?;
-        if frag.user.is_some() || len > limit {
+        // A user fragment's registered part is the caller's header only.
+        let limit = if frag.user.is_some() {
+            super::USER_RESERVE_MAX
+        } else {
+            limit
+        };
+        if len > limit {
             return Err(bad(des, "too small for that length"));
         }
         frag.seg_len = len;

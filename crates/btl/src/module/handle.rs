@@ -20,7 +20,7 @@ use super::{
 };
 use crate::convertor::Convertor;
 use crate::error::BtlError;
-use crate::frag::{DesFlags, Descriptor};
+use crate::frag::{DesFlags, Descriptor, LentBytes};
 use crate::params::Params;
 use crate::rcache::{RegCacheStats, RegId};
 use crate::{EndpointId, Tag};
@@ -293,6 +293,29 @@ impl<C: Context> Module<C> {
     ) -> Option<Descriptor> {
         self.lock()
             .prepare_src(registration, convertor, order, reserve, size, flags)
+    }
+
+    /// Prepares a descriptor that sends `lent`'s bytes without copying them,
+    /// after `reserve` bytes of the caller's header (written through
+    /// [`segment_ptr`](Self::segment_ptr) or [`segment_mut`](Self::segment_mut)).
+    /// The memory is registered through the registration cache and read when
+    /// the datagram is posted and whenever it is retransmitted, which is why
+    /// [`LentBytes`] asks its owner to keep it unchanged until the send
+    /// completes; the send callback always follows.
+    ///
+    /// # Errors
+    /// `lent` back when the header and data do not fit one datagram
+    /// (`reserve` at most [`USER_RESERVE_MAX`](crate::USER_RESERVE_MAX)), no
+    /// user fragment is free, or the fabric refused the registration; the
+    /// caller then copies instead.
+    pub fn prepare_lent(
+        &mut self,
+        lent: Box<dyn LentBytes>,
+        order: u8,
+        reserve: usize,
+        flags: DesFlags,
+    ) -> Result<Descriptor, Box<dyn LentBytes>> {
+        self.lock().prepare_lent(lent, order, reserve, flags)
     }
 
     /// Registers user memory through the registration cache (the module's

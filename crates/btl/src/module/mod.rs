@@ -211,7 +211,7 @@ impl<C: Context> Engine<C> {
             match &frag.user {
                 Some(user) => Gather::User {
                     lkey: user.lkey,
-                    data: &user.data[user.range.clone()],
+                    data: &user.data.bytes()[user.range.clone()],
                 },
                 None => Gather::Registered(head),
             },

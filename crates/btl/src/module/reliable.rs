@@ -307,7 +307,7 @@ impl<C: Context> Engine<C> {
             let user = frag
                 .user
                 .as_ref()
-                .map_or(&[][..], |u| &u.data[u.range.clone()]);
+                .map_or(&[][..], |u| &u.data.bytes()[u.range.clone()]);
             datagram::fill_checksum(head, &[user]);
         }
         if self.post_descriptor(des).is_err() {
