@@ -160,7 +160,7 @@ impl<C: Context + 'static> HostModule for Module<C> {
         order: u8,
         reserve: usize,
     ) -> Option<(Descriptor, *mut u8)> {
-        let des = Module::prepare_lent(self, lent, order, reserve, DesFlags::NONE).ok()?;
+        let des = Self::prepare_lent(self, lent, order, reserve, DesFlags::NONE).ok()?;
         match self.segment_ptr(des) {
             Ok((header, _)) => Some((des, header)),
             Err(_) => {
