@@ -122,7 +122,6 @@ typedef struct udbtl_component {
 
 OPAL_MODULE_DECLSPEC extern udbtl_component_t mca_btl_udbtl_component;
 
-static int udbtl_output = -1;
 
 /* One string per Rust parameter, and its MCA variable index. The variable
  * system keeps pointers to the strings until the component is unloaded, after
@@ -172,16 +171,11 @@ static int udbtl_register(void)
 
 static int udbtl_open(void)
 {
-    udbtl_output = opal_output_open(NULL);
     return OPAL_SUCCESS;
 }
 
 static int udbtl_close(void)
 {
-    if (udbtl_output >= 0) {
-        opal_output_close(udbtl_output);
-        udbtl_output = -1;
-    }
     return OPAL_SUCCESS;
 }
 
@@ -572,7 +566,8 @@ static mca_btl_base_module_t **udbtl_init(int *num_btls, bool enable_progress_th
     (void) enable_progress_threads;
     *num_btls = 0;
     if (enable_mpi_threads) {
-        opal_output_verbose(1, udbtl_output,
+        /* Shown with --mca btl_base_verbose 1, as other BTLs' reasons. */
+        opal_output_verbose(1, opal_btl_base_framework.framework_output,
                             "btl udbtl: not used under MPI_THREAD_MULTIPLE "
                             "(it supports one thread in MPI at a time)");
         return NULL;

@@ -1,0 +1,52 @@
+//! What the component refuses, and how it says so: a bad parameter value,
+//! and MPI_THREAD_MULTIPLE. Either way the job fails at `MPI_Init` with Open
+//! MPI's own message about unreachable peers, after udbtl's reason.
+
+mod common;
+
+use common::Run;
+
+fn text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn a_bad_parameter_value_is_named_and_the_job_fails() {
+    require_openmpi!();
+    let _turn = common::serial();
+    let exe = common::program("hello");
+    let out = Run::udbtl(2)
+        .mca("btl_udbtl_sd_num", "many")
+        .output(&exe, &[]);
+    let all = text(&out);
+    assert!(!out.status.success(), "the job must fail:\n{all}");
+    assert!(
+        all.contains("invalid value \"many\" for MCA parameter btl_udbtl_sd_num"),
+        "udbtl must name the variable:\n{all}"
+    );
+    // Open MPI's own account follows (its wording varies with how its help
+    // messages get through): the job stops in MPI_Init.
+    assert!(
+        all.contains("MPI_Init") || all.contains("MPI_INIT"),
+        "{all}"
+    );
+}
+
+#[test]
+fn thread_multiple_is_declined_not_run_unsafely() {
+    require_openmpi!();
+    let _turn = common::serial();
+    let exe = common::program("thread_multiple");
+    let out = Run::udbtl(2).mca("btl_base_verbose", "1").output(&exe, &[]);
+    let all = text(&out);
+    assert!(!out.status.success(), "the job must fail:\n{all}");
+    assert!(
+        all.contains("btl udbtl: not used under MPI_THREAD_MULTIPLE"),
+        "udbtl must say why:\n{all}"
+    );
+    assert!(!all.contains("OK thread_multiple"), "{all}");
+}
