@@ -437,11 +437,12 @@ static int udbtl_send(struct mca_btl_base_module_t *btl,
     udbtl_module_t *m = (udbtl_module_t *) btl;
     udbtl_frag_t *frag = (udbtl_frag_t *) des;
     int owned = 0 != (des->des_flags & MCA_BTL_DES_FLAGS_BTL_OWNERSHIP);
-    /* The bytes are in our fragment, which is kept until acknowledged: a
-     * send ob1 lets us own and needs no callback for is complete for it
-     * now (return 1), and the acknowledgement only frees the fragment. */
-    frag->silent = owned && 0 == (des->des_flags & MCA_BTL_DES_SEND_ALWAYS_CALLBACK)
-                   && 1 == des->des_segment_count;
+    /* The bytes are in our fragment, which is kept until acknowledged: for
+     * ob1, a send it lets us own is complete now. It returns 1, after the
+     * callback if ob1 asked for one, as a BTL that sent inline does; the
+     * acknowledgement only frees the fragment. Data sent from the user's
+     * buffer completes at its acknowledgement. */
+    frag->silent = owned && 1 == des->des_segment_count;
     frag->endpoint = endpoint;
     int rc = udbtl_rs_send(m->rs, endpoint->id, frag->des, frag->segments[0].seg_len, tag, owned,
                            (uint64_t) (uintptr_t) frag);
@@ -449,7 +450,13 @@ static int udbtl_send(struct mca_btl_base_module_t *btl,
         frag->silent = 0;
         return UDBTL_RS_UNREACH == rc ? OPAL_ERR_UNREACH : OPAL_ERROR;
     }
-    return frag->silent ? 1 : OPAL_SUCCESS;
+    if (!frag->silent) {
+        return OPAL_SUCCESS;
+    }
+    if (0 != (des->des_flags & MCA_BTL_DES_SEND_ALWAYS_CALLBACK) && NULL != des->des_cbfunc) {
+        des->des_cbfunc(btl, endpoint, des, OPAL_SUCCESS);
+    }
+    return 1;
 }
 
 /* The inline fast path: header and data packed into one fragment and sent,

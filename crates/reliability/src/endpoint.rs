@@ -25,6 +25,9 @@ const RETRANSMITTED: u8 = 0x4;
 const QUEUED: u8 = 0x8;
 /// The caller has been told the fragment is done (acknowledged or failed).
 const RELEASED: u8 = 0x10;
+/// The sender waits for this datagram's acknowledgement: every transmission
+/// asks for it at once.
+const AWAITED: u8 = 0x20;
 
 /// One datagram of one peer's stream: in flight, or waiting for the window.
 #[derive(Debug, Clone)]
@@ -530,6 +533,21 @@ impl<F: Clone, R> Reliability<F, R> {
     /// # Errors
     /// An unknown, lost or closed peer; the fragment stays the caller's.
     pub fn send(&mut self, now: Instant, peer: PeerId, frag: F) -> Result<(), SendError> {
+        self.queue(now, peer, frag, 0)
+    }
+
+    /// As [`send`](Self::send), for a fragment whose sender waits for its
+    /// acknowledgement (its memory is released only then): every
+    /// transmission asks the peer to acknowledge at once, instead of after
+    /// [`Config::ack_every`] datagrams or [`Config::ack_delay`].
+    ///
+    /// # Errors
+    /// As [`send`](Self::send).
+    pub fn send_awaited(&mut self, now: Instant, peer: PeerId, frag: F) -> Result<(), SendError> {
+        self.queue(now, peer, frag, AWAITED)
+    }
+
+    fn queue(&mut self, now: Instant, peer: PeerId, frag: F, flags: u8) -> Result<(), SendError> {
         let p = self
             .peers
             .get(peer.0 as usize)
@@ -545,7 +563,7 @@ impl<F: Clone, R> Reliability<F, R> {
             seq: SeqNum(0),
             sent_at: now,
             next: NIL,
-            flags: 0,
+            flags,
         });
         let p = &mut self.peers[peer.0 as usize];
         if p.head == NIL && p.backlog_head == NIL {
@@ -629,6 +647,7 @@ impl<F: Clone, R> Reliability<F, R> {
                         continue;
                     }
                     slot.flags &= !QUEUED;
+                    let awaited = slot.flags & AWAITED != 0;
                     let retransmission = slot.flags & SENT != 0;
                     slot.flags |= SENT | if retransmission { RETRANSMITTED } else { 0 };
                     slot.sent_at = now;
@@ -645,7 +664,7 @@ impl<F: Clone, R> Reliability<F, R> {
                     let window_full = !self.peers[peer as usize].can_send(&self.config);
                     let mut header = self.ack_header(peer);
                     header.seq = seq;
-                    if retransmission || window_full {
+                    if retransmission || window_full || awaited {
                         // Ask for an acknowledgement at once: the sender is
                         // waiting, either to repair a loss or for window to
                         // send more. Without this a window smaller than

@@ -144,18 +144,24 @@ impl<C: Context> Engine<C> {
                 "sent reliably by an unreliable module",
             ));
         };
-        reliable
-            .core
-            .send(now, PeerId(endpoint.0), des)
-            .map_err(|err| match err {
-                SendError::NoPeer(_) => BtlError::BadEndpoint {
-                    endpoint: endpoint.0,
-                },
-                _ => BtlError::PeerUnavailable {
-                    endpoint: endpoint.0,
-                    reason: err.to_string(),
-                },
-            })?;
+        // Lent memory is given back only by the acknowledgement: ask for it
+        // at once, or the caller waits out the peer's delayed acknowledgement.
+        let lent = self.frags.get(des).is_some_and(|f| f.user.is_some());
+        let peer = PeerId(endpoint.0);
+        let queued = if lent {
+            reliable.core.send_awaited(now, peer, des)
+        } else {
+            reliable.core.send(now, peer, des)
+        };
+        queued.map_err(|err| match err {
+            SendError::NoPeer(_) => BtlError::BadEndpoint {
+                endpoint: endpoint.0,
+            },
+            _ => BtlError::PeerUnavailable {
+                endpoint: endpoint.0,
+                reason: err.to_string(),
+            },
+        })?;
         if let Some(frag) = self.frags.get_mut(des) {
             frag.state = FragState::Posted;
         }
