@@ -349,7 +349,9 @@ parameters! {
     job_key: u32 = (0), int(0, 0xffff_ffff), udbtl,
         "Key carried in every BTL header; datagrams carrying another key are dropped";
     udp_if: String = unset, TEXT, udbtl,
-        "Network interface for the udp provider; unset: loopback";
+        "Network interfaces for the udp provider, comma-separated: names (eth0) or subnets \
+         (10.77.0.0/24, which name the same network on hosts whose interface names differ); \
+         unset: loopback";
     udp_ipv6: bool = (false), BOOL, udbtl,
         "Prefer IPv6 addresses for the udp provider";
     udp_mtu: usize = unset, size(64, MAX_UDP_PAYLOAD), udbtl,

@@ -56,7 +56,8 @@ const IDLE_DRAIN_INTERVAL: u32 = 64;
 pub struct UdpConfig {
     /// Address to bind queue pairs to. Selects the device that holds it.
     pub bind: Option<IpAddr>,
-    /// Interfaces to offer as devices (e.g. `eth0`). When empty, and `bind`
+    /// Interfaces to offer as devices, by name (`eth0`) or by a subnet one of
+    /// their addresses is in (`10.77.0.0/24`). When empty, and `bind`
     /// is unset, only loopback devices are offered, which suits single-host
     /// runs.
     pub interfaces: Vec<String>,
@@ -114,7 +115,10 @@ impl UdpProvider {
             .into_iter()
             .filter(|iface| {
                 if !self.config.interfaces.is_empty() {
-                    self.config.interfaces.contains(&iface.name)
+                    self.config
+                        .interfaces
+                        .iter()
+                        .any(|wanted| interface_matches(iface, wanted))
                 } else if let Some(bind) = self.config.bind {
                     iface.addrs.iter().any(|(ip, _)| *ip == bind)
                 } else {
@@ -1019,5 +1023,67 @@ impl Context for UdpContext {
 
     fn resources(&self) -> ResourceCounts {
         self.verbs.resources()
+    }
+}
+
+/// Whether `iface` is the one `wanted` names: by name, or by a subnet
+/// (`10.77.0.0/24`) one of its addresses is in. A subnet names the same
+/// network on every host even where interface names differ.
+fn interface_matches(iface: &sys::Interface, wanted: &str) -> bool {
+    let Some((net, prefix)) = wanted.split_once('/') else {
+        return iface.name == wanted;
+    };
+    let (Ok(net), Ok(prefix)) = (net.parse::<IpAddr>(), prefix.parse::<u32>()) else {
+        return false;
+    };
+    iface
+        .addrs
+        .iter()
+        .any(|(ip, _)| same_subnet(*ip, net, prefix))
+}
+
+/// Whether `a` and `b` agree on their first `prefix` bits.
+fn same_subnet(a: IpAddr, b: IpAddr, prefix: u32) -> bool {
+    let masked = |bits: u128, width: u32| {
+        if prefix == 0 {
+            0
+        } else if prefix >= width {
+            bits
+        } else {
+            bits >> (width - prefix)
+        }
+    };
+    match (a, b) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => {
+            masked(u32::from(a).into(), 32) == masked(u32::from(b).into(), 32)
+        }
+        (IpAddr::V6(a), IpAddr::V6(b)) => masked(u128::from(a), 128) == masked(u128::from(b), 128),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod subnet_tests {
+    use super::*;
+
+    #[test]
+    fn subnets_match_by_prefix() {
+        let ip = |s: &str| s.parse::<IpAddr>().expect("address");
+        assert!(same_subnet(ip("10.77.0.2"), ip("10.77.0.0"), 24));
+        assert!(!same_subnet(ip("10.77.1.2"), ip("10.77.0.0"), 24));
+        assert!(same_subnet(ip("10.77.1.2"), ip("10.0.0.0"), 8));
+        assert!(same_subnet(ip("192.168.0.1"), ip("10.0.0.0"), 0));
+        assert!(!same_subnet(ip("10.77.0.2"), ip("::1"), 8));
+        let iface = sys::Interface {
+            name: "vA".into(),
+            up: true,
+            loopback: false,
+            addrs: vec![(ip("10.77.0.1"), 24)],
+        };
+        assert!(interface_matches(&iface, "vA"));
+        assert!(interface_matches(&iface, "10.77.0.0/24"));
+        assert!(!interface_matches(&iface, "10.78.0.0/24"));
+        assert!(!interface_matches(&iface, "10.77.0.0/x"));
+        assert!(!interface_matches(&iface, "vB"));
     }
 }
