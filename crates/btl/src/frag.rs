@@ -69,7 +69,11 @@ impl Descriptor {
         self.0
     }
 
-    pub(crate) const fn from_raw(raw: u32) -> Self {
+    /// The descriptor whose [`raw`](Self::raw) value is `raw`, for callers
+    /// that keep handles outside Rust. Harmless when stale or made up: the
+    /// handle carries a generation, and the module refuses a descriptor it
+    /// did not hand out.
+    pub const fn from_raw(raw: u32) -> Self {
         Self(raw)
     }
 

@@ -65,8 +65,9 @@ pub use convertor::Convertor;
 pub use error::{BtlError, SendFailure};
 pub use frag::{DesFlags, Descriptor};
 pub use module::{
-    AddProcs, ErrorCallback, ErrorEvent, Limits, Module, ModuleStats, RecvCallback, RecvEvent,
-    Segment, SendCallback, SendEvent, SendStatus, USER_RESERVE_MAX, recv_buffer_len,
+    AddProcs, ErrorCallback, ErrorEvent, HostEvent, Limits, Module, ModuleStats, Received,
+    RecvCallback, RecvEvent, Segment, SendCallback, SendEvent, SendStatus, USER_RESERVE_MAX,
+    recv_buffer_len,
 };
 pub use params::{BtlConfig, Params};
 
@@ -115,5 +116,12 @@ impl EndpointId {
     /// The raw index.
     pub const fn raw(self) -> u32 {
         self.0
+    }
+
+    /// The endpoint whose [`raw`](Self::raw) index is `raw`, for callers that
+    /// keep handles outside Rust. A module refuses an index it does not
+    /// know.
+    pub const fn from_raw(raw: u32) -> Self {
+        Self(raw)
     }
 }

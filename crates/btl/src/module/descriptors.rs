@@ -276,6 +276,17 @@ impl<C: Context> Engine<C> {
         Ok(())
     }
 
+    /// The engine's side of `Module::set_flags`, whose documentation is the
+    /// contract.
+    pub(super) fn set_flags(&mut self, des: Descriptor, flags: DesFlags) -> Result<(), BtlError> {
+        let frag = self.frags.checked_mut(des)?;
+        if frag.state != FragState::Allocated {
+            return Err(bad(des, "still owned by the BTL"));
+        }
+        frag.flags = flags;
+        Ok(())
+    }
+
     /// The engine's side of `Module::set_segment_len`, whose documentation is the
     /// contract.
     pub(super) fn set_segment_len(&mut self, des: Descriptor, len: usize) -> Result<(), BtlError> {

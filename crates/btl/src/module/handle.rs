@@ -15,7 +15,8 @@ use udbtl_wire::modex;
 use super::events::{Callbacks, Notice};
 use super::helper::Helper;
 use super::{
-    AddProcs, Engine, ErrorCallback, Limits, ModuleStats, RecvCallback, SendCallback, SendStatus,
+    AddProcs, Engine, ErrorCallback, HostEvent, Limits, ModuleStats, RecvCallback, SendCallback,
+    SendStatus,
 };
 use crate::convertor::Convertor;
 use crate::error::BtlError;
@@ -213,6 +214,12 @@ impl<C: Context> Module<C> {
         self.lock().set_endpoint_context(endpoint, context)
     }
 
+    /// The value attached to an endpoint with
+    /// [`set_endpoint_context`](Self::set_endpoint_context), if any.
+    pub fn endpoint_context(&self, endpoint: EndpointId) -> Option<u64> {
+        self.lock().endpoints.context(Some(endpoint))
+    }
+
     /// The remote queue pair of an endpoint.
     pub fn endpoint_addr(&self, endpoint: EndpointId) -> Option<QpAddr> {
         self.lock().endpoint_addr(endpoint)
@@ -332,6 +339,16 @@ impl<C: Context> Module<C> {
         self.lock().set_context(des, context)
     }
 
+    /// Replaces the flags a descriptor was allocated with, e.g. when its
+    /// owner decides only at send time whether the BTL frees it
+    /// ([`DesFlags::BTL_OWNERSHIP`]).
+    ///
+    /// # Errors
+    /// A stale descriptor.
+    pub fn set_flags(&mut self, des: Descriptor, flags: DesFlags) -> Result<(), BtlError> {
+        self.lock().set_flags(des, flags)
+    }
+
     /// Changes the length of an allocated send fragment's segment (at most
     /// what it was allocated with), e.g. after packing fewer bytes.
     ///
@@ -397,6 +414,47 @@ impl<C: Context> Module<C> {
         let polled = engine.progress(true);
         run_notices(&mut engine, &mut self.callbacks);
         queued + polled
+    }
+
+    /// [`progress`](Self::progress) for a host that runs its callbacks
+    /// itself (see [`HostEvent`]): the same pass over the fabric, but instead
+    /// of running callbacks it leaves the events for
+    /// [`next_event`](Self::next_event). Returns the completions handled and
+    /// the events waiting.
+    pub fn poll(&mut self) -> usize {
+        self.calls = self.calls.wrapping_add(1);
+        self.activity.store(self.calls, Ordering::Relaxed);
+        let mut engine = self.engine.lock();
+        engine.progress(true) + engine.notices.len()
+    }
+
+    /// The oldest event a host's callbacks must hear, if any. Callbacks
+    /// registered on this handle are not run for it. Hand it back with
+    /// [`finish`](Self::finish) once its callback ran; the module is unlocked
+    /// meanwhile, so the callback may call the module.
+    pub fn next_event(&mut self) -> Option<HostEvent> {
+        self.lock().next_host_event()
+    }
+
+    /// Releases what `event` held: a received buffer goes back to the pool
+    /// (posted again by the next progress), an owned sent descriptor is
+    /// freed.
+    pub fn finish(&mut self, event: HostEvent) {
+        self.lock().finish_host_event(event);
+    }
+
+    /// Where a descriptor's segment (see [`segment_mut`](Self::segment_mut))
+    /// lives, and its length, for a host that fills it without holding the
+    /// module's lock. The memory is registered with the fabric and stays at
+    /// this address until the descriptor is freed; the caller may write it
+    /// while it owns the descriptor, that is until it sends it.
+    ///
+    /// # Errors
+    /// A stale descriptor.
+    pub fn segment_ptr(&mut self, des: Descriptor) -> Result<(*mut u8, usize), BtlError> {
+        let mut engine = self.lock();
+        let segment = engine.segment_mut(des)?;
+        Ok((segment.as_mut_ptr(), segment.len()))
     }
 
     /// Services the fabric as the helper thread does while the application
@@ -481,6 +539,12 @@ impl<C: Context> Module<C> {
     /// Counters.
     pub fn stats(&self) -> ModuleStats {
         self.lock().stats
+    }
+
+    /// The reliability layer's counters (retransmissions, peers lost, ...);
+    /// `None` when the module is unreliable.
+    pub fn reliability_stats(&self) -> Option<udbtl_reliability::Stats> {
+        self.lock().reliable.as_ref().map(|r| *r.core.stats())
     }
 
     /// Registration cache counters.

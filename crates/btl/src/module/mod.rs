@@ -18,6 +18,8 @@
 //! * `reliable.rs`: the drive of the sans-IO reliability state, and
 //!   multi-datagram messages (`messages.rs`: cutting and reassembly);
 //! * `events.rs`: what callbacks receive, and the notices queued for them;
+//!   `host.rs`: the same as events, for hosts that run their callbacks
+//!   themselves with the module unlocked;
 //!   `stats.rs`: counters and the dump.
 //!
 //! This file holds the engine's type, `send`, posting, and one pass of the
@@ -41,6 +43,7 @@ mod endpoints;
 mod events;
 mod handle;
 mod helper;
+mod host;
 mod messages;
 mod recv;
 mod reliable;
@@ -61,6 +64,7 @@ pub use events::{
     ErrorCallback, ErrorEvent, RecvCallback, RecvEvent, SendCallback, SendEvent, SendStatus,
 };
 pub use handle::{Module, Segment};
+pub use host::{HostEvent, Received};
 pub use stats::ModuleStats;
 
 use crate::error::{BtlError, SendFailure};

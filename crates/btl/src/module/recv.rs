@@ -231,7 +231,6 @@ impl<C: Context> Engine<C> {
         } else {
             self.stats.recv_orphan_pieces += 1;
         }
-        self.recv.repost(held.slot);
-        self.held_for_app = self.held_for_app.saturating_sub(1);
+        self.return_buffer(held);
     }
 }

@@ -462,6 +462,37 @@ impl<C: Context> Engine<C> {
         tag: Tag,
         flags: u16,
     ) {
+        let Some((tag, message)) = self.add_piece(held, endpoint, tag, flags) else {
+            return;
+        };
+        let endpoint_context = self.endpoints.context(Some(endpoint));
+        match callbacks.recv[usize::from(tag.0)].as_mut() {
+            Some(callback) => {
+                callback(&RecvEvent {
+                    tag,
+                    endpoint: Some(endpoint),
+                    endpoint_context,
+                    src,
+                    payload: &message,
+                });
+                self.stats.recvs_delivered += 1;
+            }
+            None => self.stats.recv_no_callback += 1,
+        }
+        self.recycle_message(endpoint, message);
+    }
+
+    /// Adds one piece of a multi-datagram message; returns the message it
+    /// completes, with its tag.
+    /// Aborted messages and orphan pieces are counted. Does not repost the
+    /// buffer.
+    pub(super) fn add_piece(
+        &mut self,
+        held: Held,
+        endpoint: EndpointId,
+        tag: Tag,
+        flags: u16,
+    ) -> Option<(Tag, Vec<u8>)> {
         let piece = match (
             self.recv
                 .datagram(&self.ctx, held)
@@ -479,29 +510,26 @@ impl<C: Context> Engine<C> {
             _ => Piece::Orphan,
         };
         match piece {
-            Piece::Added => {}
+            Piece::Added => None,
             Piece::Complete(tag, message) => {
-                let endpoint_context = self.endpoints.context(Some(endpoint));
-                match callbacks.recv[usize::from(tag)].as_mut() {
-                    Some(callback) => {
-                        callback(&RecvEvent {
-                            tag: Tag(tag),
-                            endpoint: Some(endpoint),
-                            endpoint_context,
-                            src,
-                            payload: &message,
-                        });
-                        self.stats.recvs_delivered += 1;
-                        self.stats.messages_reassembled += 1;
-                    }
-                    None => self.stats.recv_no_callback += 1,
-                }
-                if let Some(reliable) = self.reliable.as_mut() {
-                    reliable.reassembly.recycle(endpoint, message);
-                }
+                self.stats.messages_reassembled += 1;
+                Some((Tag(tag), message))
             }
-            Piece::Aborted => self.stats.messages_aborted += 1,
-            Piece::Orphan => self.stats.recv_orphan_pieces += 1,
+            Piece::Aborted => {
+                self.stats.messages_aborted += 1;
+                None
+            }
+            Piece::Orphan => {
+                self.stats.recv_orphan_pieces += 1;
+                None
+            }
+        }
+    }
+
+    /// Hands a reassembled message's bytes back, to keep the allocation.
+    pub(super) fn recycle_message(&mut self, endpoint: EndpointId, message: Vec<u8>) {
+        if let Some(reliable) = self.reliable.as_mut() {
+            reliable.reassembly.recycle(endpoint, message);
         }
     }
 

@@ -1,0 +1,179 @@
+//! Events for a host that runs its callbacks itself, with the module
+//! unlocked: a C MPI library, whose callbacks call back into the module
+//! (ob1 sends from inside its receive and completion callbacks), which the
+//! module's own callbacks, run under its lock, cannot allow.
+//!
+//! The host drives with [`Module::poll`], takes each event with
+//! [`Module::next_event`], runs its callback, and hands the event back with
+//! [`Module::finish`], which releases what the event held.
+
+use udbtl_fabric::{Context, QpAddr};
+use udbtl_wire::rel;
+
+use super::events::Notice;
+use super::recv::{Delivery, Held};
+use super::{Engine, ErrorEvent, SendEvent};
+use crate::{EndpointId, Tag};
+
+/// What a host's callbacks must hear, oldest first. Hand every event back to
+/// [`Module::finish`](super::Module::finish): a received message's buffer
+/// stays out of the receive pool, and an owned sent descriptor stays
+/// allocated, until then.
+#[derive(Debug)]
+#[must_use = "an event holds a buffer or descriptor until it is handed to Module::finish"]
+pub enum HostEvent {
+    /// A message arrived.
+    Received(Received),
+    /// A descriptor's send is over. If `owned` (it carried
+    /// [`DesFlags::BTL_OWNERSHIP`](crate::DesFlags::BTL_OWNERSHIP)),
+    /// `finish` frees it.
+    Sent {
+        /// What the send callback would see.
+        event: SendEvent,
+        /// Whether the BTL frees the descriptor.
+        owned: bool,
+    },
+    /// An error for the error callback.
+    Error(ErrorEvent),
+}
+
+/// A received message, whose bytes stay put until the event is finished.
+#[derive(Debug)]
+pub struct Received {
+    /// The tag the sender used.
+    pub tag: Tag,
+    /// The sender's endpoint on this module, if the sender was added.
+    pub endpoint: Option<EndpointId>,
+    /// The value attached to that endpoint with
+    /// [`Module::set_endpoint_context`](super::Module::set_endpoint_context).
+    pub endpoint_context: Option<u64>,
+    /// The sender's queue pair.
+    pub src: QpAddr,
+    payload: *const u8,
+    len: usize,
+    hold: Hold,
+}
+
+impl Received {
+    /// The first byte after the BTL header. The `len` bytes from it stay
+    /// valid and unchanged until this event is handed to
+    /// [`Module::finish`](super::Module::finish) (the module never writes
+    /// a held buffer, and a reassembled message is owned by the event), so a
+    /// host may read them with the module unlocked, from its callback.
+    pub const fn payload_ptr(&self) -> *const u8 {
+        self.payload
+    }
+
+    /// The payload's length in bytes.
+    pub const fn payload_len(&self) -> usize {
+        self.len
+    }
+}
+
+/// What a received message keeps from the module until it is finished.
+#[derive(Debug)]
+enum Hold {
+    /// A receive buffer, out of the pool.
+    Buffer(Held),
+    /// A message reassembled from several datagrams; its bytes.
+    Message {
+        endpoint: EndpointId,
+        bytes: Vec<u8>,
+    },
+}
+
+impl<C: Context> Engine<C> {
+    /// The engine's side of `Module::next_event`, whose documentation is the
+    /// contract.
+    pub(super) fn next_host_event(&mut self) -> Option<HostEvent> {
+        loop {
+            match self.notices.pop_front()? {
+                Notice::Datagram(delivery) => {
+                    if let Some(received) = self.receive_for_host(delivery) {
+                        return Some(HostEvent::Received(received));
+                    }
+                }
+                Notice::Sent { event, owned } => return Some(HostEvent::Sent { event, owned }),
+                Notice::Error(event) => return Some(HostEvent::Error(event)),
+            }
+        }
+    }
+
+    /// A delivered datagram as a host event: itself when it is a whole
+    /// message, the message it completes when it is a piece, or nothing
+    /// (its buffer then goes back to the pool at once).
+    fn receive_for_host(&mut self, delivery: Delivery) -> Option<Received> {
+        let Delivery {
+            held,
+            header_len,
+            tag,
+            endpoint,
+            src,
+            flags,
+        } = delivery;
+        let endpoint_context = self.endpoints.context(endpoint);
+        let whole = rel::FLAG_FIRST | rel::FLAG_LAST;
+        if flags & (whole | rel::FLAG_ABORT) == whole {
+            if let Some(payload) = self
+                .recv
+                .datagram(&self.ctx, held)
+                .and_then(|d| d.get(header_len..))
+            {
+                self.stats.recvs_delivered += 1;
+                return Some(Received {
+                    tag,
+                    endpoint,
+                    endpoint_context,
+                    src,
+                    payload: payload.as_ptr(),
+                    len: payload.len(),
+                    hold: Hold::Buffer(held),
+                });
+            }
+            self.stats.recv_malformed += 1;
+            self.return_buffer(held);
+            return None;
+        }
+        let Some(endpoint) = endpoint else {
+            self.stats.recv_orphan_pieces += 1;
+            self.return_buffer(held);
+            return None;
+        };
+        let message = self.add_piece(held, endpoint, tag, flags);
+        self.return_buffer(held);
+        let (tag, bytes) = message?;
+        self.stats.recvs_delivered += 1;
+        Some(Received {
+            tag,
+            endpoint: Some(endpoint),
+            endpoint_context,
+            src,
+            payload: bytes.as_ptr(),
+            len: bytes.len(),
+            hold: Hold::Message { endpoint, bytes },
+        })
+    }
+
+    /// The engine's side of `Module::finish`, whose documentation is the
+    /// contract.
+    pub(super) fn finish_host_event(&mut self, event: HostEvent) {
+        match event {
+            HostEvent::Received(Received { hold, .. }) => match hold {
+                Hold::Buffer(held) => self.return_buffer(held),
+                Hold::Message { endpoint, bytes } => self.recycle_message(endpoint, bytes),
+            },
+            HostEvent::Sent { event, owned } => {
+                if owned {
+                    self.release(event.descriptor);
+                }
+            }
+            HostEvent::Error(_) => {}
+        }
+    }
+
+    /// Queues a delivered buffer for reposting (the next progress posts it).
+    pub(super) fn return_buffer(&mut self, held: Held) {
+        self.recv.repost(held.slot);
+        self.held_for_app = self.held_for_app.saturating_sub(1);
+    }
+}
