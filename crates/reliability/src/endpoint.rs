@@ -25,8 +25,8 @@ const RETRANSMITTED: u8 = 0x4;
 const QUEUED: u8 = 0x8;
 /// The caller has been told the fragment is done (acknowledged or failed).
 const RELEASED: u8 = 0x10;
-/// The sender waits for this datagram's acknowledgement: sent as the newest,
-/// with nothing behind it, it asks for one at once.
+/// The sender waits for this datagram's acknowledgement: every transmission
+/// asks for it at once.
 const AWAITED: u8 = 0x20;
 
 /// One datagram of one peer's stream: in flight, or waiting for the window.
@@ -537,11 +537,9 @@ impl<F: Clone, R> Reliability<F, R> {
     }
 
     /// As [`send`](Self::send), for a fragment whose sender waits for its
-    /// acknowledgement (its memory is released only then): when it leaves as
-    /// the newest datagram with nothing queued behind it, it asks the peer to
-    /// acknowledge at once, instead of after [`Config::ack_every`] datagrams
-    /// or [`Config::ack_delay`]; the acknowledgement covers the datagrams
-    /// before it.
+    /// acknowledgement (its memory is released only then): every
+    /// transmission asks the peer to acknowledge at once, instead of after
+    /// [`Config::ack_every`] datagrams or [`Config::ack_delay`].
     ///
     /// # Errors
     /// As [`send`](Self::send).
@@ -663,21 +661,14 @@ impl<F: Clone, R> Reliability<F, R> {
                     if p.rto_at.is_none() {
                         p.rto_at = Some(now + p.rtt.rto());
                     }
-                    let p = &self.peers[peer as usize];
-                    let window_full = !p.can_send(&self.config);
-                    // An awaited datagram that is the newest, with nothing
-                    // behind it: its sender goes idle until acknowledged.
-                    // (Earlier ones are covered by this one's cumulative
-                    // acknowledgement, or by `ack_every`.)
-                    let awaited_last = awaited && index == p.tail && p.backlog_head == NIL;
+                    let window_full = !self.peers[peer as usize].can_send(&self.config);
                     let mut header = self.ack_header(peer);
                     header.seq = seq;
-                    if retransmission || window_full || awaited_last {
+                    if retransmission || window_full || awaited {
                         // Ask for an acknowledgement at once: the sender is
-                        // waiting, to repair a loss, for window to send
-                        // more, or for its memory back. Without this a
-                        // window smaller than `ack_every` would stall for
-                        // `ack_delay` per window.
+                        // waiting, either to repair a loss or for window to
+                        // send more. Without this a window smaller than
+                        // `ack_every` would stall for `ack_delay` per window.
                         header.flags |= FLAG_ACK_REQ;
                     }
                     self.reschedule(peer);
