@@ -1,6 +1,7 @@
 //! The component: finds ports and builds modules.
 
-use udbtl_fabric::udp::UdpConfig;
+use udbtl_fabric::faulty::{FaultConfigError, FaultyProvider};
+use udbtl_fabric::udp::{UdpConfig, UdpProvider};
 use udbtl_fabric::{Context, PortState, Provider};
 use udbtl_wire::modex;
 
@@ -214,4 +215,61 @@ pub fn udp_config(params: &Params) -> UdpConfig {
         mtu: params.udp_mtu,
         ..UdpConfig::default()
     }
+}
+
+/// The component on UDP, or on UDP behind the fault injector when the
+/// `UDBTL_FAULT_*` variables ask for losses (so that real multi-process runs
+/// can be made lossy). Two variants rather than a trait object: the BTL is
+/// generic over its provider, and the plain path pays nothing for the
+/// option. Run generic code on either with
+/// [`with_udp_component!`](crate::with_udp_component).
+#[derive(Debug)]
+pub enum UdpComponent {
+    /// Plain UDP.
+    Plain(Component<UdpProvider>),
+    /// UDP with injected faults.
+    Faulty(Component<FaultyProvider<UdpProvider>>),
+}
+
+/// [`UdpComponent::init`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum UdpComponentError {
+    /// `UDBTL_FAULT_*` held an invalid rate.
+    #[error("fault injection: {0}")]
+    Faults(#[from] FaultConfigError),
+    /// No module could be built.
+    #[error(transparent)]
+    Btl(#[from] BtlError),
+}
+
+impl UdpComponent {
+    /// Opens the UDP provider that `params` describe ([`udp_config`]),
+    /// behind the fault injector if the environment asks for faults, and
+    /// builds the modules ([`Component::init`]).
+    ///
+    /// # Errors
+    /// A bad fault setting, or no module could be built.
+    pub fn init(params: Params) -> Result<Self, UdpComponentError> {
+        let udp = UdpProvider::new(udp_config(&params));
+        let faulty = FaultyProvider::from_env(udp.clone())?;
+        Ok(if faulty.config().is_active() {
+            tracing::warn!(faults = ?faulty.config(), "injecting faults into the transport");
+            Self::Faulty(Component::init(faulty, params)?)
+        } else {
+            Self::Plain(Component::init(udp, params)?)
+        })
+    }
+}
+
+/// Runs `$body` with `$component` bound to whichever [`Component`] a
+/// [`UdpComponent`] holds.
+#[macro_export]
+macro_rules! with_udp_component {
+    ($udp:expr, $component:ident => $body:expr) => {
+        match $udp {
+            $crate::UdpComponent::Plain($component) => $body,
+            $crate::UdpComponent::Faulty($component) => $body,
+        }
+    };
 }

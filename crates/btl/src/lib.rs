@@ -60,7 +60,7 @@ mod module;
 pub mod params;
 pub mod rcache;
 
-pub use component::{Component, udp_config};
+pub use component::{Component, UdpComponent, UdpComponentError, udp_config};
 pub use convertor::Convertor;
 pub use error::{BtlError, SendFailure};
 pub use frag::{DesFlags, Descriptor, LentBytes};

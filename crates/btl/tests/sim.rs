@@ -626,6 +626,46 @@ fn lent_memory_is_sent_without_a_copy_behind_the_longest_reserve() {
 }
 
 #[test]
+fn a_host_counts_what_its_callbacks_took_and_what_nobody_claimed() {
+    let net = SimNetwork::new(18);
+    let (mut a, mut b, ab, _) = pair(&net, small());
+    let mut received = Vec::new();
+    for i in 0..2u8 {
+        let module = &mut a.modules_mut()[0];
+        let des = module.alloc(NO_ORDER, 3, DesFlags::BTL_OWNERSHIP).unwrap();
+        module.segment_mut(des).unwrap().copy_from_slice(&[i; 3]);
+        module.send(ab, des, Tag::PML).unwrap();
+    }
+    for _ in 0..50 {
+        a.progress();
+        let host = &mut b.modules_mut()[0];
+        host.poll();
+        while let Some(event) = host.next_event() {
+            match event {
+                HostEvent::Received(ref message) => {
+                    received.push(message.payload_len());
+                    // The first is taken by a callback, the second by nobody.
+                    if received.len() == 1 {
+                        host.finish(event);
+                    } else {
+                        host.finish_unclaimed(event);
+                    }
+                }
+                other => host.finish(other),
+            }
+        }
+        if received.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(received, [3, 3]);
+    let stats = b.modules()[0].stats();
+    assert_eq!((stats.recvs_delivered, stats.recv_no_callback), (1, 1));
+    finalize_clean(a);
+    finalize_clean(b);
+}
+
+#[test]
 fn registration_cache_hits_and_evicts_at_its_limit() {
     let net = SimNetwork::new(8);
     let config = BtlConfig {

@@ -721,8 +721,9 @@ udbtl_component_t mca_btl_udbtl_component = {
 /* ----- called by Rust, from udbtl_rs_progress --------------------------- */
 
 /* A message arrived: hand it to ob1's callback for its tag. The bytes stay
- * valid until this returns. */
-void udbtl_c_received(void *btl, uint8_t tag, const void *payload, size_t len)
+ * valid until this returns. Returns whether a callback took it (Rust counts
+ * the rest). */
+int udbtl_c_received(void *btl, uint8_t tag, const void *payload, size_t len)
 {
     mca_btl_base_segment_t segment = {.seg_addr.pval = (void *) payload, .seg_len = len};
     mca_btl_base_descriptor_t des;
@@ -730,9 +731,11 @@ void udbtl_c_received(void *btl, uint8_t tag, const void *payload, size_t len)
     des.des_segments = &segment;
     des.des_segment_count = 1;
     mca_btl_active_message_callback_t *reg = mca_btl_base_active_message_trigger + tag;
-    if (NULL != reg->cbfunc) {
-        reg->cbfunc((mca_btl_base_module_t *) btl, tag, &des, reg->cbdata);
+    if (NULL == reg->cbfunc) {
+        return 0;
     }
+    reg->cbfunc((mca_btl_base_module_t *) btl, tag, &des, reg->cbdata);
+    return 1;
 }
 
 static void report_lost(udbtl_module_t *m, struct mca_btl_base_endpoint_t *ep, int fatal,

@@ -50,7 +50,7 @@ pub struct ModuleHandle {
 }
 
 unsafe extern "C" {
-    fn udbtl_c_received(btl: *mut c_void, tag: u8, payload: *const u8, len: usize);
+    fn udbtl_c_received(btl: *mut c_void, tag: u8, payload: *const u8, len: usize) -> c_int;
     fn udbtl_c_sent(btl: *mut c_void, context: u64, ok: c_int, owned: c_int);
     fn udbtl_c_error(btl: *mut c_void, endpoint_context: u64, fatal: c_int, message: *const c_char);
 }
@@ -299,18 +299,19 @@ pub unsafe extern "C" fn udbtl_rs_progress(module: *mut c_void, btl: *mut c_void
     // SAFETY: as above.
     while let Some(event) = unsafe { with_module(module, |m| m.next_event()) }.flatten() {
         handled += 1;
+        let mut claimed = true;
         match &event {
             HostEvent::Received(received) => {
                 // SAFETY: the payload stays valid until the event is
                 // finished, after the callback.
-                unsafe {
+                claimed = unsafe {
                     udbtl_c_received(
                         btl,
                         received.tag.0,
                         received.payload_ptr(),
                         received.payload_len(),
-                    );
-                }
+                    )
+                } != 0;
             }
             HostEvent::Sent { event, owned } => {
                 // SAFETY: the context is the C fragment given at send time,
@@ -342,7 +343,7 @@ pub unsafe extern "C" fn udbtl_rs_progress(module: *mut c_void, btl: *mut c_void
             }
         }
         // SAFETY: as above.
-        unsafe { with_module(module, |m| m.finish(event)) };
+        unsafe { with_module(module, |m| m.finish(event, claimed)) };
     }
     c_int::try_from(handled).unwrap_or(c_int::MAX)
 }

@@ -8,12 +8,10 @@ use std::sync::OnceLock;
 
 use udbtl_btl::params::{ParamError, Source, env_var};
 use udbtl_btl::{
-    BtlConfig, BtlError, Component, DesFlags, Descriptor, EndpointId, HostEvent, LentBytes, Module,
-    SendStatus, Tag, udp_config,
+    BtlConfig, BtlError, DesFlags, Descriptor, EndpointId, HostEvent, LentBytes, Module,
+    SendStatus, Tag, UdpComponent, with_udp_component,
 };
 use udbtl_fabric::Context;
-use udbtl_fabric::faulty::FaultyProvider;
-use udbtl_fabric::udp::UdpProvider;
 use udbtl_wire::{hash, modex};
 
 /// One parameter as Open MPI registers it: `btl_udbtl_<name>`.
@@ -91,8 +89,9 @@ pub trait HostModule {
     fn poll(&mut self) -> usize;
     /// See [`Module::next_event`].
     fn next_event(&mut self) -> Option<HostEvent>;
-    /// See [`Module::finish`].
-    fn finish(&mut self, event: HostEvent);
+    /// See [`Module::finish`]; `claimed` is `false` for a received message
+    /// no host callback took ([`Module::finish_unclaimed`]).
+    fn finish(&mut self, event: HostEvent, claimed: bool);
     /// A send fragment of `size` bytes and where its bytes are.
     fn alloc(&mut self, order: u8, size: usize) -> Option<(Descriptor, *mut u8)>;
     /// A descriptor that sends `lent` without a copy after `reserve` header
@@ -139,8 +138,12 @@ impl<C: Context + 'static> HostModule for Module<C> {
         Self::next_event(self)
     }
 
-    fn finish(&mut self, event: HostEvent) {
-        Self::finish(self, event);
+    fn finish(&mut self, event: HostEvent, claimed: bool) {
+        if claimed {
+            Self::finish(self, event);
+        } else {
+            self.finish_unclaimed(event);
+        }
     }
 
     fn alloc(&mut self, order: u8, size: usize) -> Option<(Descriptor, *mut u8)> {
@@ -252,18 +255,10 @@ impl<C: Context + 'static> HostModule for Module<C> {
     }
 }
 
-/// The transport: UDP, or UDP behind the fault injector when
-/// `UDBTL_FAULT_*` asks for losses (so that MPI jobs can be made lossy).
-#[derive(Debug)]
-enum Transport {
-    Udp(Component<UdpProvider>),
-    Faulty(Component<FaultyProvider<UdpProvider>>),
-}
-
 /// The component's transport and its modules.
 #[derive(Debug)]
 pub struct OmpiTransport {
-    transport: Transport,
+    transport: UdpComponent,
 }
 
 impl OmpiTransport {
@@ -307,55 +302,30 @@ impl OmpiTransport {
         if params.source("job_key") == Some(Source::Default) {
             params.job_key = job_key(job_id);
         }
-        let udp = UdpProvider::new(udp_config(&params));
-        let faulty = FaultyProvider::from_env(udp.clone()).map_err(|err| err.to_string())?;
-        let mut transport = if faulty.config().is_active() {
-            tracing::warn!(faults = ?faulty.config(), "injecting faults into the transport");
-            Transport::Faulty(Component::init(faulty, params).map_err(|err| err.to_string())?)
-        } else {
-            Transport::Udp(Component::init(udp, params).map_err(|err| err.to_string())?)
-        };
-        match &mut transport {
-            Transport::Udp(c) => c
-                .modules_mut()
-                .iter_mut()
-                .for_each(|m| m.set_process_id(rank)),
-            Transport::Faulty(c) => c
-                .modules_mut()
-                .iter_mut()
-                .for_each(|m| m.set_process_id(rank)),
-        }
+        let mut transport = UdpComponent::init(params).map_err(|err| err.to_string())?;
+        with_udp_component!(&mut transport, c => {
+            c.modules_mut().iter_mut().for_each(|m| m.set_process_id(rank));
+        });
         Ok(Self { transport })
     }
 
     /// How many modules there are.
     pub fn module_count(&self) -> usize {
-        match &self.transport {
-            Transport::Udp(c) => c.modules().len(),
-            Transport::Faulty(c) => c.modules().len(),
-        }
+        with_udp_component!(&self.transport, c => c.modules().len())
     }
 
     /// Module `index`.
     pub fn module(&mut self, index: usize) -> Option<&mut dyn HostModule> {
-        match &mut self.transport {
-            Transport::Udp(c) => c
-                .modules_mut()
-                .get_mut(index)
-                .map(|m| m as &mut dyn HostModule),
-            Transport::Faulty(c) => c
-                .modules_mut()
-                .get_mut(index)
-                .map(|m| m as &mut dyn HostModule),
-        }
+        with_udp_component!(&mut self.transport, c => c
+            .modules_mut()
+            .get_mut(index)
+            .map(|m| m as &mut dyn HostModule))
     }
 
     /// What ob1 learns of module `index`.
     pub fn limits(&self, index: usize) -> Option<ModuleLimits> {
-        let (limits, params) = match &self.transport {
-            Transport::Udp(c) => (*c.modules().get(index)?.limits(), c.params()),
-            Transport::Faulty(c) => (*c.modules().get(index)?.limits(), c.params()),
-        };
+        let (limits, params) = with_udp_component!(&self.transport, c =>
+            (*c.modules().get(index)?.limits(), c.params()));
         Some(ModuleLimits {
             eager_limit: limits.eager_limit,
             rndv_eager_limit: limits.rndv_eager_limit.min(limits.eager_limit),
@@ -367,10 +337,7 @@ impl OmpiTransport {
 
     /// This process's addresses, for the modex.
     pub fn modex(&self) -> Vec<u8> {
-        match &self.transport {
-            Transport::Udp(c) => c.modex(),
-            Transport::Faulty(c) => c.modex(),
-        }
+        with_udp_component!(&self.transport, c => c.modex())
     }
 
     /// Releases the modules.
@@ -378,10 +345,7 @@ impl OmpiTransport {
     /// # Errors
     /// Leaks or fabric refusals found on the way, said for a person.
     pub fn finalize(self) -> Result<(), String> {
-        let result = match self.transport {
-            Transport::Udp(c) => c.finalize().map(drop),
-            Transport::Faulty(c) => c.finalize().map(drop),
-        };
+        let result = with_udp_component!(self.transport, c => c.finalize().map(drop));
         result.map_err(|err| err.to_string())
     }
 }

@@ -6,29 +6,15 @@ use std::time::{Duration, Instant};
 
 use udbtl_btl::params::Source;
 use udbtl_btl::{
-    BtlConfig, BtlError, Component, DesFlags, EndpointId, ErrorEvent, NO_ORDER, Params, RecvEvent,
-    SendEvent, Tag, udp_config,
+    BtlConfig, BtlError, DesFlags, EndpointId, ErrorEvent, NO_ORDER, Params, RecvEvent, SendEvent,
+    Tag, UdpComponent, UdpComponentError,
 };
-use udbtl_fabric::faulty::{FaultConfigError, FaultyProvider};
-use udbtl_fabric::udp::UdpProvider;
 use udbtl_pmi::{PmiClient, PmiError};
-
-/// The transport under a world: UDP, or UDP behind the fault injector when
-/// `UDBTL_FAULT_*` asks for losses (so that real multi-process runs can be
-/// made lossy). Two variants rather than a trait object: the BTL is generic
-/// over its provider, and the plain path pays nothing for the option.
-enum Transport {
-    Udp(Component<UdpProvider>),
-    Faulty(Component<FaultyProvider<UdpProvider>>),
-}
 
 /// Runs `$body` with `$btl` bound to whichever component is in use.
 macro_rules! with_btl {
     ($transport:expr, $btl:ident => $body:expr) => {
-        match $transport {
-            Transport::Udp($btl) => $body,
-            Transport::Faulty($btl) => $body,
-        }
+        udbtl_btl::with_udp_component!($transport, $btl => $body)
     };
 }
 
@@ -80,9 +66,10 @@ pub enum InitError {
         /// The job size.
         size: u32,
     },
-    /// `UDBTL_FAULT_*` held an invalid rate.
-    #[error("fault injection: {0}")]
-    Faults(#[from] FaultConfigError),
+    /// The transport could not start: an invalid `UDBTL_FAULT_*` rate, or
+    /// no module.
+    #[error(transparent)]
+    Transport(#[from] UdpComponentError),
     /// Messages were lost: a peer was declared lost, or sends to it failed.
     /// The transport never drops a message silently; this is how a rank
     /// hears of it (at the latest from `finalize`).
@@ -103,7 +90,7 @@ pub enum InitError {
 /// A started job, as one rank sees it.
 pub struct World {
     pmi: PmiClient,
-    btl: Transport,
+    btl: UdpComponent,
     rank: u32,
     size: u32,
     /// Module 0's endpoint for every rank, filled in bulk or lazily.
@@ -218,15 +205,7 @@ impl World {
             Some("lazy") => ModexMode::Lazy,
             Some(other) => return Err(InitError::BadModexMode(other.to_owned())),
         };
-        let udp = UdpProvider::new(udp_config(&params));
-        let faulty = FaultyProvider::from_env(udp.clone())?;
-        let btl = if faulty.config().is_active() {
-            tracing::warn!(faults = ?faulty.config(), "injecting faults into the transport");
-            Transport::Faulty(Component::init(faulty, params)?)
-        } else {
-            Transport::Udp(Component::init(udp, params)?)
-        };
-        let mut btl = btl;
+        let mut btl = UdpComponent::init(params)?;
         // A process is named by its rank: unique in the job, and the job key
         // tells jobs apart. A sender a rank does not know yet is then found
         // by the id its datagrams carry, with no lookup.

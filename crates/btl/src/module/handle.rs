@@ -463,7 +463,15 @@ impl<C: Context> Module<C> {
     /// (posted again by the next progress), an owned sent descriptor is
     /// freed.
     pub fn finish(&mut self, event: HostEvent) {
-        self.lock().finish_host_event(event);
+        self.lock().finish_host_event(event, true);
+    }
+
+    /// [`finish`](Self::finish) for a received message that no host
+    /// callback took (nothing registered for its tag): counted as
+    /// `recv_no_callback` rather than delivered, as [`progress`](Self::progress)
+    /// counts it.
+    pub fn finish_unclaimed(&mut self, event: HostEvent) {
+        self.lock().finish_host_event(event, false);
     }
 
     /// Where a descriptor's segment (see [`segment_mut`](Self::segment_mut))

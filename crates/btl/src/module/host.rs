@@ -8,7 +8,6 @@
 //! [`Module::finish`], which releases what the event held.
 
 use udbtl_fabric::{Context, QpAddr};
-use udbtl_wire::rel;
 
 use super::events::Notice;
 use super::recv::{Delivery, Held};
@@ -112,14 +111,12 @@ impl<C: Context> Engine<C> {
             flags,
         } = delivery;
         let endpoint_context = self.endpoints.context(endpoint);
-        let whole = rel::FLAG_FIRST | rel::FLAG_LAST;
-        if flags & (whole | rel::FLAG_ABORT) == whole {
+        if delivery.is_whole() {
             if let Some(payload) = self
                 .recv
                 .datagram(&self.ctx, held)
                 .and_then(|d| d.get(header_len..))
             {
-                self.stats.recvs_delivered += 1;
                 return Some(Received {
                     tag,
                     endpoint,
@@ -142,7 +139,6 @@ impl<C: Context> Engine<C> {
         let message = self.add_piece(held, endpoint, tag, flags);
         self.return_buffer(held);
         let (tag, bytes) = message?;
-        self.stats.recvs_delivered += 1;
         Some(Received {
             tag,
             endpoint: Some(endpoint),
@@ -156,12 +152,19 @@ impl<C: Context> Engine<C> {
 
     /// The engine's side of `Module::finish`, whose documentation is the
     /// contract.
-    pub(super) fn finish_host_event(&mut self, event: HostEvent) {
+    pub(super) fn finish_host_event(&mut self, event: HostEvent, claimed: bool) {
         match event {
-            HostEvent::Received(Received { hold, .. }) => match hold {
-                Hold::Buffer(held) => self.return_buffer(held),
-                Hold::Message { endpoint, bytes } => self.recycle_message(endpoint, bytes),
-            },
+            HostEvent::Received(Received { hold, .. }) => {
+                if claimed {
+                    self.stats.recvs_delivered += 1;
+                } else {
+                    self.stats.recv_no_callback += 1;
+                }
+                match hold {
+                    Hold::Buffer(held) => self.return_buffer(held),
+                    Hold::Message { endpoint, bytes } => self.recycle_message(endpoint, bytes),
+                }
+            }
             HostEvent::Sent { event, owned } => {
                 if owned {
                     self.release(event.descriptor);

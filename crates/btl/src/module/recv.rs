@@ -26,6 +26,14 @@ pub(super) struct Delivery {
     pub(super) flags: u16,
 }
 
+impl Delivery {
+    /// Whether the datagram is a whole message, not a piece of one.
+    pub(super) const fn is_whole(&self) -> bool {
+        let whole = rel::FLAG_FIRST | rel::FLAG_LAST;
+        self.flags & (whole | rel::FLAG_ABORT) == whole
+    }
+}
+
 /// A received datagram the module holds on to (while it waits for an
 /// earlier one, or is being delivered): its buffer and length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,8 +212,7 @@ impl<C: Context> Engine<C> {
             src,
             flags,
         } = delivery;
-        let whole = rel::FLAG_FIRST | rel::FLAG_LAST;
-        if flags & (whole | rel::FLAG_ABORT) == whole {
+        if delivery.is_whole() {
             let endpoint_context = self.endpoints.context(endpoint);
             match (
                 callbacks.recv[usize::from(tag.0)].as_mut(),
