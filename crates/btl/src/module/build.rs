@@ -11,7 +11,7 @@ use super::descriptors::{Frags, USER_FRAG_STRIDE};
 use super::endpoints::Endpoints;
 use super::recv::{RecvPool, recv_work_request};
 use super::reliable::Reliable;
-use super::send::SendQueue;
+use super::send::{PostBatch, SendQueue};
 use super::{Engine, ModuleStats, deregister};
 use crate::error::BtlError;
 use crate::frag::{FragKind, FragPool};
@@ -373,6 +373,8 @@ impl<C: Context> Engine<C> {
                 params.mpool != "none",
             ),
             sends: SendQueue::new(params.sd_num),
+            batch: PostBatch::new(),
+            defer_transmits: false,
             endpoints: Endpoints::default(),
             notices: std::collections::VecDeque::new(),
             held_for_app: 0,

@@ -156,7 +156,7 @@ impl<C: Context> Module<C> {
             .chain(message.is_empty().then_some(&[][..]))
             .enumerate()
         {
-            result = self.alloc_waiting(piece.len(), wait).and_then(|des| {
+            result = self.alloc_piece(piece.len(), wait).and_then(|des| {
                 self.lock()
                     .send_piece(des, endpoint, tag, piece, i == 0, i + 1 == pieces)
             });
@@ -175,7 +175,20 @@ impl<C: Context> Module<C> {
         if let Some(spare) = spare {
             let _ = self.free(spare);
         }
+        // A message cut short may have left pieces unflushed.
+        self.lock().flush_deferred();
         result
+    }
+
+    /// A fragment for the next piece of a message: at once if one is free;
+    /// otherwise the pieces handed over so far go out, and it waits for
+    /// their acknowledgements to free one.
+    fn alloc_piece(&mut self, size: usize, wait: Duration) -> Result<Descriptor, BtlError> {
+        if let Some(des) = self.alloc(NO_ORDER, size, DesFlags::NONE) {
+            return Ok(des);
+        }
+        self.lock().flush_deferred();
+        self.alloc_waiting(size, wait)
     }
 
     /// Allocates a send fragment, progressing while none is free, for at
@@ -212,12 +225,25 @@ impl<C: Context> Engine<C> {
             .and_then(|()| self.set_message_bounds(des, first, last))
             .and_then(|()| {
                 self.frags.checked_mut(des)?.flags = DesFlags::BTL_OWNERSHIP;
-                self.send(endpoint, des, tag)
+                // The pieces of a message leave together, in batches.
+                self.defer_transmits = !last;
+                let sent = self.send(endpoint, des, tag);
+                self.defer_transmits = false;
+                sent
             });
         if sent.is_err() {
             let _ = self.free(des);
         }
         sent.map(drop)
+    }
+
+    /// Puts on the wire what the reliability state holds back from deferred
+    /// sends.
+    fn flush_deferred(&mut self) {
+        if self.reliable.is_some() {
+            let now = self.clock();
+            self.flush_transmits(now);
+        }
     }
 
     /// Turns the spare fragment into an abort marker: an empty last piece

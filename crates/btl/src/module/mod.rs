@@ -77,7 +77,7 @@ use endpoints::Endpoints;
 use events::Notice;
 use recv::RecvPool;
 use reliable::Reliable;
-use send::{SendQueue, WaitingSend};
+use send::{PostBatch, SendQueue, WaitingSend};
 
 /// A module's state: everything but the caller's callbacks. The [`Module`]
 /// handle keeps it behind a lock, so that a helper thread can service the
@@ -96,6 +96,12 @@ struct Engine<C: Context> {
     rcache: RegCache,
     endpoints: Endpoints,
     sends: SendQueue,
+    /// Datagrams queued while the send side is flushed, posted together.
+    batch: PostBatch,
+    /// Sends leave the reliability state only at the next flush: set while
+    /// the datagrams of one message are handed over, so that they are
+    /// posted in batches.
+    defer_transmits: bool,
     recv: RecvPool,
     /// Sequencing, acknowledgement and retransmission; `None` when
     /// `reliable` is off.

@@ -16,7 +16,7 @@
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
-use udbtl_fabric::{Context, Gather, Mr, MrHandle, QpAddr, Sge};
+use udbtl_fabric::{Context, Mr, MrHandle, QpAddr, Sge};
 use udbtl_reliability::{
     Config, ConfigError, Event, Instant, LossReason, PeerId, Receipt, Reliability, Room, SendError,
 };
@@ -26,7 +26,7 @@ use super::build::HEADER_MAX;
 use super::events::Callbacks;
 use super::messages::{Piece, Reassembly};
 use super::recv::{Delivery, Held};
-use super::send::WaitingSend;
+use super::send::{QueuedPost, WaitingSend};
 use super::{Engine, RecvEvent, SendStatus};
 use crate::error::{BtlError, SendFailure};
 use crate::frag::{Descriptor, FragState};
@@ -165,8 +165,11 @@ impl<C: Context> Engine<C> {
         if let Some(frag) = self.frags.get_mut(des) {
             frag.state = FragState::Posted;
         }
-        // Send at once rather than at the next progress call: latency.
-        self.flush_transmits(now);
+        // Send at once rather than at the next progress call (latency),
+        // unless more of the same message follows.
+        if !self.defer_transmits {
+            self.flush_transmits(now);
+        }
         Ok(if self.sends.len() == 0 {
             SendStatus::Posted
         } else {
@@ -267,12 +270,9 @@ impl<C: Context> Engine<C> {
     /// acknowledgements need none.
     pub(super) fn flush_transmits(&mut self, now: Instant) {
         self.post_waiting();
-        loop {
-            let Some(reliable) = self.reliable.as_mut() else {
-                return;
-            };
+        while let Some(reliable) = self.reliable.as_mut() {
             let Some(tx) = reliable.core.poll_transmit(now) else {
-                return;
+                break;
             };
             let mut header = tx.header;
             header.src = self.proc_id;
@@ -288,6 +288,32 @@ impl<C: Context> Engine<C> {
                 None => self.transmit_ack(EndpointId(tx.peer.0), header),
             }
         }
+        self.post_batch();
+    }
+
+    /// Queues a datagram for the batch `flush_transmits` posts, posting the
+    /// batch first when it is full.
+    fn queue_post(&mut self, post: QueuedPost) {
+        if post.signaled {
+            self.sends.take_credit();
+        }
+        if self.batch.push(post) {
+            self.post_batch();
+        }
+    }
+
+    /// Posts the queued datagrams. A refused one is a loss to the protocol,
+    /// which retransmission repairs; its credit comes back at once.
+    fn post_batch(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let outcome = poster!(self).post_batch(&mut self.ctx, &self.frags, &mut self.batch);
+        for _ in 0..outcome.refused_signaled {
+            self.sends.return_credit();
+        }
+        self.stats.sends_posted += outcome.posted_signaled as u64;
+        self.stats.transmit_failures += outcome.refused as u64;
     }
 
     /// Writes the reliability header into a descriptor and posts it. A
@@ -316,9 +342,18 @@ impl<C: Context> Engine<C> {
                 .map_or(&[][..], |u| &u.data.bytes()[u.range.clone()]);
             datagram::fill_checksum(head, &[user]);
         }
-        if self.post_descriptor(des).is_err() {
+        let Some(route) = self.endpoints.route(EndpointId(frag.endpoint)) else {
             self.stats.transmit_failures += 1;
-        }
+            return;
+        };
+        let user = frag.user.is_some().then_some(des);
+        self.queue_post(QueuedPost {
+            route,
+            head: sge,
+            user,
+            wr_id: u64::from(des.raw()),
+            signaled: true,
+        });
     }
 
     /// Sends an acknowledgement-only datagram from the ack ring, unsignaled:
@@ -348,13 +383,13 @@ impl<C: Context> Engine<C> {
         if header.has(rel::FLAG_CHECKSUM) {
             datagram::fill_checksum(buf, &[]);
         }
-        let sg = [Gather::Registered(slot)];
-        if poster!(self)
-            .post(&mut self.ctx, &route, &sg, u64::MAX, false)
-            .is_err()
-        {
-            self.stats.transmit_failures += 1;
-        }
+        self.queue_post(QueuedPost {
+            route,
+            head: slot,
+            user: None,
+            wr_id: u64::MAX,
+            signaled: false,
+        });
     }
 
     /// A received reliable datagram.

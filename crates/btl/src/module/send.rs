@@ -3,9 +3,10 @@
 
 use std::collections::VecDeque;
 
-use udbtl_fabric::{Context, Gather, PostError, QpHandle, SendFlags, SendWr};
+use udbtl_fabric::{Context, Gather, PostError, QpHandle, SendFlags, SendWr, Sge};
 use udbtl_wire::rel;
 
+use super::descriptors::Frags;
 use super::endpoints::Route;
 use crate::frag::Descriptor;
 
@@ -107,6 +108,63 @@ impl SendQueue {
     }
 }
 
+/// Most datagrams gathered into one `post_send`: a batch the provider can
+/// send with one system call, and where consecutive equal datagrams to one
+/// peer become one GSO train.
+pub(super) const POST_BATCH: usize = 32;
+
+/// A datagram waiting in the [`PostBatch`]: a send work request without
+/// borrows, so that it can wait while the engine keeps working.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct QueuedPost {
+    pub(super) route: Route,
+    /// The registered bytes, from the BTL header on.
+    pub(super) head: Sge,
+    /// A descriptor whose caller bytes follow `head`, if it has any.
+    pub(super) user: Option<Descriptor>,
+    pub(super) wr_id: u64,
+    /// Signaled sends hold a send credit, returned by their completion.
+    pub(super) signaled: bool,
+}
+
+/// Datagrams queued during one flush of the send side and posted together.
+///
+/// Its capacity is reserved once: queueing never allocates.
+#[derive(Debug)]
+pub(super) struct PostBatch {
+    posts: Vec<QueuedPost>,
+}
+
+impl PostBatch {
+    pub(super) fn new() -> Self {
+        Self {
+            posts: Vec::with_capacity(POST_BATCH),
+        }
+    }
+
+    /// Adds a datagram; returns `true` when the batch is now full and must
+    /// be posted before the next is added.
+    pub(super) fn push(&mut self, post: QueuedPost) -> bool {
+        self.posts.push(post);
+        self.posts.len() >= POST_BATCH
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.posts.is_empty()
+    }
+}
+
+/// What became of the datagrams of one [`Poster::post_batch`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct BatchOutcome {
+    /// Signaled datagrams posted.
+    pub(super) posted_signaled: usize,
+    /// Refused by the fabric: lost, to the peer.
+    pub(super) refused: usize,
+    /// Of the refused, those that held a send credit.
+    pub(super) refused_signaled: usize,
+}
+
 /// Everything about a post that does not depend on the datagram.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Poster<'a> {
@@ -116,17 +174,15 @@ pub(super) struct Poster<'a> {
 }
 
 impl Poster<'_> {
-    /// Posts one datagram gathered from `sg_list` on its route's queue pair,
-    /// inline when it fits. A signaled send produces a completion carrying
-    /// `wr_id`; the caller accounts for the credit it takes.
-    pub(super) fn post<C: Context>(
+    /// The send work request for one datagram gathered from `sg_list`,
+    /// inline when it fits.
+    fn work_request<'a>(
         &self,
-        ctx: &mut C,
         route: &Route,
-        sg_list: &[Gather<'_>],
+        sg_list: &'a [Gather<'a>],
         wr_id: u64,
         signaled: bool,
-    ) -> Result<(), PostError> {
+    ) -> SendWr<'a> {
         let total: usize = sg_list.iter().map(Gather::len).sum();
         let mut flags = if signaled {
             SendFlags::SIGNALED
@@ -136,7 +192,7 @@ impl Poster<'_> {
         if total <= self.inline_max {
             flags = flags | SendFlags::INLINE;
         }
-        let wr = SendWr {
+        SendWr {
             wr_id,
             sg_list,
             ah: route.ah,
@@ -144,7 +200,95 @@ impl Poster<'_> {
             remote_qkey: self.qkey,
             imm: None,
             flags,
+        }
+    }
+
+    fn qp(&self, route: &Route) -> QpHandle {
+        self.qps[route.qp_index % self.qps.len()]
+    }
+
+    /// Posts one datagram gathered from `sg_list` on its route's queue pair.
+    /// A signaled send produces a completion carrying `wr_id`; the caller
+    /// accounts for the credit it takes.
+    pub(super) fn post<C: Context>(
+        &self,
+        ctx: &mut C,
+        route: &Route,
+        sg_list: &[Gather<'_>],
+        wr_id: u64,
+        signaled: bool,
+    ) -> Result<(), PostError> {
+        let wr = self.work_request(route, sg_list, wr_id, signaled);
+        ctx.post_send(self.qp(route), &[wr])
+    }
+
+    /// Posts every datagram of `batch`, in order, and empties it: each run
+    /// bound for one queue pair goes in one `post_send`. A datagram the
+    /// fabric refuses is skipped and the rest still go.
+    pub(super) fn post_batch<C: Context>(
+        &self,
+        ctx: &mut C,
+        frags: &Frags,
+        batch: &mut PostBatch,
+    ) -> BatchOutcome {
+        let mut outcome = BatchOutcome::default();
+        let posts = &batch.posts[..];
+        let Some(first) = posts.first() else {
+            return outcome;
         };
-        ctx.post_send(self.qps[route.qp_index % self.qps.len()], &[wr])
+        // Unused slots keep a filler that is never posted.
+        let mut gathers = [[Gather::Registered(first.head); 2]; POST_BATCH];
+        let mut lens = [1usize; POST_BATCH];
+        for (i, post) in posts.iter().enumerate() {
+            gathers[i][0] = Gather::Registered(post.head);
+            let user = post
+                .user
+                .and_then(|des| frags.get(des))
+                .and_then(|frag| frag.user.as_ref());
+            if let Some(user) = user {
+                gathers[i][1] = Gather::User {
+                    lkey: user.lkey,
+                    data: &user.data.bytes()[user.range.clone()],
+                };
+                lens[i] = 2;
+            }
+        }
+        let filler = self.work_request(&first.route, &[], 0, false);
+        let mut wrs = [filler; POST_BATCH];
+        for (i, post) in posts.iter().enumerate() {
+            wrs[i] = self.work_request(
+                &post.route,
+                &gathers[i][..lens[i]],
+                post.wr_id,
+                post.signaled,
+            );
+        }
+        let mut start = 0;
+        while start < posts.len() {
+            let qp = self.qp(&posts[start].route);
+            let end = start
+                + posts[start..]
+                    .iter()
+                    .take_while(|p| self.qp(&p.route) == qp)
+                    .count();
+            let mut next = start;
+            while next < end {
+                match ctx.post_send(qp, &wrs[next..end]) {
+                    Ok(()) => next = end,
+                    Err(err) => {
+                        let refused = next + err.posted;
+                        tracing::trace!(error = %err.error, "datagram refused by the fabric");
+                        outcome.refused += 1;
+                        outcome.refused_signaled += usize::from(posts[refused].signaled);
+                        next = refused + 1;
+                    }
+                }
+            }
+            start = end;
+        }
+        outcome.posted_signaled =
+            posts.iter().filter(|p| p.signaled).count() - outcome.refused_signaled;
+        batch.posts.clear();
+        outcome
     }
 }
