@@ -58,6 +58,7 @@ const MAX_SIZE: u64 = 1 << 30;
 
 #[derive(Debug, Parser)]
 #[command(
+    name = "udbench",
     version,
     about = "OSU-style latency, bandwidth and message rate over udbtl",
     after_help = "Without a subcommand: latency, then bw."
@@ -83,7 +84,7 @@ struct Common {
     max_size: u64,
     /// Timed iterations for sizes up to 8 KiB (larger sizes use OSU's
     /// proportion of it) [default: OSU's, 10000 latency, 100 bandwidth].
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), global = true)]
+    #[arg(long, value_parser = parse_positive::<u64>, global = true)]
     iterations: Option<u64>,
     /// Untimed warm-up iterations before each size [default: OSU's
     /// proportion of the timed iterations].
@@ -101,7 +102,7 @@ struct Common {
 #[derive(Debug, Clone, Copy, Args)]
 struct Window {
     /// Messages in flight before each acknowledgement.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    #[arg(long, default_value_t = 64, value_parser = parse_positive::<u64>)]
     window: u64,
 }
 
@@ -117,7 +118,7 @@ enum Bench {
     #[command(name = "mbw_mr", alias = "mbw-mr")]
     MbwMr {
         /// Sender/receiver pairs: ranks 0..P-1 send to ranks P..2P-1.
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        #[arg(long, default_value_t = 1, value_parser = parse_positive::<u32>)]
         pairs: u32,
         #[command(flatten)]
         window: Window,
@@ -126,6 +127,18 @@ enum Bench {
     /// latency.
     #[command(name = "multi_lat", alias = "multi-lat")]
     MultiLat,
+}
+
+/// A count of at least 1 (clap's ranges would name the type's maximum).
+fn parse_positive<T: std::str::FromStr + From<u8> + PartialOrd>(text: &str) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    let n: T = text.parse().map_err(|e| format!("{text:?}: {e}"))?;
+    if n < T::from(1) {
+        return Err("must be at least 1".to_owned());
+    }
+    Ok(n)
 }
 
 fn parse_message_size(text: &str) -> Result<u64, String> {
