@@ -17,6 +17,11 @@ const UDBENCH: &str = env!("CARGO_BIN_EXE_udbench");
 /// Runs `udrun -n <ranks> udbench args…` with a one-minute watchdog and
 /// returns stdout, asserting success.
 fn udbench(ranks: u32, args: &[&str]) -> String {
+    udbench_with_stderr(ranks, args).0
+}
+
+/// As [`udbench`], returning stdout and stderr.
+fn udbench_with_stderr(ranks: u32, args: &[&str]) -> (String, String) {
     let n = ranks.to_string();
     let mut all = vec!["-n", &n, UDBENCH];
     all.extend_from_slice(args);
@@ -27,7 +32,7 @@ fn udbench(ranks: u32, args: &[&str]) -> String {
         finished.output.status.success(),
         "{args:?}:\n{stdout}\n{stderr}"
     );
-    stdout
+    (stdout, stderr)
 }
 
 /// Runs a job that must fail; returns its stderr.
@@ -89,12 +94,26 @@ fn without_a_subcommand_latency_then_bandwidth() {
     check_rows(&rows(&stdout, LATENCY), &ALL_SIZES, 3);
     check_rows(&rows(&stdout, BANDWIDTH), &ALL_SIZES, 1);
 
-    let stdout = udbench(
+    let (stdout, stderr) = udbench_with_stderr(
         2,
         &["--max-size", "8", "--iterations", "50", "--no-bandwidth"],
     );
     check_rows(&rows(&stdout, LATENCY), &[1, 2, 4, 8], 3);
     assert!(!stdout.contains(BANDWIDTH), "{stdout}");
+    // Quiet on a stderr that is not a terminal, unless asked.
+    assert!(!stderr.contains("udbench:"), "{stderr}");
+}
+
+#[test]
+fn progress_on_request() {
+    let (stdout, stderr) = udbench_with_stderr(
+        2,
+        &["bw", "--max-size", "2", "--iterations", "10", "--progress"],
+    );
+    check_rows(&rows(&stdout, BANDWIDTH), &[1, 2], 1);
+    assert!(stderr.contains("udbench: bw 1 B (1/2)"), "{stderr}");
+    assert!(stderr.contains("udbench: bw 2 B (2/2)"), "{stderr}");
+    assert!(!stdout.contains("udbench: bw"), "{stdout}");
 }
 
 #[test]
