@@ -476,3 +476,42 @@ fn per_iteration_us(span: Duration, iterations: u64) -> f64 {
 fn mb_per_s(len: usize, messages: u64, span: Duration) -> f64 {
     len as f64 * messages as f64 / span.as_secs_f64().max(1e-9) / 1e6
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Kind, LARGE, Plan};
+
+    fn plan(iterations: Option<u64>, warmup: Option<u64>) -> Plan {
+        Plan {
+            sizes: Vec::new(),
+            iterations,
+            warmup,
+        }
+    }
+
+    fn counts(plan: &Plan, kind: Kind, len: usize) -> (u64, u64) {
+        let loops = plan.loops(kind, len);
+        (loops.iters, loops.warmup)
+    }
+
+    #[test]
+    fn defaults_are_osus() {
+        let osu = plan(None, None);
+        assert_eq!(counts(&osu, Kind::Latency, LARGE), (10_000, 100));
+        assert_eq!(counts(&osu, Kind::Latency, LARGE + 1), (1_000, 10));
+        assert_eq!(counts(&osu, Kind::Bandwidth, LARGE), (100, 10));
+        assert_eq!(counts(&osu, Kind::Bandwidth, LARGE + 1), (20, 2));
+    }
+
+    #[test]
+    fn iterations_scale_large_sizes_and_warm_up_never_below_one() {
+        let some = plan(Some(50), None);
+        assert_eq!(counts(&some, Kind::Latency, 8), (50, 1));
+        assert_eq!(counts(&some, Kind::Latency, 1 << 20), (5, 1));
+        assert_eq!(counts(&some, Kind::Bandwidth, 8), (50, 5));
+        assert_eq!(counts(&some, Kind::Bandwidth, 1 << 20), (10, 1));
+        let one = plan(Some(1), Some(0));
+        assert_eq!(counts(&one, Kind::Latency, 1 << 20), (1, 0));
+        assert_eq!(counts(&one, Kind::Bandwidth, 1 << 20), (1, 0));
+    }
+}
