@@ -22,6 +22,10 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use udbtl::Tag;
 
+#[path = "../size.rs"]
+mod size;
+use size::parse_size;
+
 const DATA: Tag = Tag(Tag::USR.0 + 10);
 const DONE: Tag = Tag(Tag::USR.0 + 11);
 
@@ -55,24 +59,6 @@ enum Mode {
         #[arg(long, default_value_t = 1000)]
         messages: u32,
     },
-}
-
-fn parse_size(text: &str) -> Result<u64, String> {
-    let (digits, unit) = text.split_at(
-        text.find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(text.len()),
-    );
-    let base: u64 = digits.parse().map_err(|e| format!("{text:?}: {e}"))?;
-    let scale = match unit {
-        "" => 1,
-        "k" | "K" => 1 << 10,
-        "m" | "M" => 1 << 20,
-        "g" | "G" => 1 << 30,
-        other => return Err(format!("unknown size suffix {other:?}")),
-    };
-    base.checked_mul(scale)
-        .filter(|n| *n > 0)
-        .ok_or_else(|| format!("{text:?} is out of range"))
 }
 
 /// The payload of message `seq` from `from`: a header naming it, then bytes

@@ -1,0 +1,306 @@
+//! `udbench` under `udrun`: every benchmark runs real jobs with tiny sizes
+//! and iteration counts, prints OSU's headers and one row per size, emits
+//! JSON Lines other tools can read, and refuses bad arguments with a clear
+//! message instead of panicking or hanging. Behaviour only: no timings are
+//! asserted.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+mod common;
+
+use common::text;
+
+const UDBENCH: &str = env!("CARGO_BIN_EXE_udbench");
+
+/// Runs `udrun -n <ranks> udbench args…` with a one-minute watchdog and
+/// returns stdout, asserting success.
+fn udbench(ranks: u32, args: &[&str]) -> String {
+    udbench_with_stderr(ranks, args).0
+}
+
+/// As [`udbench`], returning stdout and stderr.
+fn udbench_with_stderr(ranks: u32, args: &[&str]) -> (String, String) {
+    let n = ranks.to_string();
+    let mut all = vec!["-n", &n, UDBENCH];
+    all.extend_from_slice(args);
+    let finished = common::finish(common::start(&all, &[]), Duration::from_secs(60));
+    let (stdout, stderr) = text(&finished.output);
+    assert!(!finished.timed_out, "{args:?} hung:\n{stdout}\n{stderr}");
+    assert!(
+        finished.output.status.success(),
+        "{args:?}:\n{stdout}\n{stderr}"
+    );
+    (stdout, stderr)
+}
+
+/// Runs a job that must fail; returns its stderr.
+fn udbench_fails(ranks: u32, args: &[&str]) -> String {
+    let n = ranks.to_string();
+    let mut all = vec!["-n", &n, UDBENCH];
+    all.extend_from_slice(args);
+    let finished = common::finish(common::start(&all, &[]), Duration::from_secs(60));
+    let (stdout, stderr) = text(&finished.output);
+    assert!(!finished.timed_out, "{args:?} hung:\n{stdout}\n{stderr}");
+    assert!(
+        !finished.output.status.success(),
+        "{args:?} succeeded:\n{stdout}\n{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{args:?}:\n{stderr}");
+    stderr
+}
+
+/// The rows of the table under `header`: the lines after it up to the next
+/// comment line or the end.
+fn rows<'a>(stdout: &'a str, header: &str) -> Vec<Vec<&'a str>> {
+    let mut lines = stdout.lines().skip_while(|l| *l != header);
+    assert_eq!(lines.next(), Some(header), "no {header:?} in\n{stdout}");
+    lines
+        .take_while(|l| !l.starts_with('#'))
+        .map(|l| l.split_whitespace().collect())
+        .collect()
+}
+
+/// Checks that `rows` hold the sizes `sizes` in order, each with `columns`
+/// numbers after it (not negative: at two decimals a slow 1-byte bandwidth
+/// reads 0.00).
+fn check_rows(rows: &[Vec<&str>], sizes: &[u64], columns: usize) {
+    let got: Vec<u64> = rows.iter().map(|r| r[0].parse().unwrap()).collect();
+    assert_eq!(got, sizes, "{rows:?}");
+    for row in rows {
+        assert_eq!(row.len(), 1 + columns, "{row:?}");
+        for value in &row[1..] {
+            let x: f64 = value.parse().unwrap();
+            assert!(x.is_finite() && x >= 0.0, "{row:?}");
+        }
+    }
+}
+
+const LATENCY: &str = "# Size          Latency (us)          P50 (us)        P99 (us)";
+const BANDWIDTH: &str = "# Size      Bandwidth (MB/s)";
+const MBW_MR: &str = "# Size                  MB/s        Messages/s";
+const MULTI_LAT: &str = "# Size          Latency (us)";
+
+/// 1 B .. 4 KiB.
+const ALL_SIZES: [u64; 13] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096];
+
+#[test]
+fn without_a_subcommand_latency_then_bandwidth() {
+    let stdout = udbench(2, &["--max-size", "4k", "--iterations", "50"]);
+    let latency = stdout.find(LATENCY).expect("latency header");
+    let bandwidth = stdout.find(BANDWIDTH).expect("bandwidth header");
+    assert!(latency < bandwidth, "{stdout}");
+    check_rows(&rows(&stdout, LATENCY), &ALL_SIZES, 3);
+    check_rows(&rows(&stdout, BANDWIDTH), &ALL_SIZES, 1);
+
+    let (stdout, stderr) = udbench_with_stderr(
+        2,
+        &["--max-size", "8", "--iterations", "50", "--no-bandwidth"],
+    );
+    check_rows(&rows(&stdout, LATENCY), &[1, 2, 4, 8], 3);
+    assert!(!stdout.contains(BANDWIDTH), "{stdout}");
+    // Quiet on a stderr that is not a terminal, unless asked.
+    assert!(!stderr.contains("udbench:"), "{stderr}");
+}
+
+#[test]
+fn progress_on_request() {
+    let (stdout, stderr) = udbench_with_stderr(
+        2,
+        &["bw", "--max-size", "2", "--iterations", "10", "--progress"],
+    );
+    check_rows(&rows(&stdout, BANDWIDTH), &[1, 2], 1);
+    assert!(stderr.contains("udbench: bw 1 B (1/2)"), "{stderr}");
+    assert!(stderr.contains("udbench: bw 2 B (2/2)"), "{stderr}");
+    assert!(!stdout.contains("udbench: bw"), "{stdout}");
+}
+
+#[test]
+fn each_subcommand_prints_its_header_and_a_row_per_size() {
+    let tiny = [
+        "--min-size",
+        "256",
+        "--max-size",
+        "4KiB",
+        "--iterations",
+        "20",
+    ];
+    let sizes = [256, 512, 1024, 2048, 4096];
+    for (bench, header, columns) in [
+        ("latency", LATENCY, 3),
+        ("bw", BANDWIDTH, 1),
+        ("bibw", BANDWIDTH, 1),
+        ("mbw_mr", MBW_MR, 2),
+        ("multi_lat", MULTI_LAT, 1),
+    ] {
+        let mut args = vec![bench];
+        args.extend_from_slice(&tiny);
+        let stdout = udbench(2, &args);
+        check_rows(&rows(&stdout, header), &sizes, columns);
+    }
+    // A window other than OSU's, and sizes past OSU's 8 KiB "large" mark.
+    let stdout = udbench(
+        2,
+        &[
+            "bw",
+            "--window",
+            "8",
+            "--min-size",
+            "8k",
+            "--max-size",
+            "16k",
+            "--iterations",
+            "10",
+        ],
+    );
+    check_rows(&rows(&stdout, BANDWIDTH), &[8192, 16384], 1);
+}
+
+#[test]
+fn several_pairs_under_four_ranks() {
+    let stdout = udbench(
+        4,
+        &[
+            "mbw_mr",
+            "--pairs",
+            "2",
+            "--max-size",
+            "2",
+            "--iterations",
+            "10",
+            "--window",
+            "8",
+        ],
+    );
+    assert!(
+        stdout.contains("[ pairs: 2 ] [ window size: 8 ]"),
+        "{stdout}"
+    );
+    check_rows(&rows(&stdout, MBW_MR), &[1, 2], 2);
+
+    let stdout = udbench(4, &["multi_lat", "--max-size", "2", "--iterations", "10"]);
+    assert!(stdout.contains("2 pairs"), "{stdout}");
+    check_rows(&rows(&stdout, MULTI_LAT), &[1, 2], 1);
+}
+
+/// A flat JSON object of strings and numbers, as udbench writes them:
+/// its keys in order, each with its raw value.
+fn parse_object(line: &str) -> Vec<(String, String)> {
+    let body = line
+        .strip_prefix('{')
+        .and_then(|l| l.strip_suffix('}'))
+        .unwrap_or_else(|| panic!("not an object: {line}"));
+    body.split(',')
+        .map(|field| {
+            let (key, value) = field.split_once(':').unwrap();
+            let key = key.strip_prefix('"').and_then(|k| k.strip_suffix('"'));
+            (key.unwrap().to_owned(), value.to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn json_lines_follow_the_schema() {
+    let small = [
+        "--json",
+        "--min-size",
+        "1k",
+        "--max-size",
+        "2k",
+        "--iterations",
+        "20",
+    ];
+    for (bench, ranks, fields) in [
+        (
+            "latency",
+            2,
+            &[
+                "iterations",
+                "avg_us",
+                "min_us",
+                "max_us",
+                "p50_us",
+                "p99_us",
+            ][..],
+        ),
+        ("bw", 2, &["window", "iterations", "mb_per_s"][..]),
+        ("bibw", 2, &["window", "iterations", "mb_per_s"][..]),
+        (
+            "mbw_mr",
+            2,
+            &["pairs", "window", "mb_per_s", "messages_per_s"][..],
+        ),
+        ("multi_lat", 2, &["pairs", "avg_us"][..]),
+    ] {
+        let mut args = vec![bench];
+        args.extend_from_slice(&small);
+        let stdout = udbench(ranks, &args);
+        let lines: Vec<&str> = stdout.lines().collect();
+        assert_eq!(lines.len(), 2, "one line per size:\n{stdout}");
+        for (line, size) in lines.iter().zip(["1024", "2048"]) {
+            let object = parse_object(line);
+            let keys: Vec<&str> = object.iter().map(|(k, _)| k.as_str()).collect();
+            let mut want = vec!["tool", "bench", "size"];
+            want.extend_from_slice(fields);
+            assert_eq!(keys, want, "{line}");
+            assert_eq!(object[0].1, r#""udbench""#, "{line}");
+            assert_eq!(object[1].1, format!("\"{bench}\""), "{line}");
+            assert_eq!(object[2].1, size, "{line}");
+            for (key, value) in &object[3..] {
+                let x: f64 = value
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{key} is not a number: {line}"));
+                assert!(x.is_finite() && x > 0.0, "{key}: {line}");
+            }
+        }
+    }
+    // The default run emits both benchmarks' lines, and nothing else.
+    let stdout = udbench(2, &["--json", "--max-size", "2", "--iterations", "20"]);
+    let benches: Vec<String> = stdout
+        .lines()
+        .map(|l| parse_object(l)[1].1.clone())
+        .collect();
+    assert_eq!(
+        benches,
+        [r#""latency""#, r#""latency""#, r#""bw""#, r#""bw""#],
+        "{stdout}"
+    );
+}
+
+#[test]
+fn bad_arguments_fail_with_a_clear_message() {
+    for (ranks, args, message) in [
+        (2, &["--max-size", "0"][..], "at least 1 byte"),
+        (2, &["--max-size", "4q"][..], "unknown size suffix"),
+        (2, &["--max-size", "2G"][..], "1 GiB limit"),
+        (
+            2,
+            &["--min-size", "8k", "--max-size", "4k"][..],
+            "--min-size 8192 is larger than --max-size 4096",
+        ),
+        (2, &["--iterations", "0"][..], "must be at least 1"),
+        (2, &["bw", "--window", "0"][..], "must be at least 1"),
+        (2, &["mbw_mr", "--pairs", "0"][..], "must be at least 1"),
+        (
+            2,
+            &["--no-bandwidth", "bw"][..],
+            "--no-bandwidth applies only without a subcommand",
+        ),
+        (2, &["nonsense"][..], "unrecognized subcommand"),
+        (
+            4,
+            &["mbw_mr", "--pairs", "3"][..],
+            "mbw_mr --pairs 3 needs at least 6 ranks, the job has 4",
+        ),
+        (
+            3,
+            &["multi_lat", "--max-size", "1"][..],
+            "multi_lat needs an even number of ranks",
+        ),
+        (1, &["latency"][..], "latency needs at least 2 ranks"),
+    ] {
+        let stderr = udbench_fails(ranks, args);
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+    }
+}
