@@ -148,6 +148,11 @@ fn spin_send(sock: &UdpSocket, buf: &[u8], to: Option<SocketAddr>) -> Result<(),
 fn serve(addr: &str, args: &Args) -> Result<(), Error> {
     let addr = net::resolve(addr)?;
     let sock = net::udp_socket(Some(addr), None)?;
+    // The bound address, so that port 0 (any free port) can be used.
+    let addr = sock.local_addr().map_err(|source| Error::Io {
+        what: "getsockname",
+        source,
+    })?;
     eprintln!("udp_pingpong: echoing on {addr}");
     let mut buf = vec![0u8; net::UDP_MAX_V6 + 1];
     let limit = Duration::from_secs(args.timeout);

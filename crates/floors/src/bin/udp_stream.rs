@@ -240,6 +240,9 @@ impl Tally {
 fn receive(addr: &str, args: &Args) -> Result<(), Error> {
     let addr = net::resolve(addr)?;
     let sock = net::udp_socket(Some(addr), None)?;
+    // The bound address, so that port 0 (any free port) can be used; the
+    // control port is the same number over TCP.
+    let addr = sock.local_addr().map_err(io_err("getsockname"))?;
     let listener = TcpListener::bind(addr).map_err(io_err("bind the control port"))?;
     // quinn-udp turns UDP_GRO on if it can; off again outside gso rounds,
     // so single and mmsg measure what they name.
@@ -481,6 +484,14 @@ impl Sender<'_> {
 fn send(addr: &str, args: &Args) -> Result<(), Error> {
     let peer = net::resolve(addr)?;
     let limit = Duration::from_secs(args.timeout);
+    let bind = if peer.is_ipv6() {
+        SocketAddr::from(([0u16; 8], 0))
+    } else {
+        SocketAddr::from(([0, 0, 0, 0], 0))
+    };
+    let sock = net::udp_socket(Some(bind), Some(peer))?;
+    let datagram = usize::try_from(args.datagram).unwrap_or(usize::MAX);
+    net::check_size("--datagram", datagram, &sock, peer)?;
     // The receiver may still be starting: retry for a few seconds.
     let start = Instant::now();
     let stream = loop {
@@ -498,14 +509,6 @@ fn send(addr: &str, args: &Args) -> Result<(), Error> {
         }
     };
     let mut ctl = Control::new(stream)?;
-    let bind = if peer.is_ipv6() {
-        SocketAddr::from(([0u16; 8], 0))
-    } else {
-        SocketAddr::from(([0, 0, 0, 0], 0))
-    };
-    let sock = net::udp_socket(Some(bind), Some(peer))?;
-    let datagram = usize::try_from(args.datagram).unwrap_or(usize::MAX);
-    net::check_size("--datagram", datagram, &sock, peer)?;
     let state =
         UdpSocketState::new(UdpSockRef::from(&sock)).map_err(io_err("quinn-udp socket state"))?;
     let _ = sys::set_udp_gro(&sock, false);
@@ -565,7 +568,9 @@ fn send(addr: &str, args: &Args) -> Result<(), Error> {
                 }
             }
             let count = windows * args.window;
+            let t0 = Instant::now();
             let sent = sender.stream(size, count)?;
+            let sender_ns = t0.elapsed().as_nanos();
             ctl.send(&format!("END {sent}"))?;
             let got = ctl.wait(limit)?;
             let nums: Vec<u128> = got
@@ -578,6 +583,12 @@ fn send(addr: &str, args: &Args) -> Result<(), Error> {
                 return Err(Error::Protocol(format!("expected GOT, got {got:?}")));
             };
             if round == 1 {
+                // One GRO'd arrival has no span: fall back on the sender's time.
+                let span = if dgrams > 1 && span > 0 {
+                    span
+                } else {
+                    sender_ns
+                };
                 result = (bytes, dgrams, span, sent);
             }
         }
