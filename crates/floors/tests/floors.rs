@@ -1,7 +1,8 @@
 //! The floors run for real over loopback, with tiny sizes and counts. No
-#![allow(clippy::unwrap_used)]
 //! timing is asserted: only that each program and mode runs, reports what
 //! path it took, and refuses bad arguments clearly.
+
+#![allow(clippy::unwrap_used)]
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Output, Stdio};
