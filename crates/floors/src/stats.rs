@@ -1,0 +1,324 @@
+//! What `udplot` computes: medians per (path, label, bench, size) over
+//! however many runs the input holds, the headline ratios, and the
+//! markdown tables. Pure functions, unit-tested below.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use crate::record::Record;
+
+/// The figures a table or plot shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Metric {
+    /// Mean one-way latency, µs (OSU reports the mean); from `latency`.
+    Latency,
+    /// MB/s from `bw` (and `mbw_mr` when a label has no `bw`).
+    Bandwidth,
+    /// Messages per second: `messages_per_s`, else `datagrams_per_s` when a
+    /// message is one datagram, else MB/s × 10⁶ / size.
+    MessageRate,
+}
+
+impl Metric {
+    /// The value of this metric in a record, if it has one.
+    #[must_use]
+    pub fn value(self, r: &Record) -> Option<f64> {
+        match self {
+            Self::Latency => (r.bench == "latency")
+                .then_some(r.avg_us.or(r.p50_us))
+                .flatten(),
+            Self::Bandwidth => matches!(r.bench.as_str(), "bw" | "mbw_mr")
+                .then_some(r.mb_per_s)
+                .flatten(),
+            Self::MessageRate => {
+                if !matches!(r.bench.as_str(), "bw" | "mbw_mr") {
+                    return None;
+                }
+                let one_datagram = r.datagram.is_none_or(|d| r.size <= d);
+                r.messages_per_s
+                    .or(r.datagrams_per_s.filter(|_| one_datagram))
+                    .or_else(|| {
+                        r.mb_per_s
+                            .filter(|_| r.size > 0)
+                            .map(|mb| mb * 1e6 / r.size as f64)
+                    })
+            }
+        }
+    }
+}
+
+/// The median of `v` (mean of the middle two for an even count); `None`
+/// when empty. NaNs sort last.
+#[must_use]
+pub fn median(v: &[f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    Some(if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    })
+}
+
+/// Key of one median: path, label, metric, size.
+pub type Key = (String, String, Metric, u64);
+
+/// Medians of every (path, label, metric, size) in `records`, with the run
+/// count. A record's label is its `label`, else its tool (and mode); its
+/// path is `path`, else "loopback". A `bw` record wins over an `mbw_mr`
+/// one for the bandwidth of the same label and size.
+#[must_use]
+pub fn medians(records: &[Record]) -> BTreeMap<Key, (f64, usize)> {
+    let mut groups: BTreeMap<Key, Vec<f64>> = BTreeMap::new();
+    let has_bw: BTreeSet<(String, String, u64)> = records
+        .iter()
+        .filter(|r| r.bench == "bw")
+        .map(|r| (path_of(r), label_of(r), r.size))
+        .collect();
+    for r in records {
+        for m in [Metric::Latency, Metric::Bandwidth, Metric::MessageRate] {
+            if r.bench == "mbw_mr"
+                && m == Metric::Bandwidth
+                && has_bw.contains(&(path_of(r), label_of(r), r.size))
+            {
+                continue;
+            }
+            if let Some(v) = m.value(r).filter(|v| v.is_finite()) {
+                groups
+                    .entry((path_of(r), label_of(r), m, r.size))
+                    .or_default()
+                    .push(v);
+            }
+        }
+    }
+    groups
+        .into_iter()
+        .filter_map(|(k, v)| median(&v).map(|m| (k, (m, v.len()))))
+        .collect()
+}
+
+/// The series name of a record.
+#[must_use]
+pub fn label_of(r: &Record) -> String {
+    r.label.clone().unwrap_or_else(|| match &r.mode {
+        Some(mode) => format!("{} {mode}", r.tool),
+        None => r.tool.clone(),
+    })
+}
+
+/// The path of a record.
+#[must_use]
+pub fn path_of(r: &Record) -> String {
+    r.path.clone().unwrap_or_else(|| "loopback".into())
+}
+
+/// `a / b` when both are there and `b` is not zero.
+#[must_use]
+pub fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b != 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
+/// One series: size → median.
+pub type Series = BTreeMap<u64, f64>;
+
+/// The series of one path and metric, by label.
+#[must_use]
+pub fn series(
+    meds: &BTreeMap<Key, (f64, usize)>,
+    path: &str,
+    metric: Metric,
+) -> BTreeMap<String, Series> {
+    let mut out: BTreeMap<String, Series> = BTreeMap::new();
+    for ((p, label, m, size), (v, _)) in meds {
+        if p == path && *m == metric {
+            out.entry(label.clone()).or_default().insert(*size, *v);
+        }
+    }
+    out
+}
+
+/// Formats a figure with sensible precision.
+#[must_use]
+pub fn fmt_value(v: f64) -> String {
+    if v >= 1e6 {
+        format!("{:.2}M", v / 1e6)
+    } else if v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// A markdown table: sizes down, labels across, "–" where a label has no
+/// value at a size.
+#[must_use]
+pub fn table(by_label: &BTreeMap<String, Series>) -> String {
+    let sizes: BTreeSet<u64> = by_label.values().flat_map(|s| s.keys().copied()).collect();
+    let mut out = String::from("| size B |");
+    for label in by_label.keys() {
+        let _ = write!(out, " {label} |");
+    }
+    out.push_str("\n|---:|");
+    out.push_str(&"---:|".repeat(by_label.len()));
+    out.push('\n');
+    for size in sizes {
+        let _ = write!(out, "| {size} |");
+        for s in by_label.values() {
+            let cell = s
+                .get(&size)
+                .map_or_else(|| "–".to_owned(), |&v| fmt_value(v));
+            let _ = write!(out, " {cell} |");
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// The headline ratios of one path: every label containing `subject`
+/// against every label that does not, at 8 B latency (below 1: subject
+/// faster), 1 MiB bandwidth and 8 B message rate (above 1: subject faster).
+/// Rows only where both sides have the figure.
+#[must_use]
+pub fn ratio_table(
+    meds: &BTreeMap<Key, (f64, usize)>,
+    path: &str,
+    subject: &str,
+) -> Option<String> {
+    let figures = [
+        (Metric::Latency, 8, "8 B latency"),
+        (Metric::Bandwidth, 1 << 20, "1 MiB bandwidth"),
+        (Metric::MessageRate, 8, "8 B message rate"),
+    ];
+    let labels: BTreeSet<&String> = meds.keys().filter(|k| k.0 == path).map(|k| &k.1).collect();
+    let get = |label: &str, m: Metric, size: u64| {
+        meds.get(&(path.to_owned(), label.to_owned(), m, size))
+            .map(|v| v.0)
+    };
+    let mut rows = String::new();
+    for a in labels.iter().filter(|l| l.contains(subject)) {
+        for b in labels.iter().filter(|l| !l.contains(subject)) {
+            let cells: Vec<Option<f64>> = figures
+                .iter()
+                .map(|&(m, s, _)| ratio(get(a, m, s), get(b, m, s)))
+                .collect();
+            if cells.iter().all(Option::is_none) {
+                continue;
+            }
+            let _ = write!(rows, "| {a} / {b} |");
+            for c in cells {
+                let _ = write!(
+                    rows,
+                    " {} |",
+                    c.map_or_else(|| "–".to_owned(), |v| format!("{v:.2}"))
+                );
+            }
+            rows.push('\n');
+        }
+    }
+    if rows.is_empty() {
+        return None;
+    }
+    let mut out = String::from("| ratio |");
+    for (_, _, name) in figures {
+        let _ = write!(out, " {name} |");
+    }
+    out.push_str("\n|---|---:|---:|---:|\n");
+    out.push_str(&rows);
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(label: &str, bench: &str, size: u64, v: f64) -> Record {
+        let mut r = Record {
+            tool: "t".into(),
+            bench: bench.into(),
+            size,
+            label: Some(label.into()),
+            ..Record::default()
+        };
+        match bench {
+            "latency" => r.avg_us = Some(v),
+            _ => r.mb_per_s = Some(v),
+        }
+        r
+    }
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median(&[]), None);
+    }
+
+    #[test]
+    fn medians_group_by_path_label_and_size() {
+        let mut rs = vec![
+            rec("udbtl", "latency", 8, 5.0),
+            rec("udbtl", "latency", 8, 4.0),
+            rec("udbtl", "latency", 8, 100.0),
+            rec("tcp", "latency", 8, 6.0),
+        ];
+        let mut other = rec("udbtl", "latency", 8, 9.0);
+        other.path = Some("veth1500".into());
+        rs.push(other);
+        let m = medians(&rs);
+        assert_eq!(
+            m[&("loopback".into(), "udbtl".into(), Metric::Latency, 8)],
+            (5.0, 3)
+        );
+        assert_eq!(
+            m[&("veth1500".into(), "udbtl".into(), Metric::Latency, 8)],
+            (9.0, 1)
+        );
+        assert_eq!(
+            m[&("loopback".into(), "tcp".into(), Metric::Latency, 8)],
+            (6.0, 1)
+        );
+    }
+
+    #[test]
+    fn message_rate_from_bandwidth_and_size() {
+        let r = rec("x", "bw", 8, 16.0);
+        assert_eq!(Metric::MessageRate.value(&r), Some(2e6));
+        let mut m = rec("x", "mbw_mr", 8, 16.0);
+        m.messages_per_s = Some(3e6);
+        assert_eq!(Metric::MessageRate.value(&m), Some(3e6));
+        assert_eq!(Metric::Latency.value(&r), None);
+    }
+
+    #[test]
+    fn ratios_pit_the_subject_against_the_others() {
+        let rs = vec![
+            rec("udbtl", "latency", 8, 4.0),
+            rec("tcp", "latency", 8, 8.0),
+            rec("udbtl", "bw", 1 << 20, 3000.0),
+            rec("tcp", "bw", 1 << 20, 1000.0),
+            rec("udbtl other", "latency", 8, 2.0),
+        ];
+        let m = medians(&rs);
+        let t = ratio_table(&m, "loopback", "udbtl").unwrap();
+        assert!(t.contains("| udbtl / tcp | 0.50 | 3.00 | – |"), "{t}");
+        assert!(t.contains("| udbtl other / tcp | 0.25 | – | – |"), "{t}");
+        assert!(!t.contains("udbtl / udbtl other"), "{t}");
+        assert_eq!(ratio(Some(1.0), Some(0.0)), None);
+        assert!(ratio_table(&m, "veth1500", "udbtl").is_none());
+    }
+
+    #[test]
+    fn table_marks_missing_cells() {
+        let m = medians(&[rec("a", "latency", 1, 1.0), rec("b", "latency", 2, 2.0)]);
+        let t = table(&series(&m, "loopback", Metric::Latency));
+        assert!(t.contains("| 1 | 1.00 | – |"), "{t}");
+        assert!(t.contains("| 2 | – | 2.00 |"), "{t}");
+    }
+}
