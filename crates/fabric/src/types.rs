@@ -441,6 +441,8 @@ pub struct FabricStats {
     pub tx_bytes: u64,
     /// Sends that coalesced several datagrams with UDP GSO.
     pub tx_gso_trains: u64,
+    /// Reads that returned a train of several datagrams with UDP GRO.
+    pub rx_gro_trains: u64,
     /// Datagrams the kernel refused (ENOBUFS, EAGAIN, EPERM...); to the
     /// peer they look lost.
     pub tx_kernel_drops: u64,

@@ -242,11 +242,97 @@ fn malformed_and_truncated_datagrams_are_counted_not_fatal() {
     assert_eq!(b.ctx.stats().rx_datagrams, 1);
 }
 
+/// Sends 40 datagrams of 1400 B (the last 100 B), each filled with its
+/// index, from `a` to `b` in one post.
+fn send_forty(a: &mut Endpoint<UdpContext>, b: &Endpoint<UdpContext>) {
+    let ah = a.ah(node(b));
+    let mr = a.send_mr;
+    for i in 0..40usize {
+        a.ctx.mr_bytes_mut(mr.handle).unwrap()[i * 1400..(i + 1) * 1400].fill(i as u8);
+    }
+    let sgs: Vec<[Gather<'_>; 1]> = (0..40)
+        .map(|i| {
+            [Gather::Registered(Sge {
+                lkey: mr.lkey,
+                offset: i * 1400,
+                len: if i == 39 { 100 } else { 1400 },
+            })]
+        })
+        .collect();
+    let wrs: Vec<SendWr<'_>> = sgs
+        .iter()
+        .enumerate()
+        .map(|(i, sg)| SendWr {
+            wr_id: i as u64,
+            sg_list: sg,
+            ah,
+            remote_qpn: b.qp.qp_num,
+            remote_qkey: QKEY,
+            imm: None,
+            flags: SendFlags::SIGNALED,
+        })
+        .collect();
+    a.ctx.post_send(a.qp.handle, &wrs).unwrap();
+    assert_eq!(a.poll_for(40, WAIT).len(), 40);
+}
+
+#[test]
+fn gro_trains_are_split_into_datagrams_in_order() {
+    for (gso, gro) in [(true, true), (true, false), (false, true)] {
+        let p = UdpProvider::new(UdpConfig {
+            gso,
+            gro,
+            mtu: Some(1400),
+            ..UdpConfig::default()
+        });
+        let dev = p.devices().unwrap()[0].name.clone();
+        let mut a = Endpoint::new(p.open(&dev).unwrap(), 4, QKEY);
+        let mut b = Endpoint::new(p.open(&dev).unwrap(), 64, QKEY);
+        send_forty(&mut a, &b);
+        let got = b.poll_for(40, WAIT);
+        assert_eq!(got.len(), 40, "gso={gso} gro={gro}");
+        // One sender, one socket: the datagrams come out in the order sent,
+        // each whole, trains or not.
+        for (i, wc) in got.iter().enumerate() {
+            let len = if i == 39 { 100 } else { 1400 };
+            assert_eq!(b.payload(wc), vec![i as u8; len], "datagram {i}");
+        }
+        let trains = b.ctx.stats().rx_gro_trains;
+        if gso && gro {
+            assert!(trains >= 1, "no train was received whole");
+        } else {
+            assert_eq!(trains, 0);
+        }
+        assert_eq!(b.ctx.stats().rx_datagrams, 40);
+    }
+}
+
+#[test]
+fn a_train_longer_than_the_posted_buffers_loses_its_tail_counted() {
+    let p = UdpProvider::new(UdpConfig {
+        mtu: Some(1400),
+        ..UdpConfig::default()
+    });
+    let dev = p.devices().unwrap()[0].name.clone();
+    let mut a = Endpoint::new(p.open(&dev).unwrap(), 4, QKEY);
+    let mut b = Endpoint::new(p.open(&dev).unwrap(), 10, QKEY);
+    send_forty(&mut a, &b);
+    let got = b.poll_for(40, Duration::from_millis(300));
+    assert_eq!(got.len(), 10);
+    for (i, wc) in got.iter().enumerate() {
+        assert_eq!(b.payload(wc), vec![i as u8; 1400]);
+    }
+    let stats = b.ctx.stats();
+    assert_eq!(stats.rx_datagrams, 10);
+    assert_eq!(stats.rx_no_buffer, 30);
+}
+
 #[test]
 fn batched_equal_sends_arrive_as_separate_datagrams() {
     for gso in [true, false] {
         let p = UdpProvider::new(UdpConfig {
             gso,
+            gro: false,
             mtu: Some(1400),
             ..UdpConfig::default()
         });

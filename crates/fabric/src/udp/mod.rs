@@ -30,9 +30,9 @@ use crate::channel::Registration;
 use crate::verbs::{Memory, QpEntry, Verbs};
 use crate::{
     AhAttr, AhHandle, CompletionChannel, Context, CqHandle, DeviceAttr, DeviceInfo, FabricError,
-    FabricStats, GRH_LEN, NodeAddr, PdHandle, PortAttr, PortState, PostError, Provider, QpAddr,
-    QpHandle, QpInfo, QpInitAttr, RecvWr, ResourceCounts, Result, SendWr, WcOpcode, WcStatus,
-    WorkCompletion,
+    FabricStats, GRH_LEN, MrHandle, NodeAddr, PdHandle, PortAttr, PortState, PostError, Provider,
+    QpAddr, QpHandle, QpInfo, QpInitAttr, RecvWr, ResourceCounts, Result, SendWr, Sge, WcOpcode,
+    WcStatus, WorkCompletion,
 };
 
 /// The provider's name.
@@ -73,6 +73,11 @@ pub struct UdpConfig {
     pub recv_buffer: usize,
     /// Coalesce equal-sized datagrams with UDP GSO.
     pub gso: bool,
+    /// Receive coalesced trains with UDP GRO, and split them back into
+    /// datagrams. Used where a train can form: on ports whose datagrams are
+    /// at most half the largest UDP payload (an MTU-sized path, not
+    /// loopback's 64 KiB datagrams).
+    pub gro: bool,
 }
 
 impl Default for UdpConfig {
@@ -85,6 +90,7 @@ impl Default for UdpConfig {
             send_buffer: 4 << 20,
             recv_buffer: 4 << 20,
             gso: true,
+            gro: true,
         }
     }
 }
@@ -274,11 +280,15 @@ impl Provider for UdpProvider {
             port_count: 1,
             attr: device_attr(),
         };
+        // A train forms only where two datagrams fit one UDP payload.
+        let gro = self.config.gro && port.max_msg_size + ud::HEADER_LEN <= MAX_UDP_PAYLOAD_V4 / 2;
         Ok(UdpContext {
             verbs: Verbs::new(info, vec![port]),
             ip,
             config: self.config.clone(),
             gso: self.config.gso,
+            gro,
+            gro_overflow: None,
             polls: 0,
             channels: Vec::new(),
             drop_scratch: vec![0u8; MAX_UDP_PAYLOAD_V6 + GRH_LEN].into_boxed_slice(),
@@ -304,6 +314,8 @@ pub(crate) struct UdpQp {
     batch_hint: usize,
     /// Consecutive polls that found data.
     busy_polls: u32,
+    /// The socket has UDP GRO on: a read may return a train.
+    gro: bool,
 }
 
 /// An opened `udp` device.
@@ -314,6 +326,12 @@ pub struct UdpContext {
     config: UdpConfig,
     /// GSO is used until the kernel refuses it once.
     gso: bool,
+    /// New queue pairs turn GRO on, until the kernel refuses it once.
+    gro: bool,
+    /// Where a GRO train continues past the buffer its first datagram
+    /// landed in: [`sys::GRO_OVERFLOW`] bytes per datagram of a receive
+    /// batch, made with the first queue pair that has GRO on.
+    gro_overflow: Option<Box<[u8]>>,
     polls: u32,
     /// Completion channels made by this context, with the completion queue
     /// each watches: a queue pair receiving into that queue has its socket
@@ -376,6 +394,20 @@ impl UdpContext {
         Ok(socket)
     }
 
+    /// Turns GRO on for a new queue pair's socket; says whether it is on.
+    fn enable_gro(&mut self, socket: &Socket) -> bool {
+        if let Err(err) = sys::enable_gro(socket.as_fd()) {
+            tracing::debug!(%err, "UDP GRO refused by the kernel; receiving datagrams singly");
+            self.gro = false;
+            return false;
+        }
+        if self.gro_overflow.is_none() {
+            self.gro_overflow =
+                Some(vec![0u8; sys::MAX_BATCH * sys::GRO_OVERFLOW].into_boxed_slice());
+        }
+        true
+    }
+
     /// Pulls datagrams for every receiving queue pair on `cq` into it.
     fn receive(&mut self, cq: CqHandle, budget: usize) -> Result<()> {
         self.polls = self.polls.wrapping_add(1);
@@ -430,7 +462,12 @@ impl UdpContext {
             let mr = self.verbs.owned_range(first.sge, entry.pd)?;
             let received = {
                 let Verbs { mrs, qps, .. } = &mut self.verbs;
-                let socket = &qps.get(qp.0).ok_or(INVALID_QP)?.transport.socket;
+                let transport = &qps.get(qp.0).ok_or(INVALID_QP)?.transport;
+                let socket = &transport.socket;
+                let overflow = match &mut self.gro_overflow {
+                    Some(space) if transport.gro => Some(&mut space[..]),
+                    _ => None,
+                };
                 let region = match mrs.get_mut(mr.0).map(|m| &mut m.memory) {
                     Some(Memory::Owned(bytes)) => &mut bytes[..],
                     _ => {
@@ -444,6 +481,8 @@ impl UdpContext {
                     region,
                     &scratch.targets[..count],
                     &mut scratch.meta,
+                    transport.gro,
+                    overflow,
                 )
                 .map_err(|source| FabricError::Io {
                     operation: "recvmmsg",
@@ -465,7 +504,7 @@ impl UdpContext {
             if full && transport.busy_polls >= 2 {
                 transport.batch_hint = (count * 2).min(sys::MAX_BATCH);
             }
-            queued += self.complete_receives(qp, received)?;
+            queued += self.complete_receives(qp, mr, received)?;
             // A full batch of more than one suggests more are waiting.
             if !full || count == 1 || queued >= budget {
                 return Ok(queued);
@@ -474,11 +513,23 @@ impl UdpContext {
     }
 
     /// Turns the `received` datagrams in the scratch space, which landed in
-    /// the first posted buffers of `qp`, into completions. A datagram that is
-    /// malformed or carries the wrong keys leaves its buffer posted.
-    fn complete_receives(&mut self, qp: QpHandle, received: usize) -> Result<usize> {
+    /// the first posted buffers of `qp` (all in registration `mr`), into
+    /// completions. A datagram that is malformed or carries the wrong keys
+    /// leaves its buffer posted.
+    ///
+    /// A coalesced GRO train is split back into its datagrams: the first
+    /// landed in place; each later one is copied into the next posted buffer
+    /// of the same registration, so that completions stay one per datagram,
+    /// in arrival order. A train longer than the buffers posted loses its
+    /// tail, as UD drops a datagram that finds no receive.
+    fn complete_receives(&mut self, qp: QpHandle, mr: MrHandle, received: usize) -> Result<usize> {
+        const SKIP: usize = GRH_LEN - ud::HEADER_LEN;
         let Verbs {
-            qps, cqs, stats, ..
+            qps,
+            cqs,
+            mrs,
+            stats,
+            ..
         } = &mut self.verbs;
         let entry = qps.get_mut(qp.0).ok_or(INVALID_QP)?;
         let cq = cqs
@@ -486,48 +537,100 @@ impl UdpContext {
             .ok_or(FabricError::InvalidHandle {
                 kind: "completion queue",
             })?;
-        let mut kept = [None; sys::MAX_BATCH];
+        let Some(Memory::Owned(region)) = mrs.get_mut(mr.0).map(|m| &mut m.memory) else {
+            return Err(FabricError::InvalidHandle {
+                kind: "memory region",
+            });
+        };
+        let overflow = self.gro_overflow.as_deref().unwrap_or(&[]);
+        let mut primary = [None; sys::MAX_BATCH];
+        for slot in primary.iter_mut().take(received) {
+            *slot = entry.recv_queue.pop_front();
+        }
+        // Buffers whose datagram was dropped go back, at the front.
+        let mut kept = [None; 2 * sys::MAX_BATCH];
+        let mut kept_count = 0;
         let mut queued = 0;
-        for (slot, meta) in kept.iter_mut().zip(&self.scratch.meta[..received]) {
-            let Some(wr) = entry.recv_queue.pop_front() else {
+        for (i, meta) in self.scratch.meta[..received].iter().enumerate() {
+            let Some(first) = primary[i] else {
                 break;
             };
-            let Some(repr) = parse_header(meta) else {
-                stats.rx_malformed += 1;
-                *slot = Some(wr);
-                continue;
-            };
-            if !entry.admit(repr.pkey, repr.qkey, stats) {
-                *slot = Some(wr);
-                continue;
-            }
-            let payload = meta.len - ud::HEADER_LEN;
-            let (status, byte_len) = if meta.truncated {
-                stats.rx_too_long += 1;
-                (WcStatus::LocalLengthError, 0)
+            let segments = if meta.stride > 0 && meta.len > meta.stride && !meta.truncated {
+                meta.len.div_ceil(meta.stride)
             } else {
-                stats.rx_datagrams += 1;
-                stats.rx_bytes += payload as u64;
-                (WcStatus::Success, (GRH_LEN + payload) as u32)
+                1
             };
-            let src = meta.source.map(|s| QpAddr {
-                node: NodeAddr::Ip(s.ip()),
-                qpn: u32::from(s.port()),
-            });
-            let wc = WorkCompletion {
-                wr_id: wr.wr_id,
-                status,
-                opcode: WcOpcode::Recv,
-                byte_len,
-                qp_num: entry.qp_num,
-                src,
-                imm: repr.imm,
-            };
-            cq.push(wc, qp);
-            queued += 1;
+            for k in 0..segments {
+                let (wr, len, header) = if segments == 1 {
+                    (first, meta.len, meta.header)
+                } else {
+                    let begin = k * meta.stride;
+                    let len = meta.stride.min(meta.len - begin);
+                    let wr = if k == 0 {
+                        first
+                    } else {
+                        match entry.recv_queue.front().copied() {
+                            Some(wr)
+                                if wr.sge.lkey == first.sge.lkey
+                                    && wr.sge.len >= SKIP + len
+                                    && cq.room() > 0 =>
+                            {
+                                entry.recv_queue.pop_front();
+                                copy_segment(region, overflow, first.sge, i, begin, len, wr.sge);
+                                wr
+                            }
+                            _ => {
+                                stats.rx_no_buffer += (segments - k) as u64;
+                                break;
+                            }
+                        }
+                    };
+                    let at = wr.sge.offset + SKIP;
+                    let mut header = [0; ud::HEADER_LEN];
+                    header.copy_from_slice(&region[at..at + ud::HEADER_LEN.min(len)]);
+                    (wr, len, header)
+                };
+                let Some(repr) = parse_header(&header, len) else {
+                    stats.rx_malformed += 1;
+                    kept[kept_count] = Some(wr);
+                    kept_count += 1;
+                    continue;
+                };
+                if !entry.admit(repr.pkey, repr.qkey, stats) {
+                    kept[kept_count] = Some(wr);
+                    kept_count += 1;
+                    continue;
+                }
+                let payload = len - ud::HEADER_LEN;
+                let (status, byte_len) = if meta.truncated {
+                    stats.rx_too_long += 1;
+                    (WcStatus::LocalLengthError, 0)
+                } else {
+                    stats.rx_datagrams += 1;
+                    stats.rx_bytes += payload as u64;
+                    (WcStatus::Success, (GRH_LEN + payload) as u32)
+                };
+                let src = meta.source.map(|s| QpAddr {
+                    node: NodeAddr::Ip(s.ip()),
+                    qpn: u32::from(s.port()),
+                });
+                let wc = WorkCompletion {
+                    wr_id: wr.wr_id,
+                    status,
+                    opcode: WcOpcode::Recv,
+                    byte_len,
+                    qp_num: entry.qp_num,
+                    src,
+                    imm: repr.imm,
+                };
+                cq.push(wc, qp);
+                queued += 1;
+            }
+            if segments > 1 {
+                stats.rx_gro_trains += 1;
+            }
         }
-        // Buffers whose datagram was dropped stay posted, in their order.
-        for wr in kept.iter().rev().flatten() {
+        for wr in kept[..kept_count].iter().rev().flatten() {
             entry.recv_queue.push_front(*wr);
         }
         Ok(queued)
@@ -536,21 +639,34 @@ impl UdpContext {
     /// Reads and discards what arrived for a queue pair with no receive
     /// posted: UD drops such datagrams.
     fn discard_unbuffered(&mut self, qp: QpHandle) -> Result<()> {
-        let socket = &self.verbs.qp(qp)?.transport.socket;
+        let transport = &self.verbs.qp(qp)?.transport;
+        let (socket, gro) = (&transport.socket, transport.gro);
         // Every datagram lands at offset 0 of the scratch buffer: only the
         // header is looked at, to tell a dropped datagram from garbage.
         let targets = [(0, self.drop_scratch.len()); sys::MAX_BATCH];
         let meta = &mut self.scratch.meta;
         let (mut dropped, mut malformed) = (0, 0);
         for _ in 0..2 {
-            let n = sys::recv_batch(socket.as_fd(), &mut self.drop_scratch, &targets, meta)
-                .map_err(|source| FabricError::Io {
-                    operation: "recvmmsg",
-                    source,
-                })?;
+            let n = sys::recv_batch(
+                socket.as_fd(),
+                &mut self.drop_scratch,
+                &targets,
+                meta,
+                gro,
+                None,
+            )
+            .map_err(|source| FabricError::Io {
+                operation: "recvmmsg",
+                source,
+            })?;
             for m in &meta[..n] {
-                if parse_header(m).is_some() {
-                    dropped += 1;
+                if parse_header(&m.header, m.len).is_some() {
+                    // A GRO train is as many datagrams as it coalesced.
+                    dropped += if m.stride > 0 {
+                        m.len.div_ceil(m.stride) as u64
+                    } else {
+                        1
+                    };
                 } else {
                     malformed += 1;
                 }
@@ -741,9 +857,36 @@ fn check_udp_send(
     Ok(len)
 }
 
+/// Copies datagram bytes `begin..begin + len` of the train received into the
+/// buffer `from` (continued in batch slot `slot` of `overflow`) to the
+/// buffer `to`, where a datagram lands as `recv_batch` places it.
+fn copy_segment(
+    region: &mut [u8],
+    overflow: &[u8],
+    from: Sge,
+    slot: usize,
+    begin: usize,
+    len: usize,
+    to: Sge,
+) {
+    const SKIP: usize = GRH_LEN - ud::HEADER_LEN;
+    let in_place = from.len - SKIP;
+    let dest = to.offset + SKIP;
+    // The part still inside the first buffer, then the part that spilled.
+    let head = in_place.saturating_sub(begin).min(len);
+    if head > 0 {
+        let src = from.offset + SKIP + begin;
+        region.copy_within(src..src + head, dest);
+    }
+    if head < len {
+        let spilled = slot * sys::GRO_OVERFLOW + (begin + head - in_place);
+        region[dest + head..dest + len].copy_from_slice(&overflow[spilled..spilled + len - head]);
+    }
+}
+
 /// The encapsulation header of a received datagram, if it has a valid one.
-fn parse_header(meta: &sys::RecvMeta) -> Option<ud::Repr> {
-    let header = meta.header.get(..meta.len.min(ud::HEADER_LEN))?;
+fn parse_header(header: &[u8; ud::HEADER_LEN], len: usize) -> Option<ud::Repr> {
+    let header = header.get(..len.min(ud::HEADER_LEN))?;
     ud::Packet::new_checked(header)
         .and_then(|p| ud::Repr::parse(&p))
         .ok()
@@ -845,6 +988,7 @@ impl Context for UdpContext {
                 operation: "getsockname",
                 source: io::Error::other("no local address"),
             })?;
+        let gro = self.gro && self.enable_gro(&socket);
         // Should anything below fail, closing the socket takes it out of
         // every epoll set it joined.
         for (_, channel) in self.channels.iter().filter(|(c, _)| *c == attr.recv_cq) {
@@ -865,6 +1009,7 @@ impl Context for UdpContext {
                 receives: false,
                 batch_hint: 1,
                 busy_polls: 0,
+                gro,
             },
         )
     }

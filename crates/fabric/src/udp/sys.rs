@@ -32,6 +32,9 @@ pub(crate) struct RecvMeta {
     pub(crate) truncated: bool,
     /// The sender's socket address.
     pub(crate) source: Option<SocketAddr>,
+    /// With UDP GRO: the size of each datagram of a coalesced train (the
+    /// last may be shorter); 0 when the kernel delivered one datagram.
+    pub(crate) stride: usize,
 }
 
 impl RecvMeta {
@@ -40,12 +43,17 @@ impl RecvMeta {
         len: 0,
         truncated: false,
         source: None,
+        stride: 0,
     };
 }
 
 fn is_interrupted(err: &io::Error) -> bool {
     err.kind() == io::ErrorKind::Interrupted
 }
+
+/// Bytes of overflow space each datagram of a batch gets under UDP GRO: a
+/// coalesced train is at most one maximal IP packet.
+pub(crate) const GRO_OVERFLOW: usize = 1 << 16;
 
 /// Receives up to `targets.len()` datagrams without blocking.
 ///
@@ -55,18 +63,29 @@ fn is_interrupted(err: &io::Error) -> bool {
 /// starts at `offset + GRH_LEN`, as verbs would place it, with one iovec per
 /// datagram. The header is also copied into `meta[i].header`.
 ///
-/// Returns how many datagrams arrived; 0 when the socket is empty. Targets
-/// that lie outside `region` or cannot hold a GRH end the batch early.
+/// With `gro` (a socket with UDP GRO on), `meta[i].stride` says whether a
+/// coalesced train arrived. With `overflow`, what does not fit the target
+/// continues in `overflow[i * GRO_OVERFLOW..][..GRO_OVERFLOW]`: the first
+/// datagram of a train lands in place, the rest are the caller's to split.
+///
+/// Returns how many datagrams (or trains) arrived; 0 when the socket is
+/// empty. Targets that lie outside `region` or cannot hold a GRH end the
+/// batch early, and so does overflow space too small for the batch.
 pub(crate) fn recv_batch(
     fd: BorrowedFd<'_>,
     region: &mut [u8],
     targets: &[(usize, usize)],
     meta: &mut [RecvMeta],
+    gro: bool,
+    mut overflow: Option<&mut [u8]>,
 ) -> io::Result<usize> {
     const SKIP: usize = GRH_LEN - ud::HEADER_LEN;
+    let room = overflow
+        .as_ref()
+        .map_or(MAX_BATCH, |o| o.len() / GRO_OVERFLOW);
     let count = targets
         .iter()
-        .take(MAX_BATCH.min(meta.len()))
+        .take(MAX_BATCH.min(meta.len()).min(room))
         .take_while(|(offset, len)| {
             *len >= GRH_LEN
                 && offset
@@ -82,15 +101,25 @@ pub(crate) fn recv_batch(
     // the kernel holds these pointers. Only the first `count` entries of the
     // arrays are initialised: a poll that finds nothing costs no memset.
     let base = region.as_mut_ptr();
-    let mut iovecs = [const { MaybeUninit::<libc::iovec>::uninit() }; MAX_BATCH];
+    let spill = overflow.as_mut().map(|o| o.as_mut_ptr());
+    let mut iovecs = [const { MaybeUninit::<[libc::iovec; 2]>::uninit() }; MAX_BATCH];
     let mut names = [const { MaybeUninit::<libc::sockaddr_in6>::uninit() }; MAX_BATCH];
+    let mut controls = [const { MaybeUninit::<CmsgBuf>::uninit() }; MAX_BATCH];
     let mut msgs = [const { MaybeUninit::<libc::mmsghdr>::uninit() }; MAX_BATCH];
     for i in 0..count {
         let (offset, len) = targets[i];
-        let iov = iovecs[i].write(libc::iovec {
-            iov_base: base.wrapping_add(offset + SKIP).cast(),
-            iov_len: len - SKIP,
-        });
+        let iov = iovecs[i].write([
+            libc::iovec {
+                iov_base: base.wrapping_add(offset + SKIP).cast(),
+                iov_len: len - SKIP,
+            },
+            libc::iovec {
+                iov_base: spill.map_or(std::ptr::null_mut(), |p| {
+                    p.wrapping_add(i * GRO_OVERFLOW).cast()
+                }),
+                iov_len: if spill.is_some() { GRO_OVERFLOW } else { 0 },
+            },
+        ]);
         // SAFETY: sockaddr_in6 and mmsghdr are plain old data, for which
         // all-zero is a valid value.
         let name = names[i].write(unsafe { mem::zeroed() });
@@ -98,8 +127,13 @@ pub(crate) fn recv_batch(
         let msg = msgs[i].write(unsafe { mem::zeroed() });
         msg.msg_hdr.msg_name = (name as *mut libc::sockaddr_in6).cast();
         msg.msg_hdr.msg_namelen = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
-        msg.msg_hdr.msg_iov = iov;
-        msg.msg_hdr.msg_iovlen = 1;
+        msg.msg_hdr.msg_iov = iov.as_mut_ptr();
+        msg.msg_hdr.msg_iovlen = if spill.is_some() { 2 } else { 1 };
+        if gro {
+            let control = controls[i].write(CmsgBuf([0; 32]));
+            msg.msg_hdr.msg_control = control.0.as_mut_ptr().cast();
+            msg.msg_hdr.msg_controllen = control.0.len() as _;
+        }
     }
     let received = loop {
         // SAFETY: `msgs[..count]` are initialised and point at `iovecs` and
@@ -109,9 +143,21 @@ pub(crate) fn recv_batch(
         // receive the kernel offers; MSG_TRUNC makes it report the datagram's
         // real length so truncation is seen.
         let rc = unsafe {
-            if count == 1 {
+            if count == 1 && gro {
+                let rc = libc::recvmsg(
+                    fd.as_raw_fd(),
+                    &raw mut msgs[0].assume_init_mut().msg_hdr,
+                    libc::MSG_DONTWAIT,
+                );
+                if rc >= 0 {
+                    msgs[0].assume_init_mut().msg_len = rc as libc::c_uint;
+                    1
+                } else {
+                    -1
+                }
+            } else if count == 1 {
                 let msg = msgs[0].assume_init_mut();
-                let iov = iovecs[0].assume_init_ref();
+                let iov = &iovecs[0].assume_init_ref()[0];
                 let rc = libc::recvfrom(
                     fd.as_raw_fd(),
                     iov.iov_base,
@@ -162,11 +208,39 @@ pub(crate) fn recv_batch(
         meta[i].len = msg.msg_len as usize;
         meta[i].truncated = msg.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
         meta[i].source = socket_addr(name, msg.msg_hdr.msg_namelen);
+        meta[i].stride = if gro {
+            gro_segment_size(&msg.msg_hdr)
+        } else {
+            0
+        };
         meta[i].header = [0; ud::HEADER_LEN];
         let header_len = meta[i].len.min(ud::HEADER_LEN);
         meta[i].header[..header_len].copy_from_slice(&region[start..start + header_len]);
     }
     Ok(received)
+}
+
+/// The segment size of a coalesced train, from the `UDP_GRO` control
+/// message the kernel attached to `hdr`; 0 when there is none.
+fn gro_segment_size(hdr: &libc::msghdr) -> usize {
+    if hdr.msg_control.is_null() || hdr.msg_controllen == 0 {
+        return 0;
+    }
+    // SAFETY: the kernel wrote `msg_controllen` bytes of well-formed control
+    // messages into the buffer `msg_control` points at, which lives on the
+    // caller's frame; CMSG_FIRSTHDR/CMSG_NXTHDR stay inside that length and
+    // the data (an int) is read unaligned.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(hdr);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_UDP && (*cmsg).cmsg_type == libc::UDP_GRO {
+                let size = libc::CMSG_DATA(cmsg).cast::<libc::c_int>().read_unaligned();
+                return usize::try_from(size).unwrap_or(0);
+            }
+            cmsg = libc::CMSG_NXTHDR(hdr, cmsg);
+        }
+    }
+    0
 }
 
 fn socket_addr(storage: &libc::sockaddr_in6, len: libc::socklen_t) -> Option<SocketAddr> {
@@ -200,7 +274,7 @@ pub(crate) struct OutMsg<'a> {
     pub(crate) segment_size: Option<u16>,
 }
 
-/// Space for one `UDP_SEGMENT` control message.
+/// Space for one control message: `UDP_SEGMENT` out, `UDP_GRO` in.
 #[repr(C, align(8))]
 struct CmsgBuf([u8; 32]);
 
@@ -296,12 +370,28 @@ pub(crate) fn force_buffer(fd: BorrowedFd<'_>, receive: bool, bytes: usize) -> i
         libc::SO_SNDBUFFORCE
     };
     let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    set_int_option(fd, libc::SOL_SOCKET, option, value)
+}
+
+/// Turns UDP GRO on: the kernel may then deliver a train of datagrams from
+/// one sender as one read, with a `UDP_GRO` control message giving their
+/// size. Fails on kernels without it.
+pub(crate) fn enable_gro(fd: BorrowedFd<'_>) -> io::Result<()> {
+    set_int_option(fd, libc::SOL_UDP, libc::UDP_GRO, 1)
+}
+
+fn set_int_option(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
     // SAFETY: `value` is a live c_int and its exact size is passed.
     let rc = unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            option,
+            level,
+            name,
             (&raw const value).cast(),
             size_of::<libc::c_int>() as libc::socklen_t,
         )
