@@ -470,6 +470,12 @@ impl<F: Clone, R> Reliability<F, R> {
     /// Adds a peer and returns its id (ids are dense, from 0).
     pub fn add_peer(&mut self, now: Instant) -> PeerId {
         self.peers.push(Peer::new(&self.config, now));
+        // A retransmission timeout queues the peer's whole window, beside an
+        // acknowledgement and a probe: room for that now, so that a timeout
+        // does not allocate.
+        let room = self.peers.len() * (usize::from(self.config.window) + 2);
+        self.transmits
+            .reserve(room.saturating_sub(self.transmits.len()));
         PeerId((self.peers.len() - 1) as u32)
     }
 
@@ -1259,6 +1265,16 @@ impl<F: Clone, R> Reliability<F, R> {
             return;
         }
         p.scheduled = Some(next);
+        // Entries a peer replaced with an earlier one stay in the heap until
+        // they come up (a keepalive's a quarter of peer_timeout away): drop
+        // them before the heap would grow, so that it holds about one entry
+        // per peer and stops allocating once warm, instead of growing with
+        // the sends of the last peer_timeout.
+        if self.timers.len() == self.timers.capacity() {
+            let peers = &self.peers;
+            self.timers
+                .retain(|&Reverse((at, peer))| peers[peer as usize].scheduled == Some(at));
+        }
         self.timers.push(Reverse((next, peer)));
     }
 
