@@ -1283,3 +1283,31 @@ impl<F: Clone, R> Reliability<F, R> {
         self.events.pop_front()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaced_timer_entries_do_not_pile_up() {
+        let mut r: Reliability<u32, u32> = Reliability::new(Config::default()).expect("config");
+        let peer = r.add_peer(Instant::from_nanos(0));
+        for i in 0..10_000u64 {
+            let now = Instant::from_duration(Duration::from_millis(i));
+            // The peer turns idle (a keepalive, far away), then busy again
+            // (a retransmission timeout, sooner): the keepalive's entry is
+            // replaced, and stays in the heap until it comes up.
+            r.peers[peer.0 as usize].scheduled = None;
+            r.schedule(peer.0, Some(now + Duration::from_secs(7)));
+            r.schedule(peer.0, Some(now + Duration::from_millis(5)));
+        }
+        assert!(r.timers.len() <= 8, "{} entries", r.timers.len());
+        assert!(
+            r.timers.capacity() <= 16,
+            "capacity {}",
+            r.timers.capacity()
+        );
+        let at = r.poll_timeout().expect("a deadline");
+        assert_eq!(at, Instant::from_duration(Duration::from_millis(9_999 + 5)));
+    }
+}
