@@ -470,6 +470,12 @@ impl<F: Clone, R> Reliability<F, R> {
     /// Adds a peer and returns its id (ids are dense, from 0).
     pub fn add_peer(&mut self, now: Instant) -> PeerId {
         self.peers.push(Peer::new(&self.config, now));
+        // A retransmission timeout queues the peer's whole window, beside an
+        // acknowledgement and a probe: room for that now, so that a timeout
+        // does not allocate.
+        let room = self.peers.len() * (usize::from(self.config.window) + 2);
+        self.transmits
+            .reserve(room.saturating_sub(self.transmits.len()));
         PeerId((self.peers.len() - 1) as u32)
     }
 
@@ -1259,11 +1265,49 @@ impl<F: Clone, R> Reliability<F, R> {
             return;
         }
         p.scheduled = Some(next);
+        // Entries a peer replaced with an earlier one stay in the heap until
+        // they come up (a keepalive's a quarter of peer_timeout away): drop
+        // them before the heap would grow, so that it holds about one entry
+        // per peer and stops allocating once warm, instead of growing with
+        // the sends of the last peer_timeout.
+        if self.timers.len() == self.timers.capacity() {
+            let peers = &self.peers;
+            self.timers
+                .retain(|&Reverse((at, peer))| peers[peer as usize].scheduled == Some(at));
+        }
         self.timers.push(Reverse((next, peer)));
     }
 
     /// The next event.
     pub fn poll_event(&mut self) -> Option<Event<F>> {
         self.events.pop_front()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaced_timer_entries_do_not_pile_up() {
+        let mut r: Reliability<u32, u32> = Reliability::new(Config::default()).expect("config");
+        let peer = r.add_peer(Instant::from_nanos(0));
+        for i in 0..10_000u64 {
+            let now = Instant::from_duration(Duration::from_millis(i));
+            // The peer turns idle (a keepalive, far away), then busy again
+            // (a retransmission timeout, sooner): the keepalive's entry is
+            // replaced, and stays in the heap until it comes up.
+            r.peers[peer.0 as usize].scheduled = None;
+            r.schedule(peer.0, Some(now + Duration::from_secs(7)));
+            r.schedule(peer.0, Some(now + Duration::from_millis(5)));
+        }
+        assert!(r.timers.len() <= 8, "{} entries", r.timers.len());
+        assert!(
+            r.timers.capacity() <= 16,
+            "capacity {}",
+            r.timers.capacity()
+        );
+        let at = r.poll_timeout().expect("a deadline");
+        assert_eq!(at, Instant::from_duration(Duration::from_millis(9_999 + 5)));
     }
 }
