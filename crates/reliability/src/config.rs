@@ -4,10 +4,18 @@ use core::time::Duration;
 
 use udbtl_wire::SeqNum;
 
-/// The most datagrams a peer may have in flight: the selective ACK covers 64
-/// sequence numbers past the cumulative ACK, so a receiver can buffer no
-/// more out of order than that.
-pub const MAX_WINDOW: u16 = 65;
+/// The most datagrams a peer may have in flight. Between hosts a datagram is
+/// one MTU, so a window of 64 would cap a stream at ~90 KB per round trip.
+///
+/// The selective ACK covers only [`SACK_SPAN`] sequence numbers past the
+/// cumulative ACK: a receiver buffers no more than that out of order, and a
+/// datagram further ahead of a gap is discarded and sent again. A lossless
+/// stream never meets that limit; a lossy one pays for it only behind a hole.
+pub const MAX_WINDOW: u16 = 1024;
+
+/// Sequence numbers past the cumulative ACK that the selective ACK covers,
+/// and so the most datagrams a receiver buffers out of order.
+pub const SACK_SPAN: i32 = 64;
 
 /// Parameters of the reliability protocol, shared by every peer of one
 /// endpoint.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use udbtl_wire::SeqNum;
 use udbtl_wire::rel::{self, FLAG_ACK_ONLY, FLAG_ACK_REQ, FLAG_RESET};
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, SACK_SPAN};
 use crate::rtt::Rtt;
 use crate::time::Instant;
 
@@ -233,7 +233,7 @@ pub enum Discard {
     AckOnly,
     /// Already delivered or buffered.
     Duplicate,
-    /// Beyond the advertised window.
+    /// Beyond the advertised window, or too far ahead of a gap to buffer.
     OutOfWindow,
     /// The peer was declared lost.
     PeerLost,
@@ -359,7 +359,8 @@ pub struct Stats {
     pub duplicates: u64,
     /// Datagrams buffered because they arrived early.
     pub out_of_order: u64,
-    /// Datagrams discarded for being beyond the window.
+    /// Datagrams discarded for being beyond the window, or further ahead of
+    /// a gap than the selective ACK covers.
     pub out_of_window: u64,
     /// Peers declared lost.
     pub peers_lost: u64,
@@ -840,7 +841,9 @@ impl<F: Clone, R> Reliability<F, R> {
             self.queue_ack(peer);
             return Receipt::Discard(buf, Discard::Duplicate);
         }
-        if offset >= window {
+        // Further ahead of a gap than the selective ACK can say: dropped
+        // like one beyond the window, and sent again once the gap fills.
+        if offset >= window || offset > SACK_SPAN {
             self.stats.out_of_window += 1;
             self.queue_ack(peer);
             return Receipt::Discard(buf, Discard::OutOfWindow);
@@ -1120,6 +1123,9 @@ impl<F: Clone, R> Reliability<F, R> {
             }
             return deferred;
         }
+        // A second expiry with nothing acknowledged since the first: the
+        // path loses (a burst, or what was resent), not merely delays.
+        let repeated = p.rtt.backed_off();
         if !resumed {
             self.stats.timeouts += 1;
             p.rtt.back_off(rto_max);
@@ -1128,16 +1134,23 @@ impl<F: Clone, R> Reliability<F, R> {
             p.recovery_end = Some(p.snd_nxt);
         }
         p.rto_at = Some(now + p.rtt.rto());
-        // Resend everything in flight the peer has not selectively
-        // acknowledged: after a timeout nothing outstanding can be trusted
-        // to arrive (UCX resends its window the same way). Each
-        // retransmission asks for an acknowledgement at once.
+        // Resend what is in flight and not selectively acknowledged: after a
+        // timeout none of it can be trusted to arrive (UCX resends its window
+        // the same way). Each retransmission asks for an acknowledgement at
+        // once. A first expiry resends only the oldest SACK_SPAN, all a
+        // receiver can buffer past a hole anyway, so that a spurious one (a
+        // receiver descheduled for a while) costs a bounded burst, not a
+        // large window of duplicates; the acknowledgements of that burst
+        // reveal what else is missing, and a repeated expiry, with nothing
+        // acknowledged since, resends everything.
+        let mut burst = if repeated { u32::MAX } else { SACK_SPAN as u32 };
         let mut at = p.head;
-        while at != NIL {
+        while at != NIL && burst > 0 {
             let slot = &mut self.slots[at as usize];
             if slot.flags & (SACKED | QUEUED) == 0 {
                 slot.flags |= QUEUED;
                 self.transmits.push_back(Pending::Data(at));
+                burst -= 1;
             }
             at = slot.next;
         }

@@ -54,7 +54,7 @@ mod endpoint;
 mod rtt;
 mod time;
 
-pub use config::{Config, ConfigError, MAX_WINDOW};
+pub use config::{Config, ConfigError, MAX_WINDOW, SACK_SPAN};
 pub use endpoint::{
     Discard, Event, LossReason, PeerId, Receipt, Reliability, Room, SendError, Stats, Transmit,
 };

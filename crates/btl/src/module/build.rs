@@ -335,7 +335,7 @@ impl<C: Context> Engine<C> {
                     "off" => false,
                     _ => !fabric_checks_integrity,
                 };
-                match Reliable::new(params, ack_mr, checksum) {
+                match Reliable::new(params, built.limits.max_send_size, ack_mr, checksum) {
                     Ok(reliable) => Some(reliable),
                     Err(err) => {
                         let partial = Partial {

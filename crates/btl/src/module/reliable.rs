@@ -62,9 +62,16 @@ impl Reliable {
     /// Bytes of the acknowledgement ring's registration.
     pub(super) const ACK_RING_BYTES: usize = ACK_SLOTS * ACK_LEN;
 
-    pub(super) fn new(params: &Params, ack_ring: Mr, checksum: bool) -> Result<Self, ConfigError> {
+    /// The reliable part of a module whose datagrams carry up to `datagram`
+    /// payload bytes.
+    pub(super) fn new(
+        params: &Params,
+        datagram: usize,
+        ack_ring: Mr,
+        checksum: bool,
+    ) -> Result<Self, ConfigError> {
         Ok(Self {
-            core: reliability_state(params)?,
+            core: reliability_state(params, datagram)?,
             checksum,
             ack_ring,
             ack_next: 0,
@@ -96,8 +103,14 @@ impl Reliable {
 }
 
 /// The reliability state the parameters ask for.
-fn reliability_state(params: &Params) -> Result<Reliability<Descriptor, Held>, ConfigError> {
-    let window = u16::try_from(params.rel_window).unwrap_or(udbtl_reliability::MAX_WINDOW);
+fn reliability_state(
+    params: &Params,
+    datagram: usize,
+) -> Result<Reliability<Descriptor, Held>, ConfigError> {
+    let window = match params.rel_window {
+        0 => default_window(datagram),
+        asked => u16::try_from(asked).unwrap_or(udbtl_reliability::MAX_WINDOW),
+    };
     // A lost peer is reported within one RTO of the timeout; keep the RTO
     // well under it, as UCX does (a third).
     let rto_max = Duration::from_millis(u64::from(params.peer_timeout) / 3)
@@ -112,6 +125,15 @@ fn reliability_state(params: &Params) -> Result<Reliability<Descriptor, Held>, C
         ..Config::default()
     };
     Reliability::new(config)
+}
+
+/// The window `rel_window = 0` picks: about 1 MiB of datagrams in flight,
+/// so that a stream of MTU-sized datagrams is not held to 64 per round trip
+/// while 64 KiB datagrams keep to the socket buffers' size.
+fn default_window(datagram: usize) -> u16 {
+    const IN_FLIGHT: usize = 1 << 20;
+    let datagrams = IN_FLIGHT / datagram.max(1);
+    datagrams.clamp(64, usize::from(udbtl_reliability::MAX_WINDOW)) as u16
 }
 
 /// A random id for this process, for modules whose caller does not name the

@@ -160,9 +160,11 @@ impl<C: Context> fmt::Display for Engine<C> {
         }
         write!(
             f,
-            "  fabric             tx {} rx {} dropped: no buffer {} bad qkey {} malformed {} too long {} kernel {}",
+            "  fabric             tx {} ({} GSO trains) rx {} ({} GRO trains) dropped: no buffer {} bad qkey {} malformed {} too long {} kernel {}",
             fabric.tx_datagrams,
+            fabric.tx_gso_trains,
             fabric.rx_datagrams,
+            fabric.rx_gro_trains,
             fabric.rx_no_buffer,
             fabric.rx_bad_qkey,
             fabric.rx_malformed,
