@@ -15,7 +15,8 @@ pub enum Metric {
     /// MB/s from `bw` (and `mbw_mr` when a label has no `bw`).
     Bandwidth,
     /// Messages per second: `messages_per_s`, else `datagrams_per_s` when a
-    /// message is one datagram, else MB/s × 10⁶ / size.
+    /// message is one datagram, else MB/s × 10⁶ / size; from `mbw_mr`, and
+    /// from `bw` when a label has no `mbw_mr`.
     MessageRate,
 }
 
@@ -70,21 +71,29 @@ pub type Key = (String, String, Metric, u64);
 /// Medians of every (path, label, metric, size) in `records`, with the run
 /// count. A record's label is its `label`, else its tool (and mode); its
 /// path is `path`, else "loopback". A `bw` record wins over an `mbw_mr`
-/// one for the bandwidth of the same label and size.
+/// one for the bandwidth of the same label and size, and an `mbw_mr` record
+/// over a `bw` one for the message rate: each figure comes from the one
+/// benchmark made for it, never a blend of both.
 #[must_use]
 pub fn medians(records: &[Record]) -> BTreeMap<Key, (f64, usize)> {
     let mut groups: BTreeMap<Key, Vec<f64>> = BTreeMap::new();
-    let has_bw: BTreeSet<(String, String, u64)> = records
-        .iter()
-        .filter(|r| r.bench == "bw")
-        .map(|r| (path_of(r), label_of(r), r.size))
-        .collect();
+    let has = |bench: &str| -> BTreeSet<(String, String, u64)> {
+        records
+            .iter()
+            .filter(|r| r.bench == bench)
+            .map(|r| (path_of(r), label_of(r), r.size))
+            .collect()
+    };
+    let (has_bw, has_mbw_mr) = (has("bw"), has("mbw_mr"));
     for r in records {
         for m in [Metric::Latency, Metric::Bandwidth, Metric::MessageRate] {
-            if r.bench == "mbw_mr"
-                && m == Metric::Bandwidth
-                && has_bw.contains(&(path_of(r), label_of(r), r.size))
-            {
+            let key = (path_of(r), label_of(r), r.size);
+            let shadowed = match (r.bench.as_str(), m) {
+                ("mbw_mr", Metric::Bandwidth) => has_bw.contains(&key),
+                ("bw", Metric::MessageRate) => has_mbw_mr.contains(&key),
+                _ => false,
+            };
+            if shadowed {
                 continue;
             }
             if let Some(v) = m.value(r).filter(|v| v.is_finite()) {
@@ -294,6 +303,19 @@ mod tests {
         m.messages_per_s = Some(3e6);
         assert_eq!(Metric::MessageRate.value(&m), Some(3e6));
         assert_eq!(Metric::Latency.value(&r), None);
+    }
+
+    #[test]
+    fn bandwidth_from_bw_and_message_rate_from_mbw_mr() {
+        let mut mr = rec("x", "mbw_mr", 8, 1.0);
+        mr.messages_per_s = Some(5e5);
+        let rs = vec![rec("x", "bw", 8, 16.0), mr, rec("y", "bw", 8, 8.0)];
+        let m = medians(&rs);
+        let key = |l: &str, metric| ("loopback".to_owned(), l.to_owned(), metric, 8);
+        assert_eq!(m[&key("x", Metric::Bandwidth)], (16.0, 1));
+        assert_eq!(m[&key("x", Metric::MessageRate)], (5e5, 1));
+        // Without an mbw_mr, the rate comes from bw.
+        assert_eq!(m[&key("y", Metric::MessageRate)], (1e6, 1));
     }
 
     #[test]
