@@ -15,7 +15,8 @@ pub enum Metric {
     /// MB/s from `bw` (and `mbw_mr` when a label has no `bw`).
     Bandwidth,
     /// Messages per second: `messages_per_s`, else `datagrams_per_s` when a
-    /// message is one datagram, else MB/s × 10⁶ / size.
+    /// message is one datagram, else MB/s × 10⁶ / size; from `mbw_mr`, and
+    /// from `bw` when a label has no `mbw_mr`.
     MessageRate,
 }
 
@@ -70,21 +71,29 @@ pub type Key = (String, String, Metric, u64);
 /// Medians of every (path, label, metric, size) in `records`, with the run
 /// count. A record's label is its `label`, else its tool (and mode); its
 /// path is `path`, else "loopback". A `bw` record wins over an `mbw_mr`
-/// one for the bandwidth of the same label and size.
+/// one for the bandwidth of the same label and size, and an `mbw_mr` record
+/// over a `bw` one for the message rate: each figure comes from the one
+/// benchmark made for it, never a blend of both.
 #[must_use]
 pub fn medians(records: &[Record]) -> BTreeMap<Key, (f64, usize)> {
     let mut groups: BTreeMap<Key, Vec<f64>> = BTreeMap::new();
-    let has_bw: BTreeSet<(String, String, u64)> = records
-        .iter()
-        .filter(|r| r.bench == "bw")
-        .map(|r| (path_of(r), label_of(r), r.size))
-        .collect();
+    let has = |bench: &str| -> BTreeSet<(String, String, u64)> {
+        records
+            .iter()
+            .filter(|r| r.bench == bench)
+            .map(|r| (path_of(r), label_of(r), r.size))
+            .collect()
+    };
+    let (has_bw, has_mbw_mr) = (has("bw"), has("mbw_mr"));
     for r in records {
         for m in [Metric::Latency, Metric::Bandwidth, Metric::MessageRate] {
-            if r.bench == "mbw_mr"
-                && m == Metric::Bandwidth
-                && has_bw.contains(&(path_of(r), label_of(r), r.size))
-            {
+            let key = (path_of(r), label_of(r), r.size);
+            let shadowed = match (r.bench.as_str(), m) {
+                ("mbw_mr", Metric::Bandwidth) => has_bw.contains(&key),
+                ("bw", Metric::MessageRate) => has_mbw_mr.contains(&key),
+                _ => false,
+            };
+            if shadowed {
                 continue;
             }
             if let Some(v) = m.value(r).filter(|v| v.is_finite()) {
@@ -181,37 +190,79 @@ pub fn table(by_label: &BTreeMap<String, Series>) -> String {
     out
 }
 
-/// The headline ratios of one path: every label containing `subject`
-/// against every label that does not, at 8 B latency (below 1: subject
-/// faster), 1 MiB bandwidth and 8 B message rate (above 1: subject faster).
-/// Rows only where both sides have the figure.
-#[must_use]
-pub fn ratio_table(
+/// The headline figures: 8 B latency, 1 MiB bandwidth, 8 B message rate.
+pub const HEADLINE: [(Metric, u64, &str); 3] = [
+    (Metric::Latency, 8, "8 B latency µs"),
+    (Metric::Bandwidth, 1 << 20, "1 MiB bandwidth MB/s"),
+    (Metric::MessageRate, 8, "8 B message rate /s"),
+];
+
+/// The (path, label) pairs of `meds`, paths in order and labels within.
+fn path_labels(meds: &BTreeMap<Key, (f64, usize)>) -> BTreeSet<(&str, &str)> {
+    meds.keys().map(|k| (k.0.as_str(), k.1.as_str())).collect()
+}
+
+fn get(
     meds: &BTreeMap<Key, (f64, usize)>,
     path: &str,
-    subject: &str,
-) -> Option<String> {
-    let figures = [
-        (Metric::Latency, 8, "8 B latency"),
-        (Metric::Bandwidth, 1 << 20, "1 MiB bandwidth"),
-        (Metric::MessageRate, 8, "8 B message rate"),
-    ];
-    let labels: BTreeSet<&String> = meds.keys().filter(|k| k.0 == path).map(|k| &k.1).collect();
-    let get = |label: &str, m: Metric, size: u64| {
-        meds.get(&(path.to_owned(), label.to_owned(), m, size))
-            .map(|v| v.0)
-    };
+    label: &str,
+    m: Metric,
+    size: u64,
+) -> Option<f64> {
+    meds.get(&(path.to_owned(), label.to_owned(), m, size))
+        .map(|v| v.0)
+}
+
+/// The headline figures of every path and label, one row each: the short
+/// table that a summary quotes. Rows only where a label has one of them.
+#[must_use]
+pub fn headline_table(meds: &BTreeMap<Key, (f64, usize)>) -> Option<String> {
     let mut rows = String::new();
-    for a in labels.iter().filter(|l| l.contains(subject)) {
-        for b in labels.iter().filter(|l| !l.contains(subject)) {
-            let cells: Vec<Option<f64>> = figures
+    for (path, label) in path_labels(meds) {
+        let cells: Vec<Option<f64>> = HEADLINE
+            .iter()
+            .map(|&(m, s, _)| get(meds, path, label, m, s))
+            .collect();
+        if cells.iter().all(Option::is_none) {
+            continue;
+        }
+        let _ = write!(rows, "| {path} | {label} |");
+        for c in cells {
+            let _ = write!(rows, " {} |", c.map_or_else(|| "–".to_owned(), fmt_value));
+        }
+        rows.push('\n');
+    }
+    (!rows.is_empty()).then(|| {
+        let mut out = String::from("| path | label |");
+        for (_, _, name) in HEADLINE {
+            let _ = write!(out, " {name} |");
+        }
+        out.push_str("\n|---|---|---:|---:|---:|\n");
+        out + &rows
+    })
+}
+
+/// The headline ratios of every path: every label containing `subject`
+/// against every label of the same path that does not, at 8 B latency
+/// (below 1: subject faster), 1 MiB bandwidth and 8 B message rate (above
+/// 1: subject faster). Rows only where both sides have a figure.
+#[must_use]
+pub fn ratio_table(meds: &BTreeMap<Key, (f64, usize)>, subject: &str) -> Option<String> {
+    let pairs = path_labels(meds);
+    let mut rows = String::new();
+    for &(path, a) in pairs.iter().filter(|(_, l)| l.contains(subject)) {
+        for &(_, b) in pairs
+            .iter()
+            .filter(|(p, l)| *p == path && !l.contains(subject))
+        {
+            let cells: Vec<Option<f64>> = HEADLINE
                 .iter()
-                .map(|&(m, s, _)| ratio(get(a, m, s), get(b, m, s)))
+                .map(|&(m, s, _)| ratio(get(meds, path, a, m, s), get(meds, path, b, m, s)))
                 .collect();
             if cells.iter().all(Option::is_none) {
                 continue;
             }
-            let _ = write!(rows, "| {a} / {b} |");
+            let _ = write!(rows, "| {path} | {a} / {b} |");
             for c in cells {
                 let _ = write!(
                     rows,
@@ -222,16 +273,12 @@ pub fn ratio_table(
             rows.push('\n');
         }
     }
-    if rows.is_empty() {
-        return None;
-    }
-    let mut out = String::from("| ratio |");
-    for (_, _, name) in figures {
-        let _ = write!(out, " {name} |");
-    }
-    out.push_str("\n|---|---:|---:|---:|\n");
-    out.push_str(&rows);
-    Some(out)
+    (!rows.is_empty()).then(|| {
+        let mut out =
+            String::from("| path | ratio | 8 B latency | 1 MiB bandwidth | 8 B message rate |");
+        out.push_str("\n|---|---|---:|---:|---:|\n");
+        out + &rows
+    })
 }
 
 #[cfg(test)]
@@ -297,21 +344,63 @@ mod tests {
     }
 
     #[test]
+    fn bandwidth_from_bw_and_message_rate_from_mbw_mr() {
+        let mut mr = rec("x", "mbw_mr", 8, 1.0);
+        mr.messages_per_s = Some(5e5);
+        let rs = vec![rec("x", "bw", 8, 16.0), mr, rec("y", "bw", 8, 8.0)];
+        let m = medians(&rs);
+        let key = |l: &str, metric| ("loopback".to_owned(), l.to_owned(), metric, 8);
+        assert_eq!(m[&key("x", Metric::Bandwidth)], (16.0, 1));
+        assert_eq!(m[&key("x", Metric::MessageRate)], (5e5, 1));
+        // Without an mbw_mr, the rate comes from bw.
+        assert_eq!(m[&key("y", Metric::MessageRate)], (1e6, 1));
+    }
+
+    #[test]
     fn ratios_pit_the_subject_against_the_others() {
-        let rs = vec![
+        let mut rs = vec![
             rec("udbtl", "latency", 8, 4.0),
             rec("tcp", "latency", 8, 8.0),
             rec("udbtl", "bw", 1 << 20, 3000.0),
             rec("tcp", "bw", 1 << 20, 1000.0),
             rec("udbtl other", "latency", 8, 2.0),
         ];
+        let mut far = rec("tcp", "latency", 8, 1.0);
+        far.path = Some("veth1500".into());
+        rs.push(far);
         let m = medians(&rs);
-        let t = ratio_table(&m, "loopback", "udbtl").unwrap();
-        assert!(t.contains("| udbtl / tcp | 0.50 | 3.00 | – |"), "{t}");
-        assert!(t.contains("| udbtl other / tcp | 0.25 | – | – |"), "{t}");
+        let t = ratio_table(&m, "udbtl").unwrap();
+        assert!(
+            t.contains("| loopback | udbtl / tcp | 0.50 | 3.00 | – |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| loopback | udbtl other / tcp | 0.25 | – | – |"),
+            "{t}"
+        );
         assert!(!t.contains("udbtl / udbtl other"), "{t}");
+        // No udbtl on the veth: no row pits the loopback's against its tcp.
+        assert!(!t.contains("veth1500"), "{t}");
         assert_eq!(ratio(Some(1.0), Some(0.0)), None);
-        assert!(ratio_table(&m, "veth1500", "udbtl").is_none());
+        assert!(ratio_table(&medians(&rs[1..2]), "udbtl").is_none());
+    }
+
+    #[test]
+    fn headline_rows_per_path_and_label() {
+        let mut rs = vec![
+            rec("udbtl", "latency", 8, 4.0),
+            rec("udbtl", "bw", 1 << 20, 3000.0),
+            rec("tcp", "latency", 64, 8.0),
+        ];
+        let mut far = rec("udbtl", "latency", 8, 6.0);
+        far.path = Some("veth9000".into());
+        rs.push(far);
+        let t = headline_table(&medians(&rs)).unwrap();
+        assert!(t.contains("| loopback | udbtl | 4.00 | 3000 | – |"), "{t}");
+        assert!(t.contains("| veth9000 | udbtl | 6.00 | – | – |"), "{t}");
+        // tcp has none of the headline sizes.
+        assert!(!t.contains("| tcp |"), "{t}");
+        assert!(headline_table(&medians(&rs[2..3])).is_none());
     }
 
     #[test]

@@ -229,3 +229,59 @@ fn bad_arguments_are_refused_clearly() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out).contains("cannot resolve"), "{}", text(&out));
 }
+
+const UDPLOT: &str = env!("CARGO_BIN_EXE_udplot");
+
+#[test]
+fn udplot_opens_results_with_a_summary_that_stands_alone() {
+    let dir = std::env::temp_dir().join(format!("udplot-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("all.jsonl");
+    let lines = [
+        r#"{"label":"udbtl udbench","path":"loopback","tool":"udbench","bench":"latency","size":8,"avg_us":4.0}"#,
+        r#"{"label":"udbtl udbench","path":"loopback","tool":"udbench","bench":"bw","size":1048576,"mb_per_s":2000.0}"#,
+        r#"{"label":"udbtl udbench","path":"loopback","tool":"udbench","bench":"bw","size":8,"mb_per_s":1.0}"#,
+        r#"{"label":"udbtl udbench","path":"loopback","tool":"udbench","bench":"mbw_mr","size":8,"mb_per_s":2.4,"messages_per_s":300000.0}"#,
+        r#"{"label":"ompi tcp","path":"loopback","tool":"osu_pt2pt","bench":"latency","size":8,"avg_us":5.0}"#,
+        r#"{"label":"ompi tcp","path":"loopback","tool":"osu_pt2pt","bench":"bw","size":1048576,"mb_per_s":4000.0}"#,
+        r#"{"label":"ompi tcp","path":"loopback","tool":"osu_pt2pt","bench":"bw","size":8,"mb_per_s":2.0}"#,
+        r#"{"label":"udp pingpong","path":"veth1500","tool":"udp_pingpong","bench":"latency","size":8,"avg_us":2.0}"#,
+        r#"{"label":"udbtl udbench","path":"veth1500","tool":"udbench","bench":"latency","size":8,"avg_us":5.0}"#,
+        r#"{"not":"a record"}"#,
+    ];
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let out = run(
+        UDPLOT,
+        &[
+            "--out",
+            dir.to_str().unwrap(),
+            "--note",
+            "commit: abc1234",
+            input.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("skipped 1 line"), "{}", text(&out));
+    let md = std::fs::read_to_string(dir.join("results.md")).unwrap();
+    let summary = &md[..md.find("## loopback").expect("a section per path")];
+    for want in [
+        "## Summary",
+        "- commit: abc1234",
+        "| loopback | udbtl udbench | 4.00 | 2000 | 300000 |",
+        "| loopback | ompi tcp | 5.00 | 4000 | 250000 |",
+        "| loopback | udbtl udbench / ompi tcp | 0.80 | 0.50 | 1.20 |",
+        "| veth1500 | udbtl udbench / udp pingpong | 2.50 | – | – |",
+    ] {
+        assert!(summary.contains(want), "{want:?} not in the summary:\n{md}");
+    }
+    assert!(md.contains("## veth1500"), "{md}");
+    for svg in [
+        "latency-loopback.svg",
+        "bandwidth-loopback.svg",
+        "latency-veth1500.svg",
+    ] {
+        assert!(dir.join(svg).is_file(), "{svg} missing");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -1,7 +1,9 @@
 //! `udplot`: turns JSON Lines results (the floors', udbench's, and the
 //! comparison script's conversions of other peers) into a results folder:
-//! `latency-<path>.svg`, `bandwidth-<path>.svg` (log-log) and `results.md`
-//! with median tables per path and the ratio of udbtl to every other label.
+//! `latency-<path>.svg`, `bandwidth-<path>.svg` (log-log) and `results.md`:
+//! a summary that stands alone (the notes, the headline figures of every
+//! path and label, and the ratio of udbtl to every other label), then
+//! median tables per path.
 //!
 //! ```text
 //! udplot --out results/2026-12-02 [--note "kernel 6.18"]... FILE.jsonl...
@@ -95,24 +97,31 @@ fn run(args: &Args) -> Result<(), Error> {
     let paths: BTreeSet<String> = meds.keys().map(|k| k.0.clone()).collect();
     let runs = meds.values().map(|v| v.1).max().unwrap_or(0);
 
-    let mut md = format!("# {}\n\n", args.title);
+    // The summary stands alone (what ran where and when, the headline
+    // figures and ratios) so that it can be quoted as it is; the sections
+    // per path after it hold every size.
+    let mut md = format!("# {}\n\n## Summary\n\n", args.title);
     for note in &args.note {
         let _ = writeln!(md, "- {note}");
     }
     let _ = writeln!(
         md,
         "- cells are medians over up to {runs} runs per (path, label, size); latency is the mean one-way µs of each run; \
-         bandwidth MB/s with MB = 10^6 B (udp_stream: receiver goodput); message rate in messages/s\n"
+         bandwidth MB/s with MB = 10^6 B (udp_stream: receiver goodput); message rate in messages/s \
+         (mbw_mr's where a label has it, else bandwidth / size)\n"
     );
+    if let Some(t) = stats::headline_table(&meds) {
+        let _ = writeln!(md, "### Headline figures\n\n{t}");
+    }
+    if let Some(t) = stats::ratio_table(&meds, &args.subject) {
+        let _ = writeln!(
+            md,
+            "### Ratios ({} / other: latency below 1 and bandwidth or rate above 1 favour {})\n\n{t}",
+            args.subject, args.subject
+        );
+    }
     for path in &paths {
         let _ = writeln!(md, "## {path}\n");
-        if let Some(t) = stats::ratio_table(&meds, path, &args.subject) {
-            let _ = writeln!(
-                md,
-                "### Ratios ({} / other: latency below 1 and bandwidth or rate above 1 favour {})\n\n{t}",
-                args.subject, args.subject
-            );
-        }
         for (metric, title, file, unit) in [
             (
                 Metric::Latency,
