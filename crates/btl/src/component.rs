@@ -191,7 +191,8 @@ impl<P: Provider> Component<P> {
 }
 
 /// The `udp` provider configuration the parameters ask for: `udp_if` (or
-/// the devices of `if_include`) as interfaces, `udp_ipv6`, `udp_mtu`.
+/// the devices of `if_include`) as interfaces, `udp_ipv6`, `udp_mtu`,
+/// `udp_gso`, `udp_gro`.
 pub fn udp_config(params: &Params) -> UdpConfig {
     let mut interfaces: Vec<String> = params
         .udp_if
@@ -213,6 +214,8 @@ pub fn udp_config(params: &Params) -> UdpConfig {
         interfaces,
         ipv6: params.udp_ipv6,
         mtu: params.udp_mtu,
+        gso: params.udp_gso,
+        gro: params.udp_gro,
         ..UdpConfig::default()
     }
 }

@@ -364,6 +364,10 @@ parameters! {
         "Prefer IPv6 addresses for the udp provider";
     udp_mtu: usize = unset, size(64, MAX_UDP_PAYLOAD), udbtl,
         "Largest payload per UDP datagram; unset: the interface MTU less the IP and UDP headers";
+    udp_gso: bool = (true), BOOL, udbtl,
+        "Send trains of equal datagrams to one peer with one system call (UDP GSO)";
+    udp_gro: bool = (true), BOOL, udbtl,
+        "Receive coalesced trains (UDP GRO) where datagrams are small enough to form them";
 }
 
 impl Params {
