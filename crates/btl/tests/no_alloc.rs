@@ -13,7 +13,12 @@
 //! * ping-pong with `Module::send_message` of a message within the eager
 //!   limit (one datagram), 8 B and 1 KiB;
 //! * streaming: windows of 64 eager sends, then every acknowledgement;
-//! * the host-driven path: `Module::poll`, `next_event`, `finish`.
+//! * the host-driven path: `Module::poll`, `next_event`, `finish`
+//!   (ping-pong, and streaming).
+//!
+//! The streams run ahead of the congestion window, so most of their
+//! messages are coalesced (`coalesce`, on by default): packing on the send
+//! side and splitting on both receive paths are measured as well.
 //!
 //! The progress helper thread is off, so that all of the module's work
 //! happens on the measuring thread and is counted (and the run does not
@@ -369,6 +374,39 @@ fn host_ping_pong(a: &mut Side, b: &mut Side, payload: &[u8], len: &AtomicUsize,
     }
 }
 
+/// [`stream`] with both sides host-driven: windows of [`WINDOW`] sends from
+/// `a` (most of which ride coalesced behind the congestion window), each
+/// followed by every acknowledgement.
+fn host_stream(a: &mut Side, b: &mut Side, payload: &[u8], len: &AtomicUsize, windows: usize) {
+    for _ in 0..windows {
+        let b_had = b.got.messages();
+        for _ in 0..WINDOW {
+            let start = Instant::now();
+            loop {
+                let peer = a.peer;
+                let module = a.module();
+                if let Some(des) = module.alloc(NO_ORDER, payload.len(), DesFlags::BTL_OWNERSHIP) {
+                    module
+                        .segment_mut(des)
+                        .expect("segment")
+                        .copy_from_slice(payload);
+                    module.send(peer, des, STREAM).expect("send");
+                    break;
+                }
+                host_progress(a, len);
+                host_progress(b, len);
+                assert!(start.elapsed() < STUCK, "stuck");
+            }
+        }
+        let start = Instant::now();
+        while b.got.messages() < b_had + WINDOW || a.module().unacknowledged() > 0 {
+            host_progress(a, len);
+            host_progress(b, len);
+            assert!(start.elapsed() < STUCK, "stuck");
+        }
+    }
+}
+
 /// Runs `run(count)` once to warm up with [`WARMUP`], then measured with
 /// `measured`; asserts the measured window allocated nothing.
 fn check(name: &str, measured: usize, mut run: impl FnMut(usize)) {
@@ -419,7 +457,15 @@ fn eager_messages_allocate_nothing_once_warm() {
             ROUND_TRIPS_OTHER,
             |n| host_ping_pong(&mut a, &mut b, &payload, &len, n),
         );
+        check(
+            &format!("host-driven stream {size} B"),
+            WINDOWS * WINDOW,
+            |n| host_stream(&mut a, &mut b, &payload, &len, n.div_ceil(WINDOW)),
+        );
     }
+    // The streams packed messages behind the window: coalescing, on both
+    // receive paths, was measured too.
+    assert!(a.btl.modules()[0].stats().messages_coalesced > 0);
     for side in [a, b] {
         for ctx in side.btl.finalize().expect("finalize") {
             assert!(udbtl_fabric::Context::resources(&ctx).is_empty());
