@@ -31,7 +31,7 @@
 //! # Parameters that are not the seed's
 //!
 //! Every parameter from `provider` on in the table below (the registration
-//! cache's bounds, reliability, the progress helper, checksums, keepalive,
+//! cache's bounds, reliability, coalescing, the progress helper, checksums, keepalive,
 //! the job key, the UDP provider's settings) is a udbtl addition;
 //! [`ParamInfo::from_seed`] is `false` for them. The seed's
 //! `min_send_size` and `max_send_size` defaulted to 2048 on the assumption of a
