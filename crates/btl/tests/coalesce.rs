@@ -231,6 +231,11 @@ fn riders_of_a_lost_peer_fail_once_each_in_order() {
     }
     let coalesced = nodes[0].modules()[0].stats().messages_coalesced;
     assert!(coalesced > 0, "riders wait behind the window");
+    assert_eq!(
+        nodes[0].modules()[0].unacknowledged(),
+        n,
+        "riders count as unacknowledged"
+    );
     let stop = drive(&net, &mut nodes, Duration::from_secs(120), |_| {
         done.lock().unwrap().len() >= n && !errors.lock().unwrap().is_empty()
     });

@@ -388,6 +388,7 @@ impl<C: Context> Engine<C> {
             header_len: header_len(params),
             coalesce: params.coalesce,
             coalesce_scratch: Vec::with_capacity(built.limits.eager_limit),
+            riders_waiting: 0,
             host_split: None,
             proc_id: super::reliable::random_process_id(),
             reliable,

@@ -131,6 +131,9 @@ struct Engine<C: Context> {
     /// registered memory, possibly of one registration): reserved once, at
     /// the eager limit, so that coalescing never allocates.
     coalesce_scratch: Vec<u8>,
+    /// Messages riding in another's datagram, not yet completed: the
+    /// reliability state counts only the carriers.
+    riders_waiting: usize,
     /// A coalesced datagram whose records a host is being handed one by
     /// one (`host.rs`): the delivery, the offset of the next record in its
     /// payload, and how many records remain.

@@ -321,6 +321,7 @@ impl<C: Context> Engine<C> {
             r.rider_tail = None;
             r.state = FragState::Posted;
         }
+        self.riders_waiting += 1;
         true
     }
 
@@ -334,6 +335,7 @@ impl<C: Context> Engine<C> {
         self.complete_send(des, status.clone());
         while let Some(rider) = next {
             next = self.frags.get_mut(rider).and_then(|f| f.rider.take());
+            self.riders_waiting = self.riders_waiting.saturating_sub(1);
             self.complete_send(rider, status.clone());
         }
     }
@@ -751,11 +753,13 @@ impl<C: Context> Engine<C> {
         let Some(reliable) = self.reliable.as_ref() else {
             return 0;
         };
-        self.endpoints
+        let carriers: usize = self
+            .endpoints
             .ids()
             .filter_map(|id| reliable.core.queued(PeerId(id.0)))
             .map(|(in_flight, backlog)| in_flight + backlog)
-            .sum()
+            .sum();
+        carriers + self.riders_waiting
     }
 }
 
