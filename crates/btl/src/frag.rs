@@ -180,8 +180,16 @@ pub(crate) struct Frag {
     pub(crate) context: u64,
     pub(crate) user: Option<UserData>,
     /// Whether the fragment starts and/or ends a message (reliability
-    /// extension flags `FLAG_FIRST`/`FLAG_LAST`).
+    /// extension flags `FLAG_FIRST`/`FLAG_LAST`), and, on a carrier, that
+    /// its segment is a list of coalesced messages (`FLAG_COALESCED`).
     pub(crate) msg_flags: u16,
+    /// The next message coalesced into the same datagram: on a carrier, the
+    /// first of its riders; on a rider, the one after it. An intrusive list,
+    /// so that coalescing never allocates. Riders complete right after
+    /// their carrier, in this order.
+    pub(crate) rider: Option<Descriptor>,
+    /// On a carrier, its last rider (where the next one is linked).
+    pub(crate) rider_tail: Option<Descriptor>,
 }
 
 /// A free list of fragments over chunks of registered memory.
@@ -259,6 +267,8 @@ impl FragPool {
             context: 0,
             user: None,
             msg_flags: WHOLE_MESSAGE,
+            rider: None,
+            rider_tail: None,
         }));
         Ok(true)
     }
@@ -286,6 +296,8 @@ impl FragPool {
         frag.context = 0;
         frag.user = None;
         frag.msg_flags = WHOLE_MESSAGE;
+        frag.rider = None;
+        frag.rider_tail = None;
         let des = Descriptor::new(self.kind, index, frag.generation);
         self.high_water = self.high_water.max(self.in_use());
         Some(des)

@@ -78,6 +78,10 @@ fn in_namespace() {
     let params = Params::load_from(
         &BtlConfig {
             rd_num: Some(1024),
+            // One message per datagram, so that the kernel drops messages
+            // (coalesced, the 20 000 fill about a hundred 64 KiB datagrams;
+            // `coalesce.rs` covers that).
+            coalesce: Some(false),
             ..BtlConfig::default()
         },
         |_| None,

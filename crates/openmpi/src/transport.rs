@@ -241,14 +241,15 @@ impl<C: Context + 'static> HostModule for Module<C> {
             let _ = write!(
                 line,
                 " retransmitted={} fast_retransmits={} timeouts={} duplicates={} keepalives={} lost_peers={} \
-                 bad_checksum={}",
+                 bad_checksum={} coalesced={}",
                 r.retransmitted,
                 r.fast_retransmits,
                 r.timeouts,
                 r.duplicates,
                 r.keepalives,
                 r.peers_lost,
-                s.recv_bad_checksum
+                s.recv_bad_checksum,
+                s.messages_coalesced
             );
         }
         line

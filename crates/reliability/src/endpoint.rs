@@ -507,6 +507,24 @@ impl<F: Clone, R> Reliability<F, R> {
         Some((usize::from(p.in_flight), backlog))
     }
 
+    /// The newest fragment waiting in a peer's backlog (queued by
+    /// [`send`](Self::send) but not yet sequenced: the window or the
+    /// credit is full), if the peer is active. Such a fragment has never
+    /// been handed out by [`poll_transmit`](Self::poll_transmit) and will
+    /// not be before every fragment queued earlier, so its caller may still
+    /// change what it carries (append another message to it) before it
+    /// leaves. `None` while the backlog is empty, or the peer is unknown,
+    /// closed or lost.
+    pub fn backlog_tail(&self, peer: PeerId) -> Option<&F> {
+        let p = self.peers.get(peer.0 as usize)?;
+        if p.mode != Mode::Active || p.backlog_tail == NIL {
+            return None;
+        }
+        self.slots
+            .get(p.backlog_tail as usize)
+            .map(|slot| &slot.frag)
+    }
+
     /// `true` once the peer was declared lost.
     pub fn is_lost(&self, peer: PeerId) -> bool {
         self.peers
@@ -1300,6 +1318,39 @@ impl<F: Clone, R> Reliability<F, R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backlog_tail_is_the_newest_unsequenced_fragment() {
+        let config = Config {
+            window: 2,
+            initial_cwnd: 2,
+            initial_credit: 2,
+            ..Config::default()
+        };
+        let mut r: Reliability<u32, u32> = Reliability::new(config).expect("config");
+        let now = Instant::from_nanos(0);
+        let peer = r.add_peer(now);
+        assert_eq!(r.backlog_tail(peer), None);
+        assert_eq!(r.backlog_tail(PeerId(9)), None);
+        // The first two are sequenced at once: no backlog.
+        r.send(now, peer, 1).expect("send");
+        r.send(now, peer, 2).expect("send");
+        assert_eq!(r.backlog_tail(peer), None);
+        r.send(now, peer, 3).expect("send");
+        assert_eq!(r.backlog_tail(peer), Some(&3));
+        r.send(now, peer, 4).expect("send");
+        assert_eq!(r.backlog_tail(peer), Some(&4));
+        assert_eq!(r.queued(peer), Some((2, 2)));
+        // Only what is in flight is handed out for transmission.
+        let mut sent = Vec::new();
+        while let Some(tx) = r.poll_transmit(now) {
+            sent.extend(tx.frag);
+        }
+        assert_eq!(sent, [1, 2]);
+        // A closed peer has no backlog to add to.
+        r.close_peer(now, peer);
+        assert_eq!(r.backlog_tail(peer), None);
+    }
 
     #[test]
     fn replaced_timer_entries_do_not_pile_up() {

@@ -34,6 +34,7 @@
 #![warn(missing_docs)]
 
 pub mod btl;
+pub mod coalesced;
 pub mod datagram;
 mod error;
 pub(crate) mod field;

@@ -25,6 +25,18 @@
 //!   payload) with this field counted as zeros, meaningful when the
 //!   `CHECKSUM` flag is set: on fabrics that do not check integrity
 //!   themselves. [`crate::datagram`] computes, writes and verifies it.
+//! * `flags`:
+//!
+//!   | bit    | name        | meaning                                            |
+//!   |--------|-------------|----------------------------------------------------|
+//!   | `0x01` | `ACK_ONLY`  | no payload, only acknowledgement                   |
+//!   | `0x02` | `ACK_REQ`   | acknowledge at once                                |
+//!   | `0x04` | `CHECKSUM`  | the checksum field is meaningful                   |
+//!   | `0x08` | `FIRST`     | first fragment of a message                        |
+//!   | `0x10` | `LAST`      | last fragment of a message                         |
+//!   | `0x20` | `ABORT`     | the sender gave up on the message in progress      |
+//!   | `0x40` | `RESET`     | the sender declared the receiver lost              |
+//!   | `0x80` | `COALESCED` | the payload is a list of whole messages ([`crate::coalesced`]) |
 
 use crate::field::{Field, read_u16, read_u32, write_u16, write_u32};
 use crate::seq::SeqNum;
@@ -49,8 +61,18 @@ pub const FLAG_ABORT: u16 = 0x20;
 /// Flag: the sender declared the receiver lost: every stream between them
 /// is broken; the receiver must report it.
 pub const FLAG_RESET: u16 = 0x40;
-const KNOWN_FLAGS: u16 =
-    FLAG_ACK_ONLY | FLAG_ACK_REQ | FLAG_CHECKSUM | FLAG_FIRST | FLAG_LAST | FLAG_ABORT | FLAG_RESET;
+/// Flag: the payload is several whole messages packed by the sender, as a
+/// list of [`crate::coalesced`] records (tag, length, bytes), to be
+/// delivered one by one, in order. Set only with `FIRST | LAST`.
+pub const FLAG_COALESCED: u16 = 0x80;
+const KNOWN_FLAGS: u16 = FLAG_ACK_ONLY
+    | FLAG_ACK_REQ
+    | FLAG_CHECKSUM
+    | FLAG_FIRST
+    | FLAG_LAST
+    | FLAG_ABORT
+    | FLAG_RESET
+    | FLAG_COALESCED;
 
 mod field {
     use super::Field;
@@ -274,7 +296,7 @@ mod tests {
     fn malformed_is_an_error() {
         assert!(Packet::new_checked(&BYTES[..HEADER_LEN - 1]).is_err());
         let mut bad = BYTES;
-        bad[23] = 0x80;
+        bad[22] = 0x01;
         assert!(Repr::parse(&Packet::new_checked(&bad[..]).unwrap()).is_err());
         let mut bad = BYTES;
         bad[31] = 1;
@@ -291,6 +313,7 @@ mod tests {
             FLAG_LAST,
             FLAG_ABORT,
             FLAG_RESET,
+            FLAG_COALESCED,
         ] {
             let mut bytes = BYTES;
             bytes[22..24].copy_from_slice(&flag.to_be_bytes());
@@ -298,7 +321,7 @@ mod tests {
             assert!(parsed.has(flag), "flag {flag:#x}");
         }
         let mut bytes = BYTES;
-        bytes[22..24].copy_from_slice(&(FLAG_RESET << 1).to_be_bytes());
+        bytes[22..24].copy_from_slice(&(FLAG_COALESCED << 1).to_be_bytes());
         assert!(Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()).is_err());
     }
 

@@ -386,6 +386,10 @@ impl<C: Context> Engine<C> {
             path_bits: params.ib_src_path_bits,
             stats: ModuleStats::default(),
             header_len: header_len(params),
+            coalesce: params.coalesce,
+            coalesce_scratch: Vec::with_capacity(built.limits.eager_limit),
+            riders_waiting: 0,
+            host_split: None,
             proc_id: super::reliable::random_process_id(),
             reliable,
         })

@@ -8,6 +8,7 @@
 //! [`Module::finish`], which releases what the event held.
 
 use udbtl_fabric::{Context, QpAddr};
+use udbtl_wire::coalesced;
 
 use super::events::Notice;
 use super::recv::{Delivery, Held};
@@ -74,6 +75,9 @@ impl Received {
 enum Hold {
     /// A receive buffer, out of the pool.
     Buffer(Held),
+    /// One message of a coalesced datagram: a share of its receive buffer,
+    /// which goes back to the pool with the last share.
+    Record(Held),
     /// A message reassembled from several datagrams; its bytes.
     Message {
         endpoint: EndpointId,
@@ -86,7 +90,16 @@ impl<C: Context> Engine<C> {
     /// contract.
     pub(super) fn next_host_event(&mut self) -> Option<HostEvent> {
         loop {
+            if self.host_split.is_some() {
+                if let Some(received) = self.next_record_for_host() {
+                    return Some(HostEvent::Received(received));
+                }
+                continue;
+            }
             match self.notices.pop_front()? {
+                Notice::Datagram(delivery) if delivery.is_coalesced() => {
+                    self.split_for_host(delivery);
+                }
                 Notice::Datagram(delivery) => {
                     if let Some(received) = self.receive_for_host(delivery) {
                         return Some(HostEvent::Received(received));
@@ -150,6 +163,75 @@ impl<C: Context> Engine<C> {
         })
     }
 
+    /// Starts handing a host the messages of a coalesced datagram, one event
+    /// each, from its buffer, which stays held until the last is finished.
+    /// The record list is checked whole first: a malformed one is counted
+    /// and dropped, none of it delivered.
+    fn split_for_host(&mut self, delivery: Delivery) {
+        let count = self
+            .recv
+            .datagram(&self.ctx, delivery.held)
+            .and_then(|d| d.get(delivery.header_len..))
+            .filter(|_| delivery.is_whole())
+            .and_then(|p| coalesced::validate(p).ok());
+        let slot = delivery.held.slot as usize;
+        match (count, self.recv.shares.get_mut(slot)) {
+            (Some(count), Some(shares)) => {
+                *shares = count as u32;
+                self.host_split = Some((delivery, 0, count));
+            }
+            _ => {
+                self.stats.recv_malformed += 1;
+                self.return_buffer(delivery.held);
+            }
+        }
+    }
+
+    /// The next message of the coalesced datagram being split, as a host
+    /// event holding a share of its buffer.
+    fn next_record_for_host(&mut self) -> Option<Received> {
+        let (delivery, offset, remaining) = self.host_split.take()?;
+        let record = self
+            .recv
+            .datagram(&self.ctx, delivery.held)
+            .and_then(|d| d.get(delivery.header_len + offset..))
+            .and_then(|rest| coalesced::Records::new(rest).next())
+            .and_then(Result::ok);
+        let Some(record) = record else {
+            // Checked whole before the split began, so never; if it were,
+            // the shares not handed out are given up.
+            for _ in 0..remaining {
+                self.release_share(delivery.held);
+            }
+            return None;
+        };
+        if remaining > 1 {
+            let next = offset + coalesced::record_len(record.bytes.len());
+            self.host_split = Some((delivery, next, remaining - 1));
+        }
+        Some(Received {
+            tag: Tag(record.tag),
+            endpoint: delivery.endpoint,
+            endpoint_context: self.endpoints.context(delivery.endpoint),
+            src: delivery.src,
+            payload: record.bytes.as_ptr(),
+            len: record.bytes.len(),
+            hold: Hold::Record(delivery.held),
+        })
+    }
+
+    /// Gives up one share of a coalesced datagram's buffer; the last one
+    /// returns the buffer to the pool.
+    fn release_share(&mut self, held: Held) {
+        let Some(shares) = self.recv.shares.get_mut(held.slot as usize) else {
+            return;
+        };
+        *shares = shares.saturating_sub(1);
+        if *shares == 0 {
+            self.return_buffer(held);
+        }
+    }
+
     /// The engine's side of `Module::finish`, whose documentation is the
     /// contract.
     pub(super) fn finish_host_event(&mut self, event: HostEvent, claimed: bool) {
@@ -162,6 +244,7 @@ impl<C: Context> Engine<C> {
                 }
                 match hold {
                     Hold::Buffer(held) => self.return_buffer(held),
+                    Hold::Record(held) => self.release_share(held),
                     Hold::Message { endpoint, bytes } => self.recycle_message(endpoint, bytes),
                 }
             }

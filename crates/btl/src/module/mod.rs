@@ -124,6 +124,20 @@ struct Engine<C: Context> {
     /// BTL header bytes in front of every payload: 8, plus the 32-byte
     /// reliability extension when reliable.
     header_len: usize,
+    /// Small messages may ride in the datagram of an earlier one to the
+    /// same peer (the `coalesce` parameter; `reliable.rs`).
+    coalesce: bool,
+    /// A rider's bytes on their way into its carrier (both live in
+    /// registered memory, possibly of one registration): reserved once, at
+    /// the eager limit, so that coalescing never allocates.
+    coalesce_scratch: Vec<u8>,
+    /// Messages riding in another's datagram, not yet completed: the
+    /// reliability state counts only the carriers.
+    riders_waiting: usize,
+    /// A coalesced datagram whose records a host is being handed one by
+    /// one (`host.rs`): the delivery, the offset of the next record in its
+    /// payload, and how many records remain.
+    host_split: Option<(recv::Delivery, usize, usize)>,
     /// This process's id, published in the modex and carried in reliable
     /// datagrams.
     proc_id: u32,

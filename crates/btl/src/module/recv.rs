@@ -7,7 +7,7 @@ use udbtl_fabric::{
     Context, GRH_LEN, Mr, PostError, QpAddr, QpHandle, RecvWr, Sge, WcStatus, WorkCompletion,
 };
 use udbtl_reliability::Instant;
-use udbtl_wire::{btl, rel};
+use udbtl_wire::{btl, coalesced, rel};
 
 use super::Engine;
 use super::events::{Callbacks, Notice, RecvEvent};
@@ -31,6 +31,12 @@ impl Delivery {
     pub(super) const fn is_whole(&self) -> bool {
         let whole = rel::FLAG_FIRST | rel::FLAG_LAST;
         self.flags & (whole | rel::FLAG_ABORT) == whole
+    }
+
+    /// Whether the datagram claims to pack several whole messages (a
+    /// [`coalesced`](udbtl_wire::coalesced) record list).
+    pub(super) const fn is_coalesced(&self) -> bool {
+        self.flags & rel::FLAG_COALESCED != 0
     }
 }
 
@@ -56,6 +62,10 @@ pub(super) struct RecvPool {
     pub(super) wcs: Box<[WorkCompletion]>,
     /// Buffers the reliability state holds for datagrams that arrived early.
     pub(super) early_held: usize,
+    /// Per buffer: host events still out for the records of the coalesced
+    /// datagram it holds (`host.rs`); it is reposted when the last one is
+    /// finished. Sized once, so that splitting never allocates.
+    pub(super) shares: Box<[u32]>,
     /// Buffers no early or undeliverable datagram may take: however many
     /// peers have gaps, the next in-order datagram of any of them (and every
     /// acknowledgement) always finds a posted buffer, so no stream can stall
@@ -86,6 +96,7 @@ impl RecvPool {
             reposts: Vec::with_capacity(NUM_WC),
             wcs: vec![WorkCompletion::EMPTY; NUM_WC].into_boxed_slice(),
             early_held: 0,
+            shares: vec![0; count].into_boxed_slice(),
             reserve: (count / 4).clamp(1, 256),
         }
     }
@@ -212,7 +223,9 @@ impl<C: Context> Engine<C> {
             src,
             flags,
         } = delivery;
-        if delivery.is_whole() {
+        if delivery.is_coalesced() {
+            self.deliver_records(callbacks, delivery);
+        } else if delivery.is_whole() {
             let endpoint_context = self.endpoints.context(endpoint);
             match (
                 callbacks.recv[usize::from(tag.0)].as_mut(),
@@ -239,5 +252,39 @@ impl<C: Context> Engine<C> {
             self.stats.recv_orphan_pieces += 1;
         }
         self.return_buffer(held);
+    }
+
+    /// Runs the tag callback of each message of a coalesced datagram, in
+    /// order. The record list is checked whole first: a malformed one (or a
+    /// coalesced datagram that is not a whole message) is counted and none
+    /// of it is delivered, so no message is delivered twice or half. Does
+    /// not repost the buffer.
+    fn deliver_records(&mut self, callbacks: &mut Callbacks, delivery: Delivery) {
+        let payload = self
+            .recv
+            .datagram(&self.ctx, delivery.held)
+            .and_then(|d| d.get(delivery.header_len..))
+            .filter(|p| delivery.is_whole() && coalesced::validate(p).is_ok());
+        let Some(payload) = payload else {
+            self.stats.recv_malformed += 1;
+            return;
+        };
+        let endpoint_context = self.endpoints.context(delivery.endpoint);
+        for record in coalesced::Records::new(payload).map_while(Result::ok) {
+            let tag = Tag(record.tag);
+            match callbacks.recv[usize::from(record.tag)].as_mut() {
+                Some(callback) => {
+                    callback(&RecvEvent {
+                        tag,
+                        endpoint: delivery.endpoint,
+                        endpoint_context,
+                        src: delivery.src,
+                        payload: record.bytes,
+                    });
+                    self.stats.recvs_delivered += 1;
+                }
+                None => self.stats.recv_no_callback += 1,
+            }
+        }
     }
 }

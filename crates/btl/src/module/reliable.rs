@@ -9,6 +9,11 @@
 //! * A received datagram's reliability header goes to the state, which says
 //!   whether to deliver it now, hold its buffer until an earlier one
 //!   arrives, or drop it (duplicate, acknowledgement only).
+//! * A small whole message to a peer whose window or credit is full (its
+//!   backlog is not empty) rides in the datagram of the newest fragment of
+//!   that backlog instead of waiting for its own (`try_coalesce`); it
+//!   completes right after that carrier, and the receiver splits the
+//!   datagram into its messages (`recv.rs`, `host.rs`).
 //! * Acknowledgements and retransmissions go out at the end of each progress
 //!   call, after timers that are due; while nothing is owed no timer is
 //!   armed, so an idle progress call costs one comparison.
@@ -20,7 +25,7 @@ use udbtl_fabric::{Context, Mr, MrHandle, QpAddr, Sge};
 use udbtl_reliability::{
     Config, ConfigError, Event, Instant, LossReason, PeerId, Receipt, Reliability, Room, SendError,
 };
-use udbtl_wire::{btl, datagram, rel};
+use udbtl_wire::{btl, coalesced, datagram, rel};
 
 use super::build::HEADER_MAX;
 use super::events::Callbacks;
@@ -29,7 +34,7 @@ use super::recv::{Delivery, Held};
 use super::send::{QueuedPost, WaitingSend};
 use super::{Engine, RecvEvent, SendStatus};
 use crate::error::{BtlError, SendFailure};
-use crate::frag::{Descriptor, FragState};
+use crate::frag::{DesFlags, Descriptor, FragKind, FragState};
 use crate::params::Params;
 use crate::{EndpointId, Tag};
 
@@ -160,16 +165,24 @@ impl<C: Context> Engine<C> {
         des: Descriptor,
     ) -> Result<SendStatus, BtlError> {
         let now = self.clock();
+        // Lent memory is given back only by the acknowledgement: ask for it
+        // at once, or the caller waits out the peer's delayed acknowledgement.
+        let lent = self.frags.get(des).is_some_and(|f| f.user.is_some());
+        let peer = PeerId(endpoint.0);
+        if self.coalesce && !lent && self.try_coalesce(peer, des) {
+            self.stats.messages_coalesced += 1;
+            return Ok(if self.sends.len() == 0 {
+                SendStatus::Posted
+            } else {
+                SendStatus::Queued
+            });
+        }
         let Some(reliable) = self.reliable.as_mut() else {
             return Err(super::descriptors::bad(
                 des,
                 "sent reliably by an unreliable module",
             ));
         };
-        // Lent memory is given back only by the acknowledgement: ask for it
-        // at once, or the caller waits out the peer's delayed acknowledgement.
-        let lent = self.frags.get(des).is_some_and(|f| f.user.is_some());
-        let peer = PeerId(endpoint.0);
         let queued = if lent {
             reliable.core.send_awaited(now, peer, des)
         } else {
@@ -197,6 +210,134 @@ impl<C: Context> Engine<C> {
         } else {
             SendStatus::Queued
         })
+    }
+
+    /// Packs the whole message in `des` into the datagram of the newest
+    /// fragment waiting in `peer`'s backlog (its carrier), if that costs no
+    /// latency and both fit: the backlog being non-empty means the window
+    /// or the credit is full, so `des` would wait behind the carrier anyway.
+    /// On success `des` becomes the carrier's last rider: Posted, owned by
+    /// the BTL until the carrier's acknowledgement (or failure) completes it
+    /// right after the carrier. On refusal nothing changed.
+    ///
+    /// Eligible are send fragments with their bytes in BTL registered memory
+    /// (no lent or user bytes), holding a whole message no longer than a
+    /// record may be; the carrier must also be BTL-owned (it is freed after
+    /// its callback, so its rewritten segment is never seen again) and, being
+    /// in the backlog, has never been sequenced nor transmitted.
+    fn try_coalesce(&mut self, peer: PeerId, des: Descriptor) -> bool {
+        let whole = rel::FLAG_FIRST | rel::FLAG_LAST;
+        let eligible = |f: &crate::frag::Frag| {
+            f.user.is_none()
+                && f.msg_flags & (whole | rel::FLAG_ABORT) == whole
+                && f.seg_len <= coalesced::MAX_RECORD_LEN
+        };
+        let Some(carrier) = self
+            .reliable
+            .as_ref()
+            .and_then(|r| r.core.backlog_tail(peer).copied())
+        else {
+            return false;
+        };
+        let (Some(c), Some(r)) = (self.frags.get(carrier), self.frags.get(des)) else {
+            return false;
+        };
+        if carrier == des
+            || carrier.kind() != FragKind::Send
+            || des.kind() != FragKind::Send
+            || c.state != FragState::Posted
+            || !c.flags.contains(DesFlags::BTL_OWNERSHIP)
+            || c.endpoint != peer.0
+            || !(eligible(c) && eligible(r))
+        {
+            return false;
+        }
+        let packed = c.msg_flags & rel::FLAG_COALESCED != 0;
+        let list_len = if packed {
+            c.seg_len
+        } else {
+            coalesced::record_len(c.seg_len)
+        };
+        if list_len + coalesced::record_len(r.seg_len) > self.limits.eager_limit {
+            return false;
+        }
+        let (c_len, c_tag, c_tail, r_len, r_tag) =
+            (c.seg_len, c.tag, c.rider_tail, r.seg_len, r.tag);
+        // The rider's bytes go through the scratch buffer: the two fragments
+        // may share a registration, which cannot be borrowed twice.
+        let header_len = self.header_len;
+        let Some((r_mr, r_sge)) = self.frags.head(des, header_len + r_len) else {
+            return false;
+        };
+        let Some(bytes) = self
+            .ctx
+            .mr_bytes(r_mr.handle)
+            .ok()
+            .and_then(|b| b.get(r_sge.offset + header_len..r_sge.offset + r_sge.len))
+        else {
+            return false;
+        };
+        self.coalesce_scratch.clear();
+        self.coalesce_scratch.extend_from_slice(bytes);
+        let Some((c_mr, c_sge)) = self
+            .frags
+            .head(carrier, header_len + self.limits.eager_limit)
+        else {
+            return false;
+        };
+        let Some(list) = self
+            .ctx
+            .mr_bytes_mut(c_mr.handle)
+            .ok()
+            .and_then(|b| b.get_mut(c_sge.offset + header_len..c_sge.offset + c_sge.len))
+        else {
+            return false;
+        };
+        let start = if packed {
+            Ok(c_len)
+        } else {
+            coalesced::wrap_in_place(list, c_tag, c_len)
+        };
+        let Ok(end) =
+            start.and_then(|at| coalesced::append(list, at, r_tag, &self.coalesce_scratch))
+        else {
+            // Only on a fragment stride shorter than the eager limit, which
+            // the build never makes; the carrier is then as it was.
+            return false;
+        };
+        if let Some(c) = self.frags.get_mut(carrier) {
+            c.seg_len = end;
+            c.msg_flags |= rel::FLAG_COALESCED;
+            c.rider_tail = Some(des);
+            if c_tail.is_none() {
+                c.rider = Some(des);
+            }
+        }
+        if let Some(tail) = c_tail.and_then(|t| self.frags.get_mut(t)) {
+            tail.rider = Some(des);
+        }
+        if let Some(r) = self.frags.get_mut(des) {
+            r.rider = None;
+            r.rider_tail = None;
+            r.state = FragState::Posted;
+        }
+        self.riders_waiting += 1;
+        true
+    }
+
+    /// Completes a descriptor and then, in order, the messages that rode in
+    /// its datagram, with the same status.
+    fn complete_with_riders(&mut self, des: Descriptor, status: Result<(), SendFailure>) {
+        let mut next = self.frags.get_mut(des).and_then(|f| {
+            f.rider_tail = None;
+            f.rider.take()
+        });
+        self.complete_send(des, status.clone());
+        while let Some(rider) = next {
+            next = self.frags.get_mut(rider).and_then(|f| f.rider.take());
+            self.riders_waiting = self.riders_waiting.saturating_sub(1);
+            self.complete_send(rider, status.clone());
+        }
     }
 
     /// Timers, transmissions and events, after a progress call's
@@ -260,8 +401,8 @@ impl<C: Context> Engine<C> {
                 return;
             };
             match event {
-                Event::Acked { frag, .. } => self.complete_send(frag, Ok(())),
-                Event::Failed { peer, frag } => self.complete_send(
+                Event::Acked { frag, .. } => self.complete_with_riders(frag, Ok(())),
+                Event::Failed { peer, frag } => self.complete_with_riders(
                     frag,
                     Err(SendFailure::PeerLost(format!(
                         "endpoint {} stopped acknowledging",
@@ -612,11 +753,13 @@ impl<C: Context> Engine<C> {
         let Some(reliable) = self.reliable.as_ref() else {
             return 0;
         };
-        self.endpoints
+        let carriers: usize = self
+            .endpoints
             .ids()
             .filter_map(|id| reliable.core.queued(PeerId(id.0)))
             .map(|(in_flight, backlog)| in_flight + backlog)
-            .sum()
+            .sum();
+        carriers + self.riders_waiting
     }
 }
 

@@ -44,6 +44,9 @@ pub struct ModuleStats {
     pub recv_orphan_pieces: u64,
     /// Messages in progress dropped because their sender gave up on them.
     pub messages_aborted: u64,
+    /// Small messages sent inside the datagram of an earlier message to the
+    /// same peer (the `coalesce` parameter), instead of in their own.
+    pub messages_coalesced: u64,
 }
 
 impl<C: Context> fmt::Display for Engine<C> {
@@ -144,6 +147,12 @@ impl<C: Context> fmt::Display for Engine<C> {
                 s.messages_aborted,
                 s.recv_orphan_pieces,
                 reliable.messages_in_progress()
+            )?;
+            writeln!(
+                f,
+                "                     messages coalesced {} (coalesce {})",
+                s.messages_coalesced,
+                if self.coalesce { "on" } else { "off" }
             )?;
             let rtos: Vec<std::time::Duration> = self
                 .endpoints

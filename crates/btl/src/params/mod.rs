@@ -31,7 +31,7 @@
 //! # Parameters that are not the seed's
 //!
 //! Every parameter from `provider` on in the table below (the registration
-//! cache's bounds, reliability, the progress helper, checksums, keepalive,
+//! cache's bounds, reliability, coalescing, the progress helper, checksums, keepalive,
 //! the job key, the UDP provider's settings) is a udbtl addition;
 //! [`ParamInfo::from_seed`] is `false` for them. The seed's
 //! `min_send_size` and `max_send_size` defaulted to 2048 on the assumption of a
@@ -344,6 +344,11 @@ parameters! {
          of peer_timeout, until it has answered for a whole peer_timeout), so that a peer \
          that dies while this process only waits for its data is reported within \
          peer_timeout instead of never";
+    coalesce: bool = (true), BOOL, udbtl,
+        "Pack a small whole message into the datagram of the previous one to the same peer \
+         while that one still waits for the peer's window or credit (so it costs no latency), \
+         when both fit the eager limit; the receiver delivers each on its own, in order, \
+         exactly once, and each send completes when the datagram is acknowledged";
     progress_thread: bool = (true), BOOL, udbtl,
         "A helper thread services each reliable module (acknowledgements, retransmissions, \
          credit, the peer-failure clock) while the application does not call progress, so \
