@@ -578,10 +578,12 @@ fn finalize_through_thirty_percent_kernel_loss() {
         println!("SKIPPED: {why}");
         return;
     }
+    // One message per datagram: coalesced, 4000 small messages fit in a
+    // few dozen datagrams and the rule would drop too few to test repair.
     let job = kernel_job(
         "numgen random mod 100 '<' 30 counter drop",
         &["--messages", "4000", "finalize-busy", "--busy-ms", "0"],
-        &[],
+        &[("UDBTL_COALESCE", "0")],
     );
     let all = text(&job.output);
     println!(
@@ -618,7 +620,9 @@ fn corruption(checksum: Option<&str>) {
         return;
     }
     let rule = format!("numgen random mod 100 '<' 5 @th,{CORRUPT_BIT},8 set 0x55 counter");
-    let mut env = vec![];
+    // One message per datagram, so that the rule hits many of them and the
+    // byte it rewrites is a payload byte (see CORRUPT_BIT).
+    let mut env = vec![("UDBTL_COALESCE", "0")];
     if let Some(checksum) = checksum {
         env.push(("UDBTL_CHECKSUM", checksum));
     }
