@@ -276,7 +276,10 @@ impl Poster<'_> {
                 match ctx.post_send(qp, &wrs[next..end]) {
                     Ok(()) => next = end,
                     Err(err) => {
-                        let refused = next + err.posted;
+                        // The request it names was refused; those before
+                        // it were posted. (Clamped: a provider that blames
+                        // a request past the run must not end the loop.)
+                        let refused = (next + err.posted).min(end - 1);
                         tracing::trace!(error = %err.error, "datagram refused by the fabric");
                         outcome.refused += 1;
                         outcome.refused_signaled += usize::from(posts[refused].signaled);
