@@ -343,17 +343,11 @@ fn host_progress(side: &mut Side, len: &AtomicUsize) {
     }
 }
 
-/// [`ping_pong`] with `Module::alloc` + `send`, both sides host-driven.
-fn host_ping_pong(a: &mut Side, b: &mut Side, payload: &[u8], len: &AtomicUsize, count: usize) {
-    let host_drive = |a: &mut Side, b: &mut Side, done: &dyn Fn(&Side, &Side) -> bool| {
-        let start = Instant::now();
-        while !done(a, b) {
-            host_progress(a, len);
-            host_progress(b, len);
-            assert!(start.elapsed() < STUCK, "stuck");
-        }
-    };
-    let host_send = |from: &mut Side, other: &mut Side, tag| loop {
+/// Sends `payload` from `from` to its peer with `Module::alloc` + `send`,
+/// progressing both host-driven sides while no fragment is free.
+fn host_send(from: &mut Side, other: &mut Side, payload: &[u8], len: &AtomicUsize, tag: Tag) {
+    let start = Instant::now();
+    loop {
         let peer = from.peer;
         let module = from.module();
         if let Some(des) = module.alloc(NO_ORDER, payload.len(), DesFlags::BTL_OWNERSHIP) {
@@ -366,12 +360,25 @@ fn host_ping_pong(a: &mut Side, b: &mut Side, payload: &[u8], len: &AtomicUsize,
         }
         host_progress(from, len);
         host_progress(other, len);
+        assert!(start.elapsed() < STUCK, "stuck");
+    }
+}
+
+/// [`ping_pong`] with `Module::alloc` + `send`, both sides host-driven.
+fn host_ping_pong(a: &mut Side, b: &mut Side, payload: &[u8], len: &AtomicUsize, count: usize) {
+    let host_drive = |a: &mut Side, b: &mut Side, done: &dyn Fn(&Side, &Side) -> bool| {
+        let start = Instant::now();
+        while !done(a, b) {
+            host_progress(a, len);
+            host_progress(b, len);
+            assert!(start.elapsed() < STUCK, "stuck");
+        }
     };
     for _ in 0..count {
         let (a_had, b_had) = (a.got.messages(), b.got.messages());
-        host_send(a, b, PING);
+        host_send(a, b, payload, len, PING);
         host_drive(a, b, &|_, b| b.got.messages() > b_had);
-        host_send(b, a, PONG);
+        host_send(b, a, payload, len, PONG);
         host_drive(a, b, &|a, _| a.got.messages() > a_had);
     }
 }
@@ -383,22 +390,7 @@ fn host_stream(a: &mut Side, b: &mut Side, payload: &[u8], len: &AtomicUsize, wi
     for _ in 0..windows {
         let b_had = b.got.messages();
         for _ in 0..WINDOW {
-            let start = Instant::now();
-            loop {
-                let peer = a.peer;
-                let module = a.module();
-                if let Some(des) = module.alloc(NO_ORDER, payload.len(), DesFlags::BTL_OWNERSHIP) {
-                    module
-                        .segment_mut(des)
-                        .expect("segment")
-                        .copy_from_slice(payload);
-                    module.send(peer, des, STREAM).expect("send");
-                    break;
-                }
-                host_progress(a, len);
-                host_progress(b, len);
-                assert!(start.elapsed() < STUCK, "stuck");
-            }
+            host_send(a, b, payload, len, STREAM);
         }
         let start = Instant::now();
         while b.got.messages() < b_had + WINDOW || a.module().unacknowledged() > 0 {

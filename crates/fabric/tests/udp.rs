@@ -364,35 +364,7 @@ fn batched_equal_sends_arrive_as_separate_datagrams() {
         let dev = p.devices().unwrap()[0].name.clone();
         let mut a = Endpoint::new(p.open(&dev).unwrap(), 4, QKEY);
         let mut b = Endpoint::new(p.open(&dev).unwrap(), 64, QKEY);
-        let ah = a.ah(node(&b));
-        let mr = a.send_mr;
-        for i in 0..40usize {
-            a.ctx.mr_bytes_mut(mr.handle).unwrap()[i * 1400..(i + 1) * 1400].fill(i as u8);
-        }
-        let sgs: Vec<[Gather<'_>; 1]> = (0..40)
-            .map(|i| {
-                [Gather::Registered(Sge {
-                    lkey: mr.lkey,
-                    offset: i * 1400,
-                    len: if i == 39 { 100 } else { 1400 },
-                })]
-            })
-            .collect();
-        let wrs: Vec<SendWr<'_>> = sgs
-            .iter()
-            .enumerate()
-            .map(|(i, sg)| SendWr {
-                wr_id: i as u64,
-                sg_list: sg,
-                ah,
-                remote_qpn: b.qp.qp_num,
-                remote_qkey: QKEY,
-                imm: None,
-                flags: SendFlags::SIGNALED,
-            })
-            .collect();
-        a.ctx.post_send(a.qp.handle, &wrs).unwrap();
-        assert_eq!(a.poll_for(40, WAIT).len(), 40);
+        send_forty(&mut a, &b);
         let got = b.poll_for(40, WAIT);
         assert_eq!(got.len(), 40, "gso={gso}");
         let mut seen: Vec<u8> = got.iter().map(|wc| b.payload(wc)[0]).collect();

@@ -42,30 +42,35 @@ fn text(out: &Output) -> String {
 const PINGPONG: &str = env!("CARGO_BIN_EXE_udp_pingpong");
 const STREAM: &str = env!("CARGO_BIN_EXE_udp_stream");
 
-#[test]
-fn pingpong_runs_over_loopback_and_prints_json() {
+/// Runs a ping-pong client with `args` against a server of its own, which
+/// must end cleanly (the client's empty datagram ends it).
+fn pingpong(args: &[&str]) -> Output {
     let (mut server, addr) = start(
         PINGPONG,
         &["--listen", "127.0.0.1:0", "--timeout", "20"],
         "echoing on ",
     );
-    let out = run(
-        PINGPONG,
-        &[
-            "--connect",
-            &addr,
-            "--max-size",
-            "16",
-            "--iterations",
-            "20",
-            "--skip",
-            "2",
-            "--json",
-            "--timeout",
-            "10",
-        ],
-    );
+    let mut all = vec!["--connect", addr.as_str()];
+    all.extend_from_slice(args);
+    let out = run(PINGPONG, &all);
     assert!(out.status.success(), "{}", text(&out));
+    assert!(server.wait().unwrap().success());
+    out
+}
+
+#[test]
+fn pingpong_runs_over_loopback_and_prints_json() {
+    let out = pingpong(&[
+        "--max-size",
+        "16",
+        "--iterations",
+        "20",
+        "--skip",
+        "2",
+        "--json",
+        "--timeout",
+        "10",
+    ]);
     let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).expect("json line"))
@@ -80,35 +85,14 @@ fn pingpong_runs_over_loopback_and_prints_json() {
             assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{k} in {v}");
         }
     }
-    // The client's empty datagram ends the server.
-    assert!(server.wait().unwrap().success());
 }
 
 #[test]
 fn pingpong_table_by_default() {
-    let (mut server, addr) = start(
-        PINGPONG,
-        &["--listen", "127.0.0.1:0", "--timeout", "20"],
-        "echoing on ",
-    );
-    let out = run(
-        PINGPONG,
-        &[
-            "--connect",
-            &addr,
-            "--max-size",
-            "4",
-            "--iterations",
-            "5",
-            "--skip",
-            "1",
-        ],
-    );
-    assert!(out.status.success(), "{}", text(&out));
+    let out = pingpong(&["--max-size", "4", "--iterations", "5", "--skip", "1"]);
     let t = String::from_utf8_lossy(&out.stdout);
     assert!(t.contains("# Size") && t.contains("p99 (us)"), "{t}");
     assert_eq!(t.lines().filter(|l| !l.starts_with('#')).count(), 3, "{t}");
-    assert!(server.wait().unwrap().success());
 }
 
 fn stream(mode: &str, extra: &[&str]) -> Output {

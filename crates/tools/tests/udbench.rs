@@ -20,33 +20,29 @@ fn udbench(ranks: u32, args: &[&str]) -> String {
     udbench_with_stderr(ranks, args).0
 }
 
-/// As [`udbench`], returning stdout and stderr.
-fn udbench_with_stderr(ranks: u32, args: &[&str]) -> (String, String) {
+/// Runs `udbench args` under `udrun -n ranks`, which must not hang;
+/// returns whether it succeeded, its stdout and its stderr.
+fn udbench_job(ranks: u32, args: &[&str]) -> (bool, String, String) {
     let n = ranks.to_string();
     let mut all = vec!["-n", &n, UDBENCH];
     all.extend_from_slice(args);
     let finished = common::finish(common::start(&all, &[]), Duration::from_secs(60));
     let (stdout, stderr) = text(&finished.output);
     assert!(!finished.timed_out, "{args:?} hung:\n{stdout}\n{stderr}");
-    assert!(
-        finished.output.status.success(),
-        "{args:?}:\n{stdout}\n{stderr}"
-    );
+    (finished.output.status.success(), stdout, stderr)
+}
+
+/// As [`udbench`], returning stdout and stderr.
+fn udbench_with_stderr(ranks: u32, args: &[&str]) -> (String, String) {
+    let (ok, stdout, stderr) = udbench_job(ranks, args);
+    assert!(ok, "{args:?}:\n{stdout}\n{stderr}");
     (stdout, stderr)
 }
 
 /// Runs a job that must fail; returns its stderr.
 fn udbench_fails(ranks: u32, args: &[&str]) -> String {
-    let n = ranks.to_string();
-    let mut all = vec!["-n", &n, UDBENCH];
-    all.extend_from_slice(args);
-    let finished = common::finish(common::start(&all, &[]), Duration::from_secs(60));
-    let (stdout, stderr) = text(&finished.output);
-    assert!(!finished.timed_out, "{args:?} hung:\n{stdout}\n{stderr}");
-    assert!(
-        !finished.output.status.success(),
-        "{args:?} succeeded:\n{stdout}\n{stderr}"
-    );
+    let (ok, stdout, stderr) = udbench_job(ranks, args);
+    assert!(!ok, "{args:?} succeeded:\n{stdout}\n{stderr}");
     assert!(!stderr.contains("panicked"), "{args:?}:\n{stderr}");
     stderr
 }
