@@ -127,6 +127,28 @@ pub(super) struct QueuedPost {
     pub(super) signaled: bool,
 }
 
+impl QueuedPost {
+    /// Fills `out` with the datagram's gather list, and returns its length:
+    /// the registered head, then the caller's bytes of a user fragment.
+    fn gathers<'a>(&self, frags: &'a Frags, out: &mut [Gather<'a>; 2]) -> usize {
+        out[0] = Gather::Registered(self.head);
+        let user = self
+            .user
+            .and_then(|des| frags.get(des))
+            .and_then(|frag| frag.user.as_ref());
+        match user {
+            Some(user) => {
+                out[1] = Gather::User {
+                    lkey: user.lkey,
+                    data: &user.data.bytes()[user.range.clone()],
+                };
+                2
+            }
+            None => 1,
+        }
+    }
+}
+
 /// Datagrams queued during one flush of the send side and posted together.
 ///
 /// Its capacity is reserved once: queueing never allocates.
@@ -231,30 +253,36 @@ impl Poster<'_> {
         frags: &Frags,
         batch: &mut PostBatch,
     ) -> BatchOutcome {
+        // A lone datagram (a ping-pong's) prepares one request, not a batch.
+        let outcome = if batch.posts.len() == 1 {
+            self.post_all::<C, 1>(ctx, frags, &batch.posts)
+        } else {
+            self.post_all::<C, POST_BATCH>(ctx, frags, &batch.posts)
+        };
+        batch.posts.clear();
+        outcome
+    }
+
+    /// [`post_batch`](Self::post_batch) for at most `N` datagrams.
+    fn post_all<C: Context, const N: usize>(
+        &self,
+        ctx: &mut C,
+        frags: &Frags,
+        posts: &[QueuedPost],
+    ) -> BatchOutcome {
         let mut outcome = BatchOutcome::default();
-        let posts = &batch.posts[..];
+        let posts = &posts[..posts.len().min(N)];
         let Some(first) = posts.first() else {
             return outcome;
         };
         // Unused slots keep a filler that is never posted.
-        let mut gathers = [[Gather::Registered(first.head); 2]; POST_BATCH];
-        let mut lens = [1usize; POST_BATCH];
+        let mut gathers = [[Gather::Registered(first.head); 2]; N];
+        let mut lens = [1usize; N];
         for (i, post) in posts.iter().enumerate() {
-            gathers[i][0] = Gather::Registered(post.head);
-            let user = post
-                .user
-                .and_then(|des| frags.get(des))
-                .and_then(|frag| frag.user.as_ref());
-            if let Some(user) = user {
-                gathers[i][1] = Gather::User {
-                    lkey: user.lkey,
-                    data: &user.data.bytes()[user.range.clone()],
-                };
-                lens[i] = 2;
-            }
+            lens[i] = post.gathers(frags, &mut gathers[i]);
         }
         let filler = self.work_request(&first.route, &[], 0, false);
-        let mut wrs = [filler; POST_BATCH];
+        let mut wrs = [filler; N];
         for (i, post) in posts.iter().enumerate() {
             wrs[i] = self.work_request(
                 &post.route,
@@ -291,7 +319,6 @@ impl Poster<'_> {
         }
         outcome.posted_signaled =
             posts.iter().filter(|p| p.signaled).count() - outcome.refused_signaled;
-        batch.posts.clear();
         outcome
     }
 }
