@@ -245,6 +245,11 @@ fn malformed_and_truncated_datagrams_are_counted_not_fatal() {
 /// Sends 40 datagrams of 1400 B (the last 100 B), each filled with its
 /// index, from `a` to `b` in one post.
 fn send_forty(a: &mut Endpoint<UdpContext>, b: &Endpoint<UdpContext>) {
+    send_forty_with_qkey(a, b, QKEY);
+}
+
+/// [`send_forty`] presenting `qkey`.
+fn send_forty_with_qkey(a: &mut Endpoint<UdpContext>, b: &Endpoint<UdpContext>, qkey: u32) {
     let ah = a.ah(node(b));
     let mr = a.send_mr;
     for i in 0..40usize {
@@ -267,7 +272,7 @@ fn send_forty(a: &mut Endpoint<UdpContext>, b: &Endpoint<UdpContext>) {
             sg_list: sg,
             ah,
             remote_qpn: b.qp.qp_num,
-            remote_qkey: QKEY,
+            remote_qkey: qkey,
             imm: None,
             flags: SendFlags::SIGNALED,
         })
@@ -326,6 +331,27 @@ fn a_train_polled_one_completion_at_a_time_is_delivered_whole() {
         let n = b.ctx.poll_cq(b.cq, &mut one).unwrap();
         got.extend_from_slice(&one[..n]);
     }
+    assert_eq!(got.len(), 40);
+    for (i, wc) in got.iter().enumerate() {
+        assert_eq!(b.payload(wc)[0], i as u8);
+    }
+}
+
+#[test]
+fn a_train_with_the_wrong_qkey_is_dropped_per_datagram_and_keeps_the_buffers() {
+    let p = UdpProvider::new(UdpConfig {
+        mtu: Some(1400),
+        ..UdpConfig::default()
+    });
+    let dev = p.devices().unwrap()[0].name.clone();
+    let mut a = Endpoint::new(p.open(&dev).unwrap(), 4, QKEY);
+    let mut b = Endpoint::new(p.open(&dev).unwrap(), 40, QKEY);
+    send_forty_with_qkey(&mut a, &b, QKEY ^ 1);
+    assert!(b.poll_during(Duration::from_millis(200)).is_empty());
+    assert_eq!(b.ctx.stats().rx_bad_qkey, 40);
+    // Every posted buffer is still there for forty good datagrams.
+    send_forty(&mut a, &b);
+    let got = b.poll_for(40, WAIT);
     assert_eq!(got.len(), 40);
     for (i, wc) in got.iter().enumerate() {
         assert_eq!(b.payload(wc)[0], i as u8);

@@ -550,7 +550,10 @@ impl UdpContext {
             *slot = entry.recv_queue.pop_front();
         }
         // Buffers whose datagram was dropped go back, at the front.
-        let mut kept = [None; 2 * sys::MAX_BATCH];
+        // Only first datagrams are kept: a later one of a train is copied
+        // into the front posted buffer, which leaves the queue only once the
+        // datagram is accepted (a dropped one leaves it for the next).
+        let mut kept = [None; sys::MAX_BATCH];
         let mut kept_count = 0;
         let mut queued = 0;
         for (i, meta) in self.scratch.meta[..received].iter().enumerate() {
@@ -563,6 +566,7 @@ impl UdpContext {
                 1
             };
             for k in 0..segments {
+                let extra = k > 0;
                 let (wr, len, header) = if segments == 1 {
                     (first, meta.len, meta.header)
                 } else {
@@ -577,7 +581,6 @@ impl UdpContext {
                                     && wr.sge.len >= SKIP + len
                                     && cq.room() > 0 =>
                             {
-                                entry.recv_queue.pop_front();
                                 copy_segment(region, overflow, first.sge, i, begin, len, wr.sge);
                                 wr
                             }
@@ -594,14 +597,21 @@ impl UdpContext {
                 };
                 let Some(repr) = parse_header(&header, len) else {
                     stats.rx_malformed += 1;
-                    kept[kept_count] = Some(wr);
-                    kept_count += 1;
+                    if !extra {
+                        kept[kept_count] = Some(wr);
+                        kept_count += 1;
+                    }
                     continue;
                 };
                 if !entry.admit(repr.pkey, repr.qkey, stats) {
-                    kept[kept_count] = Some(wr);
-                    kept_count += 1;
+                    if !extra {
+                        kept[kept_count] = Some(wr);
+                        kept_count += 1;
+                    }
                     continue;
+                }
+                if extra {
+                    entry.recv_queue.pop_front();
                 }
                 let payload = len - ud::HEADER_LEN;
                 let (status, byte_len) = if meta.truncated {
