@@ -425,3 +425,100 @@ fn corrupt_record_lists_are_counted_and_dropped_never_a_panic() {
     // (checked when this test was written).
     assert!(b.recv_malformed > 0, "{b:?}");
 }
+
+/// Sends posted so far by a's module, and messages that rode in another's
+/// datagram.
+fn posted_and_coalesced(btl: &Btl) -> (u64, u64) {
+    let stats = btl.modules()[0].stats();
+    (stats.sends_posted, stats.messages_coalesced)
+}
+
+#[test]
+fn a_send_after_progress_leaves_at_once_and_a_burst_waits_for_the_next_progress() {
+    let net = SimNetwork::new(27);
+    let mut nodes = vec![
+        node(&net, "a", &config(true)),
+        node(&net, "b", &config(true)),
+    ];
+    let eps = mesh(&mut nodes);
+    let heard = listen(&mut nodes[1]);
+    let done = completions(&mut nodes[0]);
+    let ab = eps[0][1].unwrap();
+    nodes[0].progress();
+    let before = posted_and_coalesced(&nodes[0]);
+    // The first send since progress: on the wire before send returns.
+    try_send(&mut nodes[0], ab, 0).unwrap();
+    assert_eq!(posted_and_coalesced(&nodes[0]), (before.0 + 1, before.1));
+    // The rest of the burst: held back, the later ones riding in the first.
+    for i in 1..=5 {
+        try_send(&mut nodes[0], ab, i).unwrap();
+    }
+    assert_eq!(
+        posted_and_coalesced(&nodes[0]),
+        (before.0 + 1, before.1 + 4)
+    );
+    assert_eq!(
+        nodes[0].modules()[0].unacknowledged(),
+        6,
+        "held back counts"
+    );
+    // The next progress call sends them, in one datagram.
+    nodes[0].progress();
+    assert_eq!(
+        posted_and_coalesced(&nodes[0]),
+        (before.0 + 2, before.1 + 4)
+    );
+    let stop = drive(&net, &mut nodes, Duration::from_secs(5), |_| {
+        done.lock().unwrap().len() == 6
+    });
+    assert_eq!(stop, Stop::Done);
+    check_exactly_once(&heard, &done, eps[1][0], 6, true);
+    finalize_clean(nodes);
+}
+
+#[test]
+fn a_burst_to_several_peers_keeps_each_peers_order() {
+    let net = SimNetwork::new(28);
+    let mut nodes = vec![
+        node(&net, "a", &config(true)),
+        node(&net, "b", &config(true)),
+        node(&net, "c", &config(true)),
+    ];
+    let eps = mesh(&mut nodes);
+    let at_b = listen(&mut nodes[1]);
+    let at_c = listen(&mut nodes[2]);
+    let done = completions(&mut nodes[0]);
+    let (to_b, to_c) = (eps[0][1].unwrap(), eps[0][2].unwrap());
+    // Messages 0..n to each peer, in bursts whose runs to one peer are 1 to
+    // 4 long, so that the held-back datagram changes peer often.
+    let n = 300;
+    let (mut next_b, mut next_c) = (0, 0);
+    let mut run = 0;
+    while next_b < n || next_c < n {
+        let to_b_now = next_c >= n || (next_b < n && (run / 3) % 2 == 0);
+        run += 1;
+        let sent = if to_b_now {
+            try_send(&mut nodes[0], to_b, next_b).map(|()| next_b += 1)
+        } else {
+            try_send(&mut nodes[0], to_c, next_c).map(|()| next_c += 1)
+        };
+        if sent.is_none() || run % 17 == 0 {
+            drive(&net, &mut nodes, Duration::from_micros(50), |_| false);
+        }
+    }
+    let stop = drive(&net, &mut nodes, Duration::from_secs(30), |_| {
+        done.lock().unwrap().len() == 2 * n
+    });
+    assert_eq!(stop, Stop::Done, "at {:?}", net.now());
+    assert!(nodes[0].modules()[0].stats().messages_coalesced > 0);
+    for (heard, from) in [(&at_b, eps[1][0]), (&at_c, eps[2][0])] {
+        let heard = heard.lock().unwrap();
+        assert_eq!(heard.len(), n);
+        for (i, (tag, ep, bytes)) in heard.iter().enumerate() {
+            let (want_tag, want) = message(i);
+            assert_eq!((*tag, *ep), (want_tag, from), "message {i}");
+            assert_eq!(bytes, &want, "message {i} in order and intact");
+        }
+    }
+    finalize_clean(nodes);
+}

@@ -572,16 +572,25 @@ impl<F: Clone, R> Reliability<F, R> {
         self.queue(now, peer, frag, AWAITED)
     }
 
-    fn queue(&mut self, now: Instant, peer: PeerId, frag: F, flags: u8) -> Result<(), SendError> {
+    /// Whether [`send`](Self::send) to `peer` would accept a fragment now,
+    /// and if not, the error it would return.
+    ///
+    /// # Errors
+    /// An unknown, lost or closed peer.
+    pub fn accepts(&self, peer: PeerId) -> Result<(), SendError> {
         let p = self
             .peers
             .get(peer.0 as usize)
             .ok_or(SendError::NoPeer(peer.0))?;
         match p.mode {
-            Mode::Active => {}
-            Mode::Lost => return Err(SendError::PeerLost(peer.0)),
-            Mode::Lingering(_) => return Err(SendError::Closed(peer.0)),
+            Mode::Active => Ok(()),
+            Mode::Lost => Err(SendError::PeerLost(peer.0)),
+            Mode::Lingering(_) => Err(SendError::Closed(peer.0)),
         }
+    }
+
+    fn queue(&mut self, now: Instant, peer: PeerId, frag: F, flags: u8) -> Result<(), SendError> {
+        self.accepts(peer)?;
         let slot = self.alloc_slot(Slot {
             frag,
             peer: peer.0,

@@ -389,6 +389,8 @@ impl<C: Context> Engine<C> {
             coalesce: params.coalesce,
             coalesce_scratch: Vec::with_capacity(built.limits.eager_limit),
             riders_waiting: 0,
+            open_carrier: None,
+            sent_since_progress: false,
             host_split: None,
             proc_id: super::reliable::random_process_id(),
             reliable,

@@ -282,6 +282,11 @@ impl<C: Context> Engine<C> {
     /// The engine's side of `Module::del_procs`, whose documentation is the
     /// contract.
     pub(super) fn del_procs(&mut self, endpoints: &[EndpointId]) -> Result<(), BtlError> {
+        // A held-back datagram is sent before its peer is closed.
+        let now = Instant::from_duration(self.ctx.now());
+        if self.close_open_carrier(now) {
+            self.flush_transmits(now);
+        }
         for &id in endpoints {
             let reuse = self.reliable.is_none();
             let endpoint = self

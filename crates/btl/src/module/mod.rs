@@ -134,6 +134,14 @@ struct Engine<C: Context> {
     /// Messages riding in another's datagram, not yet completed: the
     /// reliability state counts only the carriers.
     riders_waiting: usize,
+    /// A small message sent in a burst (no progress call since the previous
+    /// send), held back so that the burst's next small messages to the same
+    /// peer ride in its datagram. It reaches the reliability state at the
+    /// next progress call, or at the first send it cannot carry.
+    open_carrier: Option<Descriptor>,
+    /// A send was made since the last progress call: the next small one is
+    /// part of a burst.
+    sent_since_progress: bool,
     /// A coalesced datagram whose records a host is being handed one by
     /// one (`host.rs`): the delivery, the offset of the next record in its
     /// payload, and how many records remain.
@@ -312,6 +320,11 @@ impl<C: Context> Engine<C> {
         let now = if self.reliable.is_some() {
             let now = self.clock();
             self.note_running(now);
+            // A burst is over: its held-back datagram leaves before the poll.
+            self.sent_since_progress = false;
+            if self.close_open_carrier(now) {
+                self.flush_transmits(now);
+            }
             now
         } else {
             Instant::ZERO

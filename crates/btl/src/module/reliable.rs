@@ -159,36 +159,52 @@ impl<C: Context> Engine<C> {
 
     /// `send` for a reliable module: the descriptor is owned by the BTL until
     /// acknowledged.
+    ///
+    /// A small whole message may not leave at once when coalescing is on:
+    /// it rides in the datagram of an earlier one to the same peer that has
+    /// not left either (the open carrier of a burst, or the newest of a full
+    /// window's backlog), or, sent in a burst, it becomes the open carrier
+    /// itself. The first send after a progress call always leaves at once,
+    /// so a ping-pong pays nothing.
     pub(super) fn send_reliable(
         &mut self,
         endpoint: EndpointId,
         des: Descriptor,
     ) -> Result<SendStatus, BtlError> {
+        if self.reliable.is_none() {
+            return Err(super::descriptors::bad(
+                des,
+                "sent reliably by an unreliable module",
+            ));
+        }
         let now = self.clock();
         // Lent memory is given back only by the acknowledgement: ask for it
         // at once, or the caller waits out the peer's delayed acknowledgement.
         let lent = self.frags.get(des).is_some_and(|f| f.user.is_some());
         let peer = PeerId(endpoint.0);
-        if self.coalesce && !lent && self.try_coalesce(peer, des) {
-            self.stats.messages_coalesced += 1;
-            return Ok(if self.sends.len() == 0 {
-                SendStatus::Posted
-            } else {
-                SendStatus::Queued
-            });
+        let burst = std::mem::replace(&mut self.sent_since_progress, true);
+        if self.coalesce && !lent {
+            // Into the open carrier only, if there is one to this peer: the
+            // backlog's datagrams are older than it.
+            let carrier = match self.open_carrier {
+                Some(open) if self.frags.get(open).is_some_and(|f| f.endpoint == peer.0) => {
+                    Some(open)
+                }
+                Some(_) => None,
+                None => self
+                    .reliable
+                    .as_ref()
+                    .and_then(|r| r.core.backlog_tail(peer).copied()),
+            };
+            if carrier.is_some_and(|c| self.ride(c, peer, des)) {
+                self.stats.messages_coalesced += 1;
+                return Ok(self.send_status());
+            }
         }
-        let Some(reliable) = self.reliable.as_mut() else {
-            return Err(super::descriptors::bad(
-                des,
-                "sent reliably by an unreliable module",
-            ));
-        };
-        let queued = if lent {
-            reliable.core.send_awaited(now, peer, des)
-        } else {
-            reliable.core.send(now, peer, des)
-        };
-        queued.map_err(|err| match err {
+        // Not carried: what is held back leaves first, keeping each peer's
+        // order.
+        let closed = self.close_open_carrier(now);
+        let to_peer = |err: SendError| match err {
             SendError::NoPeer(_) => BtlError::BadEndpoint {
                 endpoint: endpoint.0,
             },
@@ -196,26 +212,87 @@ impl<C: Context> Engine<C> {
                 endpoint: endpoint.0,
                 reason: err.to_string(),
             },
-        })?;
-        if let Some(frag) = self.frags.get_mut(des) {
-            frag.state = FragState::Posted;
+        };
+        if self.coalesce && !lent && burst && self.may_carry(peer, des) {
+            // Refused now, as `sequence` would refuse it, not at close.
+            if let Some(reliable) = self.reliable.as_ref() {
+                reliable.core.accepts(peer).map_err(to_peer)?;
+            }
+            if let Some(frag) = self.frags.get_mut(des) {
+                frag.state = FragState::Posted;
+            }
+            self.open_carrier = Some(des);
+            if closed && !self.defer_transmits {
+                self.flush_transmits(now);
+            }
+            return Ok(self.send_status());
         }
+        self.sequence(now, peer, des, lent).map_err(to_peer)?;
         // Send at once rather than at the next progress call (latency),
         // unless more of the same message follows.
         if !self.defer_transmits {
             self.flush_transmits(now);
         }
-        Ok(if self.sends.len() == 0 {
+        Ok(self.send_status())
+    }
+
+    fn send_status(&self) -> SendStatus {
+        if self.sends.len() == 0 {
             SendStatus::Posted
         } else {
             SendStatus::Queued
-        })
+        }
     }
 
-    /// Packs the whole message in `des` into the datagram of the newest
-    /// fragment waiting in `peer`'s backlog (its carrier), if that costs no
-    /// latency and both fit: the backlog being non-empty means the window
-    /// or the credit is full, so `des` would wait behind the carrier anyway.
+    /// Hands `des` to the reliability state, which sequences it now or when
+    /// the window opens.
+    fn sequence(
+        &mut self,
+        now: Instant,
+        peer: PeerId,
+        des: Descriptor,
+        lent: bool,
+    ) -> Result<(), SendError> {
+        let Some(reliable) = self.reliable.as_mut() else {
+            return Err(SendError::NoPeer(peer.0));
+        };
+        if lent {
+            reliable.core.send_awaited(now, peer, des)?;
+        } else {
+            reliable.core.send(now, peer, des)?;
+        }
+        if let Some(frag) = self.frags.get_mut(des) {
+            frag.state = FragState::Posted;
+        }
+        Ok(())
+    }
+
+    /// Hands the open carrier, with its riders, to the reliability state;
+    /// says whether there was one. Not flushed: the caller flushes. A peer
+    /// that can no longer be sent to fails the carrier and its riders.
+    pub(super) fn close_open_carrier(&mut self, now: Instant) -> bool {
+        let Some(des) = self.open_carrier.take() else {
+            return false;
+        };
+        let peer = PeerId(self.frags.get(des).map_or(u32::MAX, |f| f.endpoint));
+        if let Err(err) = self.sequence(now, peer, des, false) {
+            self.complete_with_riders(des, Err(SendFailure::Refused(err.to_string())));
+        }
+        true
+    }
+
+    /// Whether `des` may carry later messages to `peer` in its datagram:
+    /// the conditions [`ride`](Self::ride) puts on a carrier.
+    fn may_carry(&self, peer: PeerId, des: Descriptor) -> bool {
+        des.kind() == FragKind::Send
+            && self.frags.get(des).is_some_and(|f| {
+                f.flags.contains(DesFlags::BTL_OWNERSHIP) && f.endpoint == peer.0 && may_ride(f)
+            })
+    }
+
+    /// Packs the whole message in `des` into the datagram of `carrier`, a
+    /// fragment to `peer` that has never been sequenced nor transmitted (the
+    /// open carrier, or the newest of the peer's backlog), if both fit.
     /// On success `des` becomes the carrier's last rider: Posted, owned by
     /// the BTL until the carrier's acknowledgement (or failure) completes it
     /// right after the carrier. On refusal nothing changed.
@@ -223,22 +300,8 @@ impl<C: Context> Engine<C> {
     /// Eligible are send fragments with their bytes in BTL registered memory
     /// (no lent or user bytes), holding a whole message no longer than a
     /// record may be; the carrier must also be BTL-owned (it is freed after
-    /// its callback, so its rewritten segment is never seen again) and, being
-    /// in the backlog, has never been sequenced nor transmitted.
-    fn try_coalesce(&mut self, peer: PeerId, des: Descriptor) -> bool {
-        let whole = rel::FLAG_FIRST | rel::FLAG_LAST;
-        let eligible = |f: &crate::frag::Frag| {
-            f.user.is_none()
-                && f.msg_flags & (whole | rel::FLAG_ABORT) == whole
-                && f.seg_len <= coalesced::MAX_RECORD_LEN
-        };
-        let Some(carrier) = self
-            .reliable
-            .as_ref()
-            .and_then(|r| r.core.backlog_tail(peer).copied())
-        else {
-            return false;
-        };
+    /// its callback, so its rewritten segment is never seen again).
+    fn ride(&mut self, carrier: Descriptor, peer: PeerId, des: Descriptor) -> bool {
         let (Some(c), Some(r)) = (self.frags.get(carrier), self.frags.get(des)) else {
             return false;
         };
@@ -248,7 +311,7 @@ impl<C: Context> Engine<C> {
             || c.state != FragState::Posted
             || !c.flags.contains(DesFlags::BTL_OWNERSHIP)
             || c.endpoint != peer.0
-            || !(eligible(c) && eligible(r))
+            || !(may_ride(c) && may_ride(r))
         {
             return false;
         }
@@ -759,8 +822,17 @@ impl<C: Context> Engine<C> {
             .filter_map(|id| reliable.core.queued(PeerId(id.0)))
             .map(|(in_flight, backlog)| in_flight + backlog)
             .sum();
-        carriers + self.riders_waiting
+        carriers + usize::from(self.open_carrier.is_some()) + self.riders_waiting
     }
+}
+
+/// Whether a fragment's message may travel as a record of a coalesced
+/// datagram: whole, not aborted, in BTL memory, short enough for a record.
+fn may_ride(f: &crate::frag::Frag) -> bool {
+    let whole = rel::FLAG_FIRST | rel::FLAG_LAST;
+    f.user.is_none()
+        && f.msg_flags & (whole | rel::FLAG_ABORT) == whole
+        && f.seg_len <= coalesced::MAX_RECORD_LEN
 }
 
 /// A wait on the fabric's clock that also ends when that clock stands still
