@@ -192,7 +192,7 @@ impl<P: Provider> Component<P> {
 
 /// The `udp` provider configuration the parameters ask for: `udp_if` (or
 /// the devices of `if_include`) as interfaces, `udp_ipv6`, `udp_mtu`,
-/// `udp_gso`, `udp_gro`.
+/// `udp_gso`, `udp_gro`, `udp_busy_poll`.
 pub fn udp_config(params: &Params) -> UdpConfig {
     let mut interfaces: Vec<String> = params
         .udp_if
@@ -216,6 +216,7 @@ pub fn udp_config(params: &Params) -> UdpConfig {
         mtu: params.udp_mtu,
         gso: params.udp_gso,
         gro: params.udp_gro,
+        busy_poll_us: params.udp_busy_poll,
         ..UdpConfig::default()
     }
 }

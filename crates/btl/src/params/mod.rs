@@ -373,6 +373,9 @@ parameters! {
         "Send trains of equal datagrams to one peer with one system call (UDP GSO)";
     udp_gro: bool = (true), BOOL, udbtl,
         "Receive coalesced trains (UDP GRO) where datagrams are small enough to form them";
+    udp_busy_poll: u32 = (0), int(0, 1_000_000), udbtl,
+        "Microseconds a receive may busy-poll the network device's queue (SO_BUSY_POLL, needs \
+         CAP_NET_ADMIN); 0: off. Helps only on devices with NAPI receive queues";
 }
 
 impl Params {

@@ -78,6 +78,12 @@ pub struct UdpConfig {
     /// at most half the largest UDP payload (an MTU-sized path, not
     /// loopback's 64 KiB datagrams).
     pub gro: bool,
+    /// Microseconds a receive on an empty socket may spend polling the
+    /// device's queue itself (`SO_BUSY_POLL`), instead of waiting for the
+    /// softirq to deliver; 0 leaves it off. Acts only on devices with NAPI
+    /// receive queues; setting it needs `CAP_NET_ADMIN`, and a refusal
+    /// leaves it off with a warning.
+    pub busy_poll_us: u32,
 }
 
 impl Default for UdpConfig {
@@ -91,6 +97,7 @@ impl Default for UdpConfig {
             recv_buffer: 4 << 20,
             gso: true,
             gro: true,
+            busy_poll_us: 0,
         }
     }
 }
@@ -391,6 +398,11 @@ impl UdpContext {
             .map_err(io("bind"))?;
         size_buffer(&socket, false, self.config.send_buffer);
         size_buffer(&socket, true, self.config.recv_buffer);
+        if self.config.busy_poll_us > 0 {
+            if let Err(err) = socket.set_busy_poll(self.config.busy_poll_us) {
+                tracing::warn!(%err, "SO_BUSY_POLL refused; receiving without busy-polling the device");
+            }
+        }
         Ok(socket)
     }
 
