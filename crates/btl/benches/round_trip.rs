@@ -17,18 +17,19 @@ use udbtl_fabric::udp::UdpProvider;
 const LEN: usize = 8;
 
 fn raw_udp(c: &mut Criterion) {
+    // Unconnected, as a UD queue pair's socket is (one socket, any peer)
+    // and as the ping-pong floor (crates/floors) is.
     let a = UdpSocket::bind("127.0.0.1:0").expect("bind");
     let b = UdpSocket::bind("127.0.0.1:0").expect("bind");
-    a.connect(b.local_addr().expect("addr")).expect("connect");
-    b.connect(a.local_addr().expect("addr")).expect("connect");
+    let (to_a, to_b) = (a.local_addr().expect("addr"), b.local_addr().expect("addr"));
     let message = [7u8; LEN];
     let mut buf = [0u8; 2048];
     c.bench_function("round trip, 8 B, loopback: raw UDP sockets", |bench| {
         bench.iter(|| {
-            a.send(&message).expect("send");
-            black_box(b.recv(&mut buf).expect("recv"));
-            b.send(&message).expect("send");
-            black_box(a.recv(&mut buf).expect("recv"));
+            a.send_to(&message, to_b).expect("send");
+            black_box(b.recv_from(&mut buf).expect("recv"));
+            b.send_to(&message, to_a).expect("send");
+            black_box(a.recv_from(&mut buf).expect("recv"));
         });
     });
 }
