@@ -789,10 +789,18 @@ impl UdpContext {
             }
             let socket = &entry.transport.socket;
             let mut next = 0;
+            // Trains the kernel took as trains: a refused one went singly.
+            let mut trains = 0;
             while next < msg_count {
                 match sys::send_batch::<N>(socket.as_fd(), &msgs[next..msg_count]) {
                     Ok(0) => break,
-                    Ok(sent) => next += sent,
+                    Ok(sent) => {
+                        trains += msgs[next..next + sent]
+                            .iter()
+                            .filter(|m| m.segment_size.is_some())
+                            .count();
+                        next += sent;
+                    }
                     Err(err) => {
                         let (first, end) = members[next];
                         let verdict = classify_send_error(&err, msgs[next].segment_size.is_some());
@@ -819,10 +827,7 @@ impl UdpContext {
                     }
                 }
             }
-            msgs[..msg_count]
-                .iter()
-                .filter(|m| m.segment_size.is_some())
-                .count()
+            trains
         };
         self.verbs.stats.tx_gso_trains += trains as u64;
         for (i, wr) in chunk.iter().enumerate() {
