@@ -346,9 +346,11 @@ parameters! {
          peer_timeout instead of never";
     coalesce: bool = (true), BOOL, udbtl,
         "Pack a small whole message into the datagram of the previous one to the same peer \
-         while that one still waits for the peer's window or credit (so it costs no latency), \
-         when both fit the eager limit; the receiver delivers each on its own, in order, \
-         exactly once, and each send completes when the datagram is acknowledged";
+         when both fit the eager limit and that one has not left: it waits for the peer's \
+         window or credit, or it was sent in a burst (no progress call since the send before \
+         it) and is held back until the next progress call; the receiver delivers each on its \
+         own, in order, exactly once, and each send completes when the datagram is \
+         acknowledged";
     progress_thread: bool = (true), BOOL, udbtl,
         "A helper thread services each reliable module (acknowledgements, retransmissions, \
          credit, the peer-failure clock) while the application does not call progress, so \

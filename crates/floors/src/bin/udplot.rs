@@ -2,7 +2,8 @@
 //! comparison script's conversions of other peers) into a results folder:
 //! `latency-<path>.svg`, `bandwidth-<path>.svg` (log-log) and `results.md`:
 //! a summary that stands alone (the notes, the headline figures of every
-//! path and label, and the ratio of udbtl to every other label), then
+//! path and label, the ratio of udbtl to every other label, and the
+//! targets udbench is held to, met or missed), then
 //! median tables per path.
 //!
 //! ```text
@@ -119,6 +120,9 @@ fn run(args: &Args) -> Result<(), Error> {
             "### Ratios ({} / other: latency below 1 and bandwidth or rate above 1 favour {})\n\n{t}",
             args.subject, args.subject
         );
+    }
+    if let Some(t) = stats::target_table(&meds, &stats::TARGETS) {
+        let _ = writeln!(md, "### Targets\n\n{t}");
     }
     for path in &paths {
         let _ = writeln!(md, "## {path}\n");
