@@ -55,8 +55,8 @@ pub struct Config {
     pub keepalive: bool,
     /// How long a closed peer lingers, still acknowledging late datagrams.
     pub linger: Duration,
-    /// A datagram is presumed lost once this many later ones were
-    /// selectively acknowledged (fast retransmit).
+    /// A first transmission is presumed lost at once when this many later
+    /// datagrams were selectively acknowledged (time decides otherwise).
     pub dup_threshold: u32,
     /// First sequence number of every stream (both sides must agree).
     pub initial_seq: SeqNum,
@@ -69,7 +69,7 @@ impl Default for Config {
             initial_cwnd: 16,
             initial_credit: 4,
             rto_initial: Duration::from_millis(20),
-            rto_min: Duration::from_millis(2),
+            rto_min: Duration::from_micros(100),
             rto_max: Duration::from_secs(2),
             ack_delay: Duration::from_micros(500),
             ack_every: 16,

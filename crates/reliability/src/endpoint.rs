@@ -74,10 +74,28 @@ struct Peer {
     ssthresh: u32,
     /// Datagrams past `snd_una` the peer last said it accepts.
     peer_credit: u16,
-    /// While recovering from a loss: the `snd_nxt` at its detection.
-    recovery_end: Option<SeqNum>,
     rtt: Rtt,
     rto_at: Option<Instant>,
+    /// Time-based loss detection (RACK, RFC 8985): when the newest
+    /// datagram known delivered was sent, and its round trip. A datagram
+    /// sent before it and not delivered a round trip plus the reordering
+    /// window after its own send is lost, however often it was sent.
+    rack_sent: Instant,
+    rack_rtt_ns: u32,
+    /// The smallest round trip measured: a quarter of it is the reordering
+    /// window.
+    min_rtt_ns: u32,
+    /// When the earliest datagram that RACK suspects becomes lost.
+    loss_at: Option<Instant>,
+    /// Datagrams in flight selectively acknowledged.
+    sacked: u16,
+    /// The tail-loss probe's deadline: with data in flight and nothing
+    /// acknowledged for two round trips, the newest datagram goes again and
+    /// asks for an acknowledgement, which lets RACK see a lost tail.
+    pto_at: Option<Instant>,
+    /// A tail-loss probe went and nothing new was acknowledged since: the
+    /// retransmission timer decides next.
+    probed: bool,
     /// Last time a valid datagram from the peer was handled, or when it
     /// was first owed an acknowledgement, or the last
     /// [`Reliability::resume`]: the failure clock.
@@ -108,6 +126,10 @@ struct Peer {
 
 const CWND_UNIT: u32 = 1024;
 
+/// The shortest tail-loss probe timeout: below it, timer granularity and
+/// scheduling noise would make most probes spurious.
+const PTO_MIN: Duration = Duration::from_micros(10);
+
 impl Peer {
     fn new(config: &Config, now: Instant) -> Self {
         Self {
@@ -122,9 +144,15 @@ impl Peer {
             cwnd: u32::from(config.initial_cwnd) * CWND_UNIT,
             ssthresh: u32::MAX,
             peer_credit: config.initial_credit,
-            recovery_end: None,
             rtt: Rtt::new(config.rto_initial),
             rto_at: None,
+            rack_sent: Instant::ZERO,
+            rack_rtt_ns: 0,
+            min_rtt_ns: u32::MAX,
+            loss_at: None,
+            sacked: 0,
+            pto_at: None,
+            probed: false,
             last_heard: now,
             last_data: None,
             last_keepalive: None,
@@ -136,6 +164,35 @@ impl Peer {
             ack_now: false,
             ack_queued: false,
             scheduled: None,
+        }
+    }
+
+    /// Notes that a datagram sent at `sent_at` was delivered (acknowledged
+    /// cumulatively or selectively) at `now`, for RACK. Returns `true` if it
+    /// was a retransmission acknowledged sooner than any round trip: the
+    /// acknowledgement was for the first transmission, so the
+    /// retransmission was spurious, and it says nothing about when the
+    /// newest delivered datagram was sent.
+    fn rack_delivered(&mut self, now: Instant, sent_at: Instant, flags: u8) -> bool {
+        let rtt = u32::try_from(now.saturating_since(sent_at).as_nanos()).unwrap_or(u32::MAX);
+        if flags & RETRANSMITTED != 0 && rtt < self.min_rtt_ns {
+            return true;
+        }
+        if sent_at >= self.rack_sent {
+            self.rack_sent = sent_at;
+            self.rack_rtt_ns = rtt.max(1);
+        }
+        false
+    }
+
+    /// Two smoothed round trips, at least [`PTO_MIN`]; the initial timeout
+    /// before any sample.
+    fn probe_timeout(&self) -> Duration {
+        let srtt = self.rtt.srtt();
+        if srtt.is_zero() {
+            self.rtt.rto()
+        } else {
+            (2 * srtt).max(PTO_MIN)
         }
     }
 
@@ -184,6 +241,7 @@ impl Peer {
     /// failure, which keeps the timer heap from gaining an entry per send.
     fn next_deadline(&self, config: &Config) -> Option<Instant> {
         let mut next = earliest(self.rto_at, self.ack_at);
+        next = earliest(next, earliest(self.loss_at, self.pto_at));
         if self.rto_at.is_none() {
             next = earliest(next, self.fail_at(config));
             next = earliest(next, self.keepalive_at(config));
@@ -347,10 +405,17 @@ pub struct Stats {
     pub sent: u64,
     /// Data datagrams sent again.
     pub retransmitted: u64,
-    /// Retransmissions triggered by selective acknowledgements.
+    /// Retransmissions of datagrams found lost by time (RACK): sent before
+    /// one that was delivered, and not delivered a round trip later.
     pub fast_retransmits: u64,
     /// Retransmission timer expiries.
     pub timeouts: u64,
+    /// Tail-loss probes sent: the newest datagram in flight again, after
+    /// two round trips without an acknowledgement.
+    pub tail_probes: u64,
+    /// Retransmissions found unneeded: acknowledged sooner than any round
+    /// trip after they went, so the first transmission had arrived.
+    pub spurious_retransmits: u64,
     /// Acknowledgement-only datagrams sent.
     pub acks_sent: u64,
     /// Data datagrams received that were delivered or buffered.
@@ -695,14 +760,24 @@ impl<F: Clone, R> Reliability<F, R> {
                     if p.rto_at.is_none() {
                         p.rto_at = Some(now + p.rtt.rto());
                     }
-                    let window_full = !self.peers[peer as usize].can_send(&self.config);
+                    if !p.probed {
+                        p.pto_at = Some(now + p.probe_timeout());
+                    }
+                    let p = &self.peers[peer as usize];
+                    let window_full = !p.can_send(&self.config);
+                    // The newest datagram of a flight of several, with
+                    // nothing waiting behind it: the end of a burst.
+                    let burst_end = p.tail == index && p.backlog_head == NIL && p.in_flight > 1;
                     let mut header = self.ack_header(peer);
                     header.seq = seq;
-                    if retransmission || window_full || awaited {
+                    if retransmission || window_full || awaited || burst_end {
                         // Ask for an acknowledgement at once: the sender is
-                        // waiting, either to repair a loss or for window to
-                        // send more. Without this a window smaller than
-                        // `ack_every` would stall for `ack_delay` per window.
+                        // waiting, to repair a loss or for window to send
+                        // more, or a burst ends, whose last datagrams the
+                        // receiver would otherwise acknowledge only after
+                        // `ack_delay`, long after the tail-loss probe is due.
+                        // Without this a window smaller than `ack_every`
+                        // would also stall for `ack_delay` per window.
                         header.flags |= FLAG_ACK_REQ;
                     }
                     self.reschedule(peer);
@@ -936,6 +1011,8 @@ impl<F: Clone, R> Reliability<F, R> {
         // Nothing in flight while data waits: the timer runs for probes.
         let probing = p.head == NIL && p.backlog_head != NIL;
         let mut newly_acked = 0u32;
+        let mut newly_sacked = 0u32;
+        let mut spurious = 0u64;
         let mut rtt_sample = None;
         // Cumulative part: release everything before `ack`.
         while p.head != NIL && self.slots[p.head as usize].seq.is_before(header.ack) {
@@ -947,8 +1024,14 @@ impl<F: Clone, R> Reliability<F, R> {
             }
             p.in_flight -= 1;
             newly_acked += 1;
+            if slot.flags & SACKED != 0 {
+                p.sacked -= 1;
+            }
             if slot.flags & (RETRANSMITTED | SACKED) == 0 && slot.flags & SENT != 0 {
                 rtt_sample = min_sample(rtt_sample, now - slot.sent_at);
+            }
+            if slot.flags & (SACKED | SENT) == SENT {
+                spurious += u64::from(p.rack_delivered(now, slot.sent_at, slot.flags));
             }
             if slot.flags & RELEASED == 0 {
                 self.events.push_back(Event::Acked {
@@ -961,53 +1044,45 @@ impl<F: Clone, R> Reliability<F, R> {
         if header.ack.is_after(p.snd_una) {
             p.snd_una = header.ack;
         }
-        // Selective part: release early, and find holes.
-        let mut lost = 0u32;
+        // Selective part: release early. Only the selective ACK's span can
+        // be marked, so the walk stops there, whatever the window.
         let mut at = p.head;
         while at != NIL {
             let slot = &mut self.slots[at as usize];
             let offset = slot.seq - header.ack;
-            if offset > 0 && offset <= 64 && header.sack & (1u64 << (offset - 1)) != 0 {
-                if slot.flags & SACKED == 0 {
-                    slot.flags |= SACKED;
-                    if slot.flags & RETRANSMITTED == 0 {
-                        rtt_sample = min_sample(rtt_sample, now - slot.sent_at);
-                    }
-                    if slot.flags & RELEASED == 0 {
-                        slot.flags |= RELEASED;
-                        self.events.push_back(Event::Acked {
-                            peer: PeerId(peer),
-                            frag: slot.frag.clone(),
-                        });
-                    }
+            if offset > SACK_SPAN {
+                break;
+            }
+            if offset > 0 && header.sack & (1u64 << (offset - 1)) != 0 && slot.flags & SACKED == 0 {
+                p.sacked += 1;
+                slot.flags |= SACKED;
+                newly_sacked += 1;
+                if slot.flags & RETRANSMITTED == 0 {
+                    rtt_sample = min_sample(rtt_sample, now - slot.sent_at);
                 }
-            } else if slot.flags & (SACKED | QUEUED | RETRANSMITTED) == 0 && slot.flags & SENT != 0
-            {
-                // Later datagrams arrived but this one did not.
-                let later = if offset <= 0 {
-                    header.sack
-                } else {
-                    header.sack.checked_shr(offset as u32).unwrap_or(0)
-                };
-                if later.count_ones() >= config.dup_threshold {
-                    slot.flags |= QUEUED;
-                    self.transmits.push_back(Pending::Data(at));
-                    self.stats.fast_retransmits += 1;
-                    lost += 1;
+                if slot.flags & SENT != 0 {
+                    spurious += u64::from(p.rack_delivered(now, slot.sent_at, slot.flags));
+                }
+                if slot.flags & RELEASED == 0 {
+                    slot.flags |= RELEASED;
+                    self.events.push_back(Event::Acked {
+                        peer: PeerId(peer),
+                        frag: slot.frag.clone(),
+                    });
                 }
             }
             at = slot.next;
         }
+        self.stats.spurious_retransmits += spurious;
         if let Some(sample) = rtt_sample {
             p.rtt.sample(sample, config.rto_min, config.rto_max);
+            let ns = u32::try_from(sample.as_nanos()).unwrap_or(u32::MAX);
+            p.min_rtt_ns = p.min_rtt_ns.min(ns.max(1));
         }
         if newly_acked > 0 {
             p.rtt.end_backoff();
             p.resumed = false;
             p.rto_at = (p.head != NIL).then(|| now + p.rtt.rto());
-            if p.recovery_end.is_some_and(|end| !end.is_after(p.snd_una)) {
-                p.recovery_end = None;
-            }
             // Additive increase: a datagram per acknowledged datagram in slow
             // start, a datagram per window afterwards.
             let grow = if p.cwnd < p.ssthresh {
@@ -1017,11 +1092,9 @@ impl<F: Clone, R> Reliability<F, R> {
             };
             p.cwnd = (p.cwnd + grow).min(u32::from(config.window) * CWND_UNIT);
         }
-        if lost > 0 && p.recovery_end.is_none() {
-            // Multiplicative decrease, once per loss episode.
-            p.ssthresh = (p.cwnd / 2).max(2 * CWND_UNIT);
-            p.cwnd = p.ssthresh;
-            p.recovery_end = Some(p.snd_nxt);
+        if newly_acked + newly_sacked > 0 {
+            // Something new arrived: the tail is alive, a new probe may go.
+            p.probed = false;
         }
         if probing && p.can_send(config) {
             // The window reopened: the probes' backoff says nothing about
@@ -1030,7 +1103,87 @@ impl<F: Clone, R> Reliability<F, R> {
             p.resumed = false;
             p.rto_at = None;
         }
+        self.detect_losses(now, peer);
         self.fill_window(now, peer);
+        self.arm_probe(now, peer);
+    }
+
+    /// Marks lost, and queues again, every datagram in flight that RACK
+    /// finds lost at `now`: sent before the newest delivered one, not
+    /// delivered itself, and older than a round trip plus the reordering
+    /// window. A retransmission counts like any send, so a datagram lost
+    /// again is found again. The earliest suspect not yet due arms
+    /// `loss_at`.
+    ///
+    /// Congestion response: each lost datagram takes a quarter datagram off
+    /// the congestion window. Random loss at rate `p` then holds the window
+    /// near `4 / p` datagrams (80 at 5 %), where halving once per round trip
+    /// would hold it near a handful; loss from overflow, which comes in
+    /// bursts, still shrinks it fast.
+    fn detect_losses(&mut self, now: Instant, peer: u32) {
+        let p = &mut self.peers[peer as usize];
+        p.loss_at = None;
+        if p.rack_rtt_ns == 0 && p.rack_sent == Instant::ZERO {
+            return;
+        }
+        let reo_wnd = Duration::from_nanos(u64::from(p.min_rtt_ns.min(p.rack_rtt_ns.max(1)) / 4));
+        let wait = Duration::from_nanos(u64::from(p.rack_rtt_ns)) + reo_wnd;
+        let mut lost = 0u32;
+        let mut loss_at = None;
+        // Selectively acknowledged datagrams after the one examined: at
+        // `dup_threshold` of them a first transmission is lost at once,
+        // without waiting out the reordering window.
+        let mut sacked_after = u32::from(p.sacked);
+        let mut at = p.head;
+        while at != NIL {
+            let index = at;
+            let slot = &mut self.slots[index as usize];
+            at = slot.next;
+            if slot.flags & SACKED != 0 {
+                sacked_after = sacked_after.saturating_sub(1);
+                continue;
+            }
+            if slot.flags & QUEUED != 0 || slot.flags & SENT == 0 {
+                continue;
+            }
+            if slot.flags & RETRANSMITTED == 0 && sacked_after >= self.config.dup_threshold {
+                slot.flags |= QUEUED;
+                self.transmits.push_back(Pending::Data(index));
+                lost += 1;
+                continue;
+            }
+            if slot.sent_at >= p.rack_sent {
+                // Sent after the newest delivered datagram: so is every
+                // later first transmission, and every later retransmission.
+                if slot.flags & RETRANSMITTED == 0 {
+                    break;
+                }
+                continue;
+            }
+            let due = slot.sent_at + wait;
+            if due <= now {
+                slot.flags |= QUEUED;
+                self.transmits.push_back(Pending::Data(index));
+                lost += 1;
+            } else {
+                loss_at = earliest(loss_at, Some(due));
+            }
+        }
+        p.loss_at = loss_at;
+        if lost > 0 {
+            self.stats.fast_retransmits += u64::from(lost);
+            let floor = 2 * CWND_UNIT;
+            p.cwnd = p.cwnd.saturating_sub(lost * CWND_UNIT / 4).max(floor);
+            p.ssthresh = p.cwnd;
+        }
+    }
+
+    /// Arms the tail-loss probe: while data is in flight and no probe is
+    /// out, two smoothed round trips after now (or after the first send,
+    /// before any sample, the initial timeout).
+    fn arm_probe(&mut self, now: Instant, peer: u32) {
+        let p = &mut self.peers[peer as usize];
+        p.pto_at = (p.head != NIL && !p.probed).then(|| now + p.probe_timeout());
     }
 
     // ----- timers ---------------------------------------------------------
@@ -1128,6 +1281,17 @@ impl<F: Clone, R> Reliability<F, R> {
             self.stats.keepalives += 1;
             self.transmits.push_back(Pending::Probe(peer));
         }
+        if self.peers[peer as usize]
+            .loss_at
+            .is_some_and(|at| at <= now)
+        {
+            self.detect_losses(now, peer);
+        }
+        let p = &mut self.peers[peer as usize];
+        if p.pto_at.is_some_and(|at| at <= now) {
+            p.pto_at = None;
+            self.probe_tail(peer);
+        }
         let p = &mut self.peers[peer as usize];
         if p.rto_at.is_none_or(|at| at > now) {
             return deferred;
@@ -1150,38 +1314,56 @@ impl<F: Clone, R> Reliability<F, R> {
             }
             return deferred;
         }
-        // A second expiry with nothing acknowledged since the first: the
-        // path loses (a burst, or what was resent), not merely delays.
-        let repeated = p.rtt.backed_off();
         if !resumed {
             self.stats.timeouts += 1;
             p.rtt.back_off(rto_max);
             p.ssthresh = (p.cwnd / 2).max(2 * CWND_UNIT);
             p.cwnd = CWND_UNIT;
-            p.recovery_end = Some(p.snd_nxt);
         }
         p.rto_at = Some(now + p.rtt.rto());
-        // Resend what is in flight and not selectively acknowledged: after a
-        // timeout none of it can be trusted to arrive (UCX resends its window
-        // the same way). Each retransmission asks for an acknowledgement at
-        // once. A first expiry resends only the oldest SACK_SPAN, all a
-        // receiver can buffer past a hole anyway, so that a spurious one (a
-        // receiver descheduled for a while) costs a bounded burst, not a
-        // large window of duplicates; the acknowledgements of that burst
-        // reveal what else is missing, and a repeated expiry, with nothing
-        // acknowledged since, resends everything.
-        let mut burst = if repeated { u32::MAX } else { SACK_SPAN as u32 };
+        // The congestion window is one datagram now: resend the oldest not
+        // known delivered, asking for an acknowledgement. Its answer tells
+        // RACK what else is missing (what was sent before it and is still
+        // not delivered a round trip later), so a spurious timeout (a
+        // receiver descheduled for a while) costs one datagram, and a real
+        // one repairs the rest at the pace acknowledgements come back.
         let mut at = p.head;
-        while at != NIL && burst > 0 {
+        while at != NIL {
             let slot = &mut self.slots[at as usize];
             if slot.flags & (SACKED | QUEUED) == 0 {
                 slot.flags |= QUEUED;
                 self.transmits.push_back(Pending::Data(at));
-                burst -= 1;
+                break;
             }
             at = slot.next;
         }
         deferred
+    }
+
+    /// Sends the tail-loss probe: the newest datagram in flight that is
+    /// neither known delivered nor queued goes again, asking for an
+    /// acknowledgement at once. Whether it or an earlier one was lost, the
+    /// answer lets RACK see it.
+    fn probe_tail(&mut self, peer: u32) {
+        let p = &mut self.peers[peer as usize];
+        if p.head == NIL || p.probed {
+            return;
+        }
+        p.probed = true;
+        let mut newest = None;
+        let mut at = p.head;
+        while at != NIL {
+            let slot = &self.slots[at as usize];
+            if slot.flags & (SACKED | QUEUED) == 0 && slot.flags & SENT != 0 {
+                newest = Some(at);
+            }
+            at = slot.next;
+        }
+        if let Some(index) = newest {
+            self.slots[index as usize].flags |= QUEUED;
+            self.transmits.push_back(Pending::Data(index));
+            self.stats.tail_probes += 1;
+        }
     }
 
     /// The caller did not run for a while (its process was stopped or
@@ -1196,6 +1378,11 @@ impl<F: Clone, R> Reliability<F, R> {
         for p in &mut self.peers {
             p.scheduled = None;
             p.last_heard = now;
+            // Probe and loss timers count from sends made before the gap:
+            // the refresh below replaces them.
+            p.pto_at = None;
+            p.loss_at = None;
+            p.probed = false;
             if p.mode != Mode::Lost && (p.head != NIL || p.backlog_head != NIL) {
                 p.rtt.end_backoff();
                 p.rto_at = Some(now);
@@ -1213,6 +1400,8 @@ impl<F: Clone, R> Reliability<F, R> {
         p.mode = Mode::Lost;
         p.rto_at = None;
         p.ack_at = None;
+        p.loss_at = None;
+        p.pto_at = None;
         p.resumed = false;
         // Its timer entry, if any, is left to be dropped as stale.
         p.scheduled = None;
@@ -1237,6 +1426,7 @@ impl<F: Clone, R> Reliability<F, R> {
         p.backlog_head = NIL;
         p.backlog_tail = NIL;
         p.in_flight = 0;
+        p.sacked = 0;
         self.reclaim_early(peer);
         if reason == LossReason::Timeout {
             // Tell the peer, in case it still hears us: it must not wait

@@ -25,10 +25,27 @@
 //!   senders how much to send.
 //! * The sender keeps at most min(congestion window, credit, `window`)
 //!   datagrams in flight, assuming `initial_credit` until the peer's first
-//!   header. It retransmits on a timeout estimated from RTT samples
-//!   (RFC 6298, Karn, exponential backoff) and, without waiting, a datagram
-//!   that `dup_threshold` later ones overtook (fast retransmit). The
-//!   congestion window grows additively and halves once per loss episode.
+//!   header. Losses are found mostly without a timeout:
+//!   * by time (RACK, RFC 8985): a datagram sent before one that was
+//!     delivered, and not delivered itself a round trip plus a quarter of the
+//!     smallest round trip after it went, is lost; a retransmission is
+//!     judged like any send, so a datagram lost again is found again;
+//!   * at once, a first transmission that `dup_threshold` later ones
+//!     overtook;
+//!   * at the tail, by a probe: with data in flight and nothing acknowledged
+//!     for two round trips, the newest datagram goes again asking for an
+//!     acknowledgement, whose answer shows what is missing. The last
+//!     datagram of a burst asks for an acknowledgement at once, so the
+//!     receiver's delayed acknowledgement does not set the probe off.
+//!
+//!   The retransmission timeout (RFC 6298, Karn, exponential backoff, at
+//!   least `rto_min`) is the last resort; it resends only the oldest
+//!   datagram not known delivered, its answer leading to the rest.
+//!   Retransmissions acknowledged sooner than any round trip are counted
+//!   as spurious. The congestion window grows additively and loses a
+//!   quarter datagram per lost datagram, so random loss does not collapse
+//!   it while bursts of loss still shrink it fast; a timeout drops it to
+//!   one datagram.
 //!   When data waits but the credit lets nothing fly, the timer sends
 //!   zero-window probes (acknowledgement requests) with the same backoff.
 //! * A peer from which nothing is heard for `peer_timeout` (time, not a

@@ -63,11 +63,6 @@ impl Rtt {
         self.rto_us = self.base_rto_us;
     }
 
-    /// A timeout expired since the peer last acknowledged new data.
-    pub(crate) fn backed_off(&self) -> bool {
-        self.rto_us > self.base_rto_us
-    }
-
     pub(crate) fn rto(&self) -> Duration {
         Duration::from_micros(u64::from(self.rto_us))
     }

@@ -125,6 +125,7 @@ fn reliability_state(
         initial_cwnd: window.min(16),
         peer_timeout: Duration::from_millis(u64::from(params.peer_timeout)),
         rto_max,
+        rto_min: Duration::from_micros(u64::from(params.rto_min)).min(rto_max),
         rto_initial: Config::default().rto_initial.min(rto_max),
         keepalive: params.keepalive,
         ..Config::default()

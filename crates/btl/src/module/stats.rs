@@ -124,8 +124,14 @@ impl<C: Context> fmt::Display for Engine<C> {
             let r = reliable.core.stats();
             writeln!(
                 f,
-                "  reliability        sent {} retransmitted {} (fast {}, timeouts {}) acks sent {}",
-                r.sent, r.retransmitted, r.fast_retransmits, r.timeouts, r.acks_sent
+                "  reliability        sent {} retransmitted {} (lost {}, tail probes {}, timeouts {}; spurious {}) acks sent {}",
+                r.sent,
+                r.retransmitted,
+                r.fast_retransmits,
+                r.tail_probes,
+                r.timeouts,
+                r.spurious_retransmits,
+                r.acks_sent
             )?;
             writeln!(
                 f,

@@ -339,6 +339,10 @@ parameters! {
     peer_timeout: u32 = (30_000), int(10, 86_400_000), udbtl,
         "Milliseconds without acknowledgement, while data waits, before a peer is \
          declared lost (time, not a retry count, decides)";
+    rto_min: u32 = (250), int(10, 1_000_000), udbtl,
+        "Microseconds the retransmission timeout never goes below, whatever the measured \
+         round trip; losses are mostly repaired sooner, by time-based detection and the \
+         tail-loss probe (two round trips)";
     keepalive: bool = (true), BOOL, udbtl,
         "After data last flowed with a peer, probe it a few times while idle (every quarter \
          of peer_timeout, until it has answered for a whole peer_timeout), so that a peer \

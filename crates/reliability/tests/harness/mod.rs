@@ -26,6 +26,9 @@ pub struct Faults {
     pub outage: Option<(Duration, Duration)>,
     /// Drop acknowledgement-only datagrams.
     pub drop_acks: bool,
+    /// Drop the first `n` data datagrams carrying sequence number `seq`:
+    /// `(seq, n)`; the count goes down as they are dropped.
+    pub drop_seq: Option<(u32, u32)>,
 }
 
 #[derive(Debug, Clone)]
@@ -212,6 +215,15 @@ impl Net {
         }
         if faults.drop_acks && datagram.header.has(rel::FLAG_ACK_ONLY) {
             return;
+        }
+        if let Some((seq, left)) = faults.drop_seq {
+            if left > 0 && !datagram.header.has(rel::FLAG_ACK_ONLY) && datagram.header.seq.0 == seq
+            {
+                if let Some(link) = self.links.get_mut(&(datagram.from, datagram.to)) {
+                    link.drop_seq = Some((seq, left - 1));
+                }
+                return;
+            }
         }
         if self.rng.f64() < faults.loss {
             return;
