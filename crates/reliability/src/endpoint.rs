@@ -1093,8 +1093,14 @@ impl<F: Clone, R> Reliability<F, R> {
             p.cwnd = (p.cwnd + grow).min(u32::from(config.window) * CWND_UNIT);
         }
         if newly_acked + newly_sacked > 0 {
-            // Something new arrived: the tail is alive, a new probe may go.
+            // Something new arrived: the path works, so the retransmission
+            // timer starts again (a hole under repair does not make it
+            // expire while later datagrams keep arriving), and a new probe
+            // may go.
             p.probed = false;
+            if newly_acked == 0 {
+                p.rto_at = Some(now + p.rtt.rto());
+            }
         }
         if probing && p.can_send(config) {
             // The window reopened: the probes' backoff says nothing about
