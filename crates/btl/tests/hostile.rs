@@ -1,0 +1,322 @@
+//! Hostile traffic on live sockets: while two modules exchange messages over
+//! UDP loopback, an attacker sends into the receiver's socket
+//!
+//! * random bytes, 0 to 9000 long;
+//! * genuine datagrams cut inside their headers;
+//! * genuine headers with another job's key;
+//! * genuine headers with sequence numbers far outside the window;
+//! * replays of the sender's earlier datagrams, from the sender's own
+//!   address (raw socket, root only);
+//! * genuine datagrams from an address the receiver does not know;
+//! * coalesced datagrams whose records declare more bytes than they hold.
+//!
+//! Every hostile datagram is dropped and counted, nothing panics, the
+//! receiver's resources do not grow, and every real message arrives once,
+//! in order, with its bytes intact.
+//!
+//! The attacker learns the job's headers by being sent to: the sender adds
+//! an endpoint for the attacker's socket (as a peer that published an
+//! address would be) and sends it a few messages, which the attacker keeps.
+
+#![allow(clippy::unwrap_used, unsafe_code)]
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use udbtl_btl::*;
+use udbtl_fabric::udp::UdpProvider;
+use udbtl_fabric::{Context, Provider};
+use udbtl_wire::{btl, coalesced, datagram, modex, rel, ud};
+
+type Heard = Arc<Mutex<Vec<(Option<EndpointId>, Vec<u8>)>>>;
+
+fn component() -> Component<UdpProvider> {
+    let params = Params::load_from(
+        &BtlConfig {
+            rd_num: Some(256),
+            sd_num: Some(64),
+            ..BtlConfig::default()
+        },
+        |_| None,
+    )
+    .unwrap();
+    Component::init(UdpProvider::new(udp_config(&params)), params).unwrap()
+}
+
+/// Message `i` of the real traffic: its index, then bytes derived from it.
+fn message(i: u32) -> Vec<u8> {
+    let mut bytes = i.to_le_bytes().to_vec();
+    bytes.extend((0..(i % 200)).map(|k| (k * 7 + i) as u8));
+    bytes
+}
+
+/// The UDP port of a module's receiving queue pair.
+fn receive_port<P: Provider>(btl: &Component<P>) -> u16 {
+    btl.modules()[0].address().qpns[0] as u16
+}
+
+/// Offset of the BTL header in a datagram as it travels (after the UD
+/// header the udp provider puts in front).
+const BTL_AT: usize = ud::HEADER_LEN;
+
+/// Rewrites the checksum of a captured datagram after a change.
+fn reseal(d: &mut [u8]) {
+    datagram::fill_checksum(&mut d[BTL_AT..], &[]);
+}
+
+/// Changes a captured datagram's reliability extension, then reseals it.
+fn edit_extension(d: &mut [u8], change: impl FnOnce(&mut rel::Repr)) {
+    let mut repr = rel::Repr::parse(&datagram::extension(&d[BTL_AT..]).unwrap()).unwrap();
+    change(&mut repr);
+    repr.emit(&mut datagram::extension_mut(&mut d[BTL_AT..]).unwrap());
+    reseal(d);
+}
+
+/// A datagram with a forged source address, through a raw socket: needs
+/// CAP_NET_RAW. `None` when the socket cannot be had.
+struct Spoofer(libc::c_int);
+
+impl Spoofer {
+    fn new() -> Option<Self> {
+        // SAFETY: plain socket(2) call; the descriptor is owned by the
+        // returned value and closed in Drop.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
+        (fd >= 0).then_some(Self(fd))
+    }
+
+    /// Sends `payload` as a UDP datagram from `from` to `to` (IPv4, no UDP
+    /// checksum, which IPv4 allows).
+    fn send(&self, from: SocketAddrV4, to: SocketAddrV4, payload: &[u8]) {
+        let udp_len = 8 + payload.len();
+        let total = 20 + udp_len;
+        let mut packet = Vec::with_capacity(total);
+        packet.extend_from_slice(&[0x45, 0]);
+        packet.extend_from_slice(&(total as u16).to_be_bytes());
+        packet.extend_from_slice(&[0, 0, 0, 0, 64, libc::IPPROTO_UDP as u8, 0, 0]);
+        packet.extend_from_slice(&from.ip().octets());
+        packet.extend_from_slice(&to.ip().octets());
+        packet.extend_from_slice(&from.port().to_be_bytes());
+        packet.extend_from_slice(&to.port().to_be_bytes());
+        packet.extend_from_slice(&(udp_len as u16).to_be_bytes());
+        packet.extend_from_slice(&[0, 0]);
+        packet.extend_from_slice(payload);
+        let dest = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: 0,
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_ne_bytes(to.ip().octets()),
+            },
+            sin_zero: [0; 8],
+        };
+        // SAFETY: `packet` and `dest` are live for the call and their
+        // lengths are the ones passed.
+        let sent = unsafe {
+            libc::sendto(
+                self.0,
+                packet.as_ptr().cast(),
+                packet.len(),
+                0,
+                (&raw const dest).cast(),
+                size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(sent, packet.len() as isize, "raw send");
+    }
+}
+
+impl Drop for Spoofer {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor is ours and closed once.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+/// What the receiver counted as dropped, everywhere a datagram can be.
+fn drops<P: Provider>(btl: &Component<P>) -> [u64; 8] {
+    let module = &btl.modules()[0];
+    let s = module.stats();
+    let r = module.reliability_stats().unwrap();
+    let f = module.with_context(|c| c.stats());
+    [
+        f.rx_malformed + f.rx_bad_qkey + f.rx_too_long,
+        s.recv_malformed,
+        s.recv_bad_job_key,
+        s.recv_bad_checksum,
+        s.recv_unknown_peer,
+        r.duplicates,
+        r.out_of_window,
+        s.recv_orphan_pieces,
+    ]
+}
+
+#[test]
+fn hostile_datagrams_are_dropped_and_counted_while_real_traffic_flows() {
+    let mut a = component();
+    let mut b = component();
+    let ab = a.add_procs(&[Some(&b.modex())]).unwrap()[0].endpoints[0].unwrap();
+    let ba = b.add_procs(&[Some(&a.modex())]).unwrap()[0].endpoints[0].unwrap();
+    let heard: Heard = Arc::default();
+    let sink = heard.clone();
+    b.modules_mut()[0].register(
+        Tag::PML,
+        Box::new(move |ev: &RecvEvent<'_>| {
+            sink.lock()
+                .unwrap()
+                .push((ev.endpoint, ev.payload.to_vec()));
+        }),
+    );
+
+    // The attacker: a plain socket that A is made to send to.
+    let attacker = UdpSocket::bind("127.0.0.1:0").unwrap();
+    attacker
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut fake = modex::parse_blob(&b.modex()).unwrap();
+    fake[0].qpns = [u32::from(attacker.local_addr().unwrap().port()); 4];
+    fake[0].proc_id ^= 0x5a5a_5a5a;
+    let fake_blob = modex::emit_blob(&fake).unwrap();
+    let a_to_attacker = a.add_procs(&[Some(&fake_blob)]).unwrap()[0].endpoints[0].unwrap();
+    let mut captured: Vec<(Vec<u8>, SocketAddr)> = Vec::new();
+    for i in 0..4u32 {
+        a.modules_mut()[0]
+            .send_message(a_to_attacker, Tag::PML, &message(i))
+            .unwrap();
+        a.progress();
+        let mut buf = vec![0u8; 70_000];
+        let (n, from) = attacker.recv_from(&mut buf).unwrap();
+        buf.truncate(n);
+        captured.push((buf, from));
+    }
+    let (sample, a_addr) = captured[0].clone();
+    assert!(sample.len() >= BTL_AT + datagram::HEADER_LEN);
+    let SocketAddr::V4(a_addr) = a_addr else {
+        panic!("loopback is IPv4")
+    };
+    let b_port = receive_port(&b);
+    let b_addr = SocketAddrV4::new(Ipv4Addr::LOCALHOST, b_port);
+
+    let before_resources = b.modules()[0].with_context(|c| c.resources());
+    let before = drops(&b);
+    let mut rng = fastrand::Rng::with_seed(61);
+    let mut hostile = [0u64; 7];
+    let spoofer = Spoofer::new();
+    if spoofer.is_none() {
+        println!("no raw socket (not root): replays from the sender's address are not tried");
+    }
+
+    let n = 3000u32;
+    let mut sent = 0u32;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while heard.lock().unwrap().len() < n as usize {
+        assert!(Instant::now() < deadline, "timed out");
+        if sent < n
+            && a.modules_mut()[0]
+                .send_message(ab, Tag::PML, &message(sent))
+                .is_ok()
+        {
+            sent += 1;
+        }
+        // One hostile datagram of each kind per round, while the real
+        // traffic runs.
+        if sent < n {
+            let random: Vec<u8> = (0..rng.usize(0..=9000)).map(|_| rng.u8(..)).collect();
+            attacker.send_to(&random, b_addr).unwrap();
+            hostile[0] += 1;
+
+            let cut = rng.usize(0..BTL_AT + datagram::HEADER_LEN);
+            attacker.send_to(&sample[..cut], b_addr).unwrap();
+            hostile[1] += 1;
+
+            let mut wrong_key = sample.clone();
+            let mut header = btl::Packet::new_unchecked(&mut wrong_key[BTL_AT..]);
+            header.set_job_key(header.job_key() ^ (1 + rng.u32(..u32::MAX - 1)));
+            reseal(&mut wrong_key);
+            attacker.send_to(&wrong_key, b_addr).unwrap();
+            hostile[2] += 1;
+
+            let mut far = sample.clone();
+            let jump = (1 << 20) + rng.u32(0..1 << 20);
+            edit_extension(&mut far, |r| r.seq = r.seq + jump);
+            // From the sender's address if it can be forged, else from the
+            // attacker's (then it counts as an unknown source).
+            match &spoofer {
+                Some(s) => s.send(a_addr, b_addr, &far),
+                None => {
+                    attacker.send_to(&far, b_addr).unwrap();
+                }
+            }
+            hostile[3] += 1;
+
+            attacker.send_to(&sample, b_addr).unwrap();
+            hostile[4] += 1;
+
+            let mut oversized = sample.clone();
+            oversized.truncate(BTL_AT + datagram::HEADER_LEN);
+            let mut list = vec![0u8; 64];
+            let end = coalesced::append(&mut list, 0, Tag::PML.0, &[1, 2, 3]).unwrap();
+            list.truncate(end);
+            // The record says 60 000 bytes follow; three do.
+            list[2..4].copy_from_slice(&60_000u16.to_le_bytes());
+            oversized.extend_from_slice(&list);
+            edit_extension(&mut oversized, |r| r.flags |= rel::FLAG_COALESCED);
+            attacker.send_to(&oversized, b_addr).unwrap();
+            hostile[5] += 1;
+
+            // Replays come once the real stream is well past their numbers.
+            if let (Some(s), true) = (&spoofer, sent > 100) {
+                let (replay, _) = &captured[rng.usize(0..captured.len())];
+                s.send(a_addr, b_addr, replay);
+                hostile[6] += 1;
+            }
+        }
+        a.progress();
+        b.progress();
+    }
+    // Drain: whatever hostile datagrams are still in the socket get read.
+    let settle = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < settle {
+        a.progress();
+        b.progress();
+    }
+
+    // Real traffic: every message once, in order, intact.
+    let heard = heard.lock().unwrap();
+    assert_eq!(heard.len(), n as usize);
+    for (i, (from, bytes)) in heard.iter().enumerate() {
+        assert_eq!(*from, Some(ba), "message {i}");
+        assert_eq!(bytes, &message(i as u32), "message {i}");
+    }
+    // Every hostile datagram dropped and counted somewhere.
+    let after = drops(&b);
+    let counted: u64 = after.iter().zip(before).map(|(a, b)| a - b).sum();
+    let tried: u64 = hostile.iter().sum();
+    println!(
+        "hostile datagrams tried {tried} ({hostile:?}: random, cut, job key, far, unknown source, \
+         oversized records, replays); counted {counted}: {:?} (fabric, malformed, job key, \
+         checksum, unknown peer, duplicates, out of window, orphans)",
+        after
+            .iter()
+            .zip(before)
+            .map(|(a, b)| a - b)
+            .collect::<Vec<_>>()
+    );
+    assert!(counted >= tried, "{counted} counted of {tried} tried");
+    let delta = |i: usize| after[i] - before[i];
+    assert!(delta(0) > 0, "random bytes die in the fabric");
+    assert!(delta(2) >= hostile[2], "wrong job keys counted");
+    assert!(delta(4) >= hostile[4], "unknown sources counted");
+    assert!(delta(1) > 0, "cut headers counted as malformed");
+    if spoofer.is_some() {
+        assert!(delta(6) >= hostile[3], "far sequence numbers counted");
+        assert!(delta(5) >= hostile[6], "replays counted as duplicates");
+    }
+    // Nothing grew: the fabric holds what it held.
+    assert_eq!(
+        b.modules()[0].with_context(|c| c.resources()),
+        before_resources
+    );
+    drop(heard);
+    a.finalize().unwrap();
+    b.finalize().unwrap();
+}
