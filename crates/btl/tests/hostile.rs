@@ -237,7 +237,7 @@ fn hostile_datagrams_are_dropped_and_counted_while_real_traffic_flows() {
 
             let mut far = sample.clone();
             let jump = (1 << 20) + rng.u32(0..1 << 20);
-            edit_extension(&mut far, |r| r.seq = r.seq + jump);
+            edit_extension(&mut far, |r| r.seq += jump);
             // From the sender's address if it can be forged, else from the
             // attacker's (then it counts as an unknown source).
             match &spoofer {
