@@ -1267,11 +1267,11 @@ impl<F: Clone, R> Reliability<F, R> {
             deferred = true;
         }
         if let Mode::Lingering(until) = p.mode {
-            if until <= now && p.head == NIL && p.backlog_head == NIL {
-                p.mode = Mode::Lost;
-                p.ack_at = None;
-                p.rto_at = None;
-                self.reclaim_early(peer);
+            if until <= now {
+                // Done lingering. What the peer never acknowledged fails:
+                // the caller closed it, and waiting longer would keep a
+                // deadline in the past.
+                self.end_peer(peer);
                 self.events
                     .push_back(Event::PeerClosed { peer: PeerId(peer) });
                 return deferred;
@@ -1402,6 +1402,22 @@ impl<F: Clone, R> Reliability<F, R> {
 
     fn declare_lost(&mut self, peer: u32, reason: LossReason) {
         self.stats.peers_lost += 1;
+        self.end_peer(peer);
+        if reason == LossReason::Timeout {
+            // Tell the peer, in case it still hears us: it must not wait
+            // for a stream this side abandoned.
+            self.transmits.push_back(Pending::Reset(peer));
+        }
+        self.events.push_back(Event::PeerLost {
+            peer: PeerId(peer),
+            reason,
+        });
+    }
+
+    /// Ends a peer's streams: it becomes [`Mode::Lost`], its timers stop,
+    /// every fragment not yet reported fails, and the buffers held for it
+    /// are taken back.
+    fn end_peer(&mut self, peer: u32) {
         let p = &mut self.peers[peer as usize];
         p.mode = Mode::Lost;
         p.rto_at = None;
@@ -1434,15 +1450,6 @@ impl<F: Clone, R> Reliability<F, R> {
         p.in_flight = 0;
         p.sacked = 0;
         self.reclaim_early(peer);
-        if reason == LossReason::Timeout {
-            // Tell the peer, in case it still hears us: it must not wait
-            // for a stream this side abandoned.
-            self.transmits.push_back(Pending::Reset(peer));
-        }
-        self.events.push_back(Event::PeerLost {
-            peer: PeerId(peer),
-            reason,
-        });
     }
 
     /// Takes back the buffers held for a peer whose gap will never fill.
@@ -1468,8 +1475,10 @@ impl<F: Clone, R> Reliability<F, R> {
     }
 
     /// Stops sending to a peer. It lingers for the configured time, still
-    /// acknowledging late retransmissions and delivering what arrives, and
-    /// then an [`Event::PeerClosed`] reports it gone.
+    /// acknowledging late retransmissions, delivering what arrives and
+    /// retransmitting what it was sent, and then an [`Event::PeerClosed`]
+    /// reports it gone; a fragment it had still not acknowledged by then
+    /// fails ([`Event::Failed`]) first.
     pub fn close_peer(&mut self, now: Instant, peer: PeerId) {
         let linger = self.config.linger;
         if let Some(p) = self.peers.get_mut(peer.0 as usize) {

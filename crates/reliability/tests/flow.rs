@@ -832,3 +832,28 @@ fn resume_after_a_long_jump_declares_nobody_lost() {
     let s = net.nodes[0].rel.stats();
     assert_eq!(s.timeouts, 0, "the refresh is no timeout: {s:?}");
 }
+
+/// A closed peer that still has data in flight when its linger ends (it
+/// never acknowledges) fails that data and is reported closed; the timers
+/// stop. It once kept a deadline in the past, and `handle_timeout` spun on
+/// it for ever (found by the fuzz target `reliability`).
+#[test]
+fn a_closed_peer_that_never_acknowledges_fails_its_data_when_the_linger_ends() {
+    let config = Config::default();
+    let mut a = core(&config);
+    let t0 = Instant::ZERO;
+    a.send(t0, P, 7).unwrap();
+    let _ = drain(&mut a, t0);
+    a.close_peer(t0, P);
+    let end = at(config.linger + ms(1));
+    a.handle_timeout(end);
+    assert_eq!(
+        events(&mut a),
+        [
+            Event::Failed { peer: P, frag: 7 },
+            Event::PeerClosed { peer: P }
+        ]
+    );
+    assert_eq!(a.poll_timeout(), None, "no timer left");
+    assert_eq!(a.queued(P), Some((0, 0)));
+}
