@@ -9,11 +9,13 @@
 //! * A received datagram's reliability header goes to the state, which says
 //!   whether to deliver it now, hold its buffer until an earlier one
 //!   arrives, or drop it (duplicate, acknowledgement only).
-//! * A small whole message to a peer whose window or credit is full (its
-//!   backlog is not empty) rides in the datagram of the newest fragment of
-//!   that backlog instead of waiting for its own (`try_coalesce`); it
-//!   completes right after that carrier, and the receiver splits the
-//!   datagram into its messages (`recv.rs`, `host.rs`).
+//! * A small whole message rides in the datagram of an earlier one to the
+//!   same peer that has not left yet (`ride`): the newest fragment of a
+//!   full window's backlog, or the open carrier, the small message of a
+//!   burst (sends with no progress call in between) held back until the
+//!   next progress call (`close_open_carrier`). It completes right after
+//!   its carrier, and the receiver splits the datagram into its messages
+//!   (`recv.rs`, `host.rs`).
 //! * Acknowledgements and retransmissions go out at the end of each progress
 //!   call, after timers that are due; while nothing is owed no timer is
 //!   armed, so an idle progress call costs one comparison.
