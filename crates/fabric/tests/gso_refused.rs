@@ -66,36 +66,9 @@ fn a_refused_gso_train_is_resent_datagram_by_datagram() {
         assert_eq!(rc, 0, "SO_NO_CHECK on fd {fd}");
     }
     let ah = a.ah(NodeAddr::Ip(b.ctx.ip()));
-    let mr = a.send_mr;
-    for i in 0..40usize {
-        a.ctx.mr_bytes_mut(mr.handle).unwrap()[i * 1400..(i + 1) * 1400].fill(i as u8);
-    }
-    let sgs: Vec<[Gather<'_>; 1]> = (0..40)
-        .map(|i| {
-            [Gather::Registered(Sge {
-                lkey: mr.lkey,
-                offset: i * 1400,
-                len: 1400,
-            })]
-        })
-        .collect();
-    let wrs: Vec<SendWr<'_>> = sgs
-        .iter()
-        .enumerate()
-        .map(|(i, sg)| SendWr {
-            wr_id: i as u64,
-            sg_list: sg,
-            ah,
-            remote_qpn: b.qp.qp_num,
-            remote_qkey: QKEY,
-            imm: None,
-            flags: SendFlags::SIGNALED,
-        })
-        .collect();
     // Two batches: the first train is refused and resent singly; the second
     // batch no longer tries GSO.
-    a.ctx.post_send(a.qp.handle, &wrs[..20]).unwrap();
-    a.ctx.post_send(a.qp.handle, &wrs[20..]).unwrap();
+    post_forty(&mut a, ah, b.qp.qp_num, QKEY, 1400, 20);
     let sent = a.poll_for(40, WAIT);
     assert_eq!(sent.len(), 40);
     assert!(

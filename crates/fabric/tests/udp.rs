@@ -251,33 +251,7 @@ fn send_forty(a: &mut Endpoint<UdpContext>, b: &Endpoint<UdpContext>) {
 /// [`send_forty`] presenting `qkey`.
 fn send_forty_with_qkey(a: &mut Endpoint<UdpContext>, b: &Endpoint<UdpContext>, qkey: u32) {
     let ah = a.ah(node(b));
-    let mr = a.send_mr;
-    for i in 0..40usize {
-        a.ctx.mr_bytes_mut(mr.handle).unwrap()[i * 1400..(i + 1) * 1400].fill(i as u8);
-    }
-    let sgs: Vec<[Gather<'_>; 1]> = (0..40)
-        .map(|i| {
-            [Gather::Registered(Sge {
-                lkey: mr.lkey,
-                offset: i * 1400,
-                len: if i == 39 { 100 } else { 1400 },
-            })]
-        })
-        .collect();
-    let wrs: Vec<SendWr<'_>> = sgs
-        .iter()
-        .enumerate()
-        .map(|(i, sg)| SendWr {
-            wr_id: i as u64,
-            sg_list: sg,
-            ah,
-            remote_qpn: b.qp.qp_num,
-            remote_qkey: qkey,
-            imm: None,
-            flags: SendFlags::SIGNALED,
-        })
-        .collect();
-    a.ctx.post_send(a.qp.handle, &wrs).unwrap();
+    post_forty(a, ah, b.qp.qp_num, qkey, 100, 40);
     assert_eq!(a.poll_for(40, WAIT).len(), 40);
 }
 

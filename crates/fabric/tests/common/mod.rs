@@ -156,6 +156,50 @@ impl<C: Context> Endpoint<C> {
     }
 }
 
+/// Posts 40 datagrams of 1400 B (the last one `last_len`), each filled
+/// with its index, from `a` to queue pair `remote_qpn` behind `ah`,
+/// presenting `qkey`: the first `first_post` in one post, the rest in a
+/// second one if any are left.
+pub fn post_forty<C: Context>(
+    a: &mut Endpoint<C>,
+    ah: AhHandle,
+    remote_qpn: u32,
+    qkey: u32,
+    last_len: usize,
+    first_post: usize,
+) {
+    let mr = a.send_mr;
+    for i in 0..40usize {
+        a.ctx.mr_bytes_mut(mr.handle).unwrap()[i * 1400..(i + 1) * 1400].fill(i as u8);
+    }
+    let sgs: Vec<[Gather<'_>; 1]> = (0..40)
+        .map(|i| {
+            [Gather::Registered(Sge {
+                lkey: mr.lkey,
+                offset: i * 1400,
+                len: if i == 39 { last_len } else { 1400 },
+            })]
+        })
+        .collect();
+    let wrs: Vec<SendWr<'_>> = sgs
+        .iter()
+        .enumerate()
+        .map(|(i, sg)| SendWr {
+            wr_id: i as u64,
+            sg_list: sg,
+            ah,
+            remote_qpn,
+            remote_qkey: qkey,
+            imm: None,
+            flags: SendFlags::SIGNALED,
+        })
+        .collect();
+    let (first, rest) = wrs.split_at(first_post.min(wrs.len()));
+    for run in [first, rest].into_iter().filter(|run| !run.is_empty()) {
+        a.ctx.post_send(a.qp.handle, run).unwrap();
+    }
+}
+
 /// Creates a UD queue pair on `cq` and moves it to RTS on port 1 with
 /// `qkey`.
 pub fn ud_qp<C: Context>(ctx: &mut C, pd: PdHandle, cq: CqHandle, cap: QpCap, qkey: u32) -> QpInfo {
