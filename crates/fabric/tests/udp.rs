@@ -255,18 +255,30 @@ fn send_forty_with_qkey(a: &mut Endpoint<UdpContext>, b: &Endpoint<UdpContext>, 
     assert_eq!(a.poll_for(40, WAIT).len(), 40);
 }
 
+/// A sender with 4 receive buffers and a receiver with `receive_slots`, on
+/// a loopback provider whose datagrams carry 1400 B, with GSO and GRO as
+/// asked: where trains form.
+fn train_pair(
+    gso: bool,
+    gro: bool,
+    receive_slots: usize,
+) -> (Endpoint<UdpContext>, Endpoint<UdpContext>) {
+    let p = UdpProvider::new(UdpConfig {
+        gso,
+        gro,
+        mtu: Some(1400),
+        ..UdpConfig::default()
+    });
+    let dev = p.devices().unwrap()[0].name.clone();
+    let a = Endpoint::new(p.open(&dev).unwrap(), 4, QKEY);
+    let b = Endpoint::new(p.open(&dev).unwrap(), receive_slots, QKEY);
+    (a, b)
+}
+
 #[test]
 fn gro_trains_are_split_into_datagrams_in_order() {
     for (gso, gro) in [(true, true), (true, false), (false, true)] {
-        let p = UdpProvider::new(UdpConfig {
-            gso,
-            gro,
-            mtu: Some(1400),
-            ..UdpConfig::default()
-        });
-        let dev = p.devices().unwrap()[0].name.clone();
-        let mut a = Endpoint::new(p.open(&dev).unwrap(), 4, QKEY);
-        let mut b = Endpoint::new(p.open(&dev).unwrap(), 64, QKEY);
+        let (mut a, mut b) = train_pair(gso, gro, 64);
         send_forty(&mut a, &b);
         let got = b.poll_for(40, WAIT);
         assert_eq!(got.len(), 40, "gso={gso} gro={gro}");
@@ -288,13 +300,7 @@ fn gro_trains_are_split_into_datagrams_in_order() {
 
 #[test]
 fn a_train_polled_one_completion_at_a_time_is_delivered_whole() {
-    let p = UdpProvider::new(UdpConfig {
-        mtu: Some(1400),
-        ..UdpConfig::default()
-    });
-    let dev = p.devices().unwrap()[0].name.clone();
-    let mut a = Endpoint::new(p.open(&dev).unwrap(), 4, QKEY);
-    let mut b = Endpoint::new(p.open(&dev).unwrap(), 64, QKEY);
+    let (mut a, mut b) = train_pair(true, true, 64);
     send_forty(&mut a, &b);
     // A budget of one: the train completes more than asked for, and the
     // rest waits in the completion queue for the next polls.
@@ -313,13 +319,7 @@ fn a_train_polled_one_completion_at_a_time_is_delivered_whole() {
 
 #[test]
 fn a_train_with_the_wrong_qkey_is_dropped_per_datagram_and_keeps_the_buffers() {
-    let p = UdpProvider::new(UdpConfig {
-        mtu: Some(1400),
-        ..UdpConfig::default()
-    });
-    let dev = p.devices().unwrap()[0].name.clone();
-    let mut a = Endpoint::new(p.open(&dev).unwrap(), 4, QKEY);
-    let mut b = Endpoint::new(p.open(&dev).unwrap(), 40, QKEY);
+    let (mut a, mut b) = train_pair(true, true, 40);
     send_forty_with_qkey(&mut a, &b, QKEY ^ 1);
     assert!(b.poll_during(Duration::from_millis(200)).is_empty());
     assert_eq!(b.ctx.stats().rx_bad_qkey, 40);
@@ -334,13 +334,7 @@ fn a_train_with_the_wrong_qkey_is_dropped_per_datagram_and_keeps_the_buffers() {
 
 #[test]
 fn a_train_longer_than_the_posted_buffers_loses_its_tail_counted() {
-    let p = UdpProvider::new(UdpConfig {
-        mtu: Some(1400),
-        ..UdpConfig::default()
-    });
-    let dev = p.devices().unwrap()[0].name.clone();
-    let mut a = Endpoint::new(p.open(&dev).unwrap(), 4, QKEY);
-    let mut b = Endpoint::new(p.open(&dev).unwrap(), 10, QKEY);
+    let (mut a, mut b) = train_pair(true, true, 10);
     send_forty(&mut a, &b);
     let got = b.poll_for(40, Duration::from_millis(300));
     assert_eq!(got.len(), 10);
@@ -355,15 +349,7 @@ fn a_train_longer_than_the_posted_buffers_loses_its_tail_counted() {
 #[test]
 fn batched_equal_sends_arrive_as_separate_datagrams() {
     for gso in [true, false] {
-        let p = UdpProvider::new(UdpConfig {
-            gso,
-            gro: false,
-            mtu: Some(1400),
-            ..UdpConfig::default()
-        });
-        let dev = p.devices().unwrap()[0].name.clone();
-        let mut a = Endpoint::new(p.open(&dev).unwrap(), 4, QKEY);
-        let mut b = Endpoint::new(p.open(&dev).unwrap(), 64, QKEY);
+        let (mut a, mut b) = train_pair(gso, false, 64);
         send_forty(&mut a, &b);
         let got = b.poll_for(40, WAIT);
         assert_eq!(got.len(), 40, "gso={gso}");
