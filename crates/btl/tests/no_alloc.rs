@@ -223,6 +223,22 @@ impl Side {
     fn module(&mut self) -> &mut Module<udbtl_fabric::udp::UdpContext> {
         &mut self.btl.modules_mut()[0]
     }
+
+    /// Sends `payload` to the peer in a fragment from `alloc`, if one is
+    /// free; says whether it was.
+    fn try_alloc_send(&mut self, tag: Tag, payload: &[u8]) -> bool {
+        let peer = self.peer;
+        let module = self.module();
+        let Some(des) = module.alloc(NO_ORDER, payload.len(), DesFlags::BTL_OWNERSHIP) else {
+            return false;
+        };
+        module
+            .segment_mut(des)
+            .expect("segment")
+            .copy_from_slice(payload);
+        module.send(peer, des, tag).expect("send");
+        true
+    }
 }
 
 /// Two connected sides whose receive callbacks, for every tag used here,
@@ -273,20 +289,12 @@ enum Api {
 /// sides while no send fragment is free.
 fn send(api: Api, from: &mut Side, other: &mut Side, tag: Tag, payload: &[u8]) {
     match api {
-        Api::Alloc => loop {
-            let peer = from.peer;
-            let module = from.module();
-            if let Some(des) = module.alloc(NO_ORDER, payload.len(), DesFlags::BTL_OWNERSHIP) {
-                module
-                    .segment_mut(des)
-                    .expect("segment")
-                    .copy_from_slice(payload);
-                module.send(peer, des, tag).expect("send");
-                return;
+        Api::Alloc => {
+            while !from.try_alloc_send(tag, payload) {
+                from.btl.progress();
+                other.btl.progress();
             }
-            from.btl.progress();
-            other.btl.progress();
-        },
+        }
         Api::Message => {
             let peer = from.peer;
             from.module()
@@ -347,17 +355,7 @@ fn host_progress(side: &mut Side, len: &AtomicUsize) {
 /// progressing both host-driven sides while no fragment is free.
 fn host_send(from: &mut Side, other: &mut Side, payload: &[u8], len: &AtomicUsize, tag: Tag) {
     let start = Instant::now();
-    loop {
-        let peer = from.peer;
-        let module = from.module();
-        if let Some(des) = module.alloc(NO_ORDER, payload.len(), DesFlags::BTL_OWNERSHIP) {
-            module
-                .segment_mut(des)
-                .expect("segment")
-                .copy_from_slice(payload);
-            module.send(peer, des, tag).expect("send");
-            return;
-        }
+    while !from.try_alloc_send(tag, payload) {
         host_progress(from, len);
         host_progress(other, len);
         assert!(start.elapsed() < STUCK, "stuck");
