@@ -1129,7 +1129,8 @@ impl<F: Clone, R> Reliability<F, R> {
     fn detect_losses(&mut self, now: Instant, peer: u32) {
         let p = &mut self.peers[peer as usize];
         p.loss_at = None;
-        if p.rack_rtt_ns == 0 && p.rack_sent == Instant::ZERO {
+        if p.rack_rtt_ns == 0 {
+            // Nothing delivered yet: nothing to judge by.
             return;
         }
         let reo_wnd = Duration::from_nanos(u64::from(p.min_rtt_ns.min(p.rack_rtt_ns.max(1)) / 4));

@@ -309,12 +309,10 @@ impl<C: Context> Engine<C> {
             return false;
         };
         if carrier == des
-            || carrier.kind() != FragKind::Send
             || des.kind() != FragKind::Send
             || c.state != FragState::Posted
-            || !c.flags.contains(DesFlags::BTL_OWNERSHIP)
-            || c.endpoint != peer.0
-            || !(may_ride(c) && may_ride(r))
+            || !may_ride(r)
+            || !self.may_carry(peer, carrier)
         {
             return false;
         }
