@@ -29,9 +29,12 @@ fn a_bad_parameter_value_is_named_and_the_job_fails() {
         "udbtl must name the variable:\n{all}"
     );
     // Open MPI's own account follows (its wording varies with how its help
-    // messages get through): the job stops in MPI_Init.
+    // messages get through): the job stops in MPI_Init. Sometimes Open MPI
+    // 4.1's launcher fails to unpack the aggregated help messages and logs
+    // that in place of them (ORTE_ERROR_LOG ... show_help.c): its account
+    // is then lost, by Open MPI, after udbtl's reason got through.
     assert!(
-        all.contains("MPI_Init") || all.contains("MPI_INIT"),
+        all.contains("MPI_Init") || all.contains("MPI_INIT") || all.contains("show_help.c"),
         "{all}"
     );
 }
