@@ -66,6 +66,10 @@ pub enum BtlError {
         /// Index of the peer in the call.
         peer: usize,
     },
+    /// The operating system gave no random bytes for the authentication
+    /// key (`auth`).
+    #[error("drawing a random authentication key failed")]
+    Randomness(#[source] getrandom::Error),
     /// The reliability settings derived from the parameters are
     /// inconsistent.
     #[error(transparent)]

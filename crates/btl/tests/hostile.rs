@@ -17,6 +17,11 @@
 //! The attacker learns the job's headers by being sent to: the sender adds
 //! an endpoint for the attacker's socket (as a peer that published an
 //! address would be) and sends it a few messages, which the attacker keeps.
+//!
+//! A second test runs both modules with `auth`: then forged datagrams, even
+//! ones with the next sequence number and a checksum or MAC that a stranger
+//! could compute, are refused as unauthenticated, and replays of genuine
+//! datagrams are refused by their sequence numbers.
 
 #![allow(clippy::unwrap_used, unsafe_code)]
 
@@ -32,13 +37,18 @@ use udbtl_wire::{btl, coalesced, datagram, modex, rel, ud};
 type Heard = Arc<Mutex<Vec<(Option<EndpointId>, Vec<u8>)>>>;
 
 fn component() -> Component<UdpProvider> {
+    component_with(false)
+}
+
+/// A component on UDP loopback, authenticating its datagrams if `auth`.
+fn component_with(auth: bool) -> Component<UdpProvider> {
     let params = Params::load_from(
         &BtlConfig {
             rd_num: Some(256),
             sd_num: Some(64),
             ..BtlConfig::default()
         },
-        |_| None,
+        |name| (auth && name == "UDBTL_AUTH").then(|| "1".to_string()),
     )
     .unwrap();
     Component::init(UdpProvider::new(udp_config(&params)), params).unwrap()
@@ -133,7 +143,7 @@ impl Drop for Spoofer {
 }
 
 /// What the receiver counted as dropped, everywhere a datagram can be.
-fn drops<P: Provider>(btl: &Component<P>) -> [u64; 8] {
+fn drops<P: Provider>(btl: &Component<P>) -> [u64; 9] {
     let module = &btl.modules()[0];
     let s = module.stats();
     let r = module.reliability_stats().unwrap();
@@ -147,6 +157,7 @@ fn drops<P: Provider>(btl: &Component<P>) -> [u64; 8] {
         r.duplicates,
         r.out_of_window,
         s.recv_orphan_pieces,
+        s.recv_unauthenticated,
     ]
 }
 
@@ -294,7 +305,7 @@ fn hostile_datagrams_are_dropped_and_counted_while_real_traffic_flows() {
     println!(
         "hostile datagrams tried {tried} ({hostile:?}: random, cut, job key, far, unknown source, \
          oversized records, replays); counted {counted}: {:?} (fabric, malformed, job key, \
-         checksum, unknown peer, duplicates, out of window, orphans)",
+         checksum, unknown peer, duplicates, out of window, orphans, unauthenticated)",
         after
             .iter()
             .zip(before)
@@ -312,6 +323,187 @@ fn hostile_datagrams_are_dropped_and_counted_while_real_traffic_flows() {
         assert!(delta(5) >= hostile[6], "replays counted as duplicates");
     }
     // Nothing grew: the fabric holds what it held.
+    assert_eq!(
+        b.modules()[0].with_context(|c| c.resources()),
+        before_resources
+    );
+    drop(heard);
+    a.finalize().unwrap();
+    b.finalize().unwrap();
+}
+
+/// Rewrites a captured datagram's extension with `change`, then seals it as
+/// a stranger could: with a CRC, or with a MAC under a key of its own.
+fn forge(
+    d: &[u8],
+    change: impl FnOnce(&mut rel::Repr),
+    key: Option<&datagram::AuthKey>,
+) -> Vec<u8> {
+    let mut d = d.to_vec();
+    let mut repr = rel::Repr::parse(&datagram::extension(&d[BTL_AT..]).unwrap()).unwrap();
+    change(&mut repr);
+    repr.flags &= !(rel::FLAG_CHECKSUM | rel::FLAG_MAC);
+    repr.flags |= if key.is_some() {
+        rel::FLAG_MAC
+    } else {
+        rel::FLAG_CHECKSUM
+    };
+    repr.emit(&mut datagram::extension_mut(&mut d[BTL_AT..]).unwrap());
+    match key {
+        Some(key) => datagram::fill_mac(&mut d[BTL_AT..], &[], key),
+        None => reseal(&mut d),
+    }
+    d
+}
+
+#[test]
+fn with_auth_a_stranger_can_neither_inject_nor_replay() {
+    let mut a = component_with(true);
+    let mut b = component_with(true);
+    let a_published = modex::parse_blob(&a.modex()).unwrap();
+    let b_published = modex::parse_blob(&b.modex()).unwrap();
+    let (Some(a_key), Some(b_key)) = (a_published[0].auth_key, b_published[0].auth_key) else {
+        panic!("modules with auth publish their keys");
+    };
+    assert_ne!(a_key, b_key, "every module draws its own key");
+
+    // Modules set differently cannot pair, in either direction.
+    let mut plain = component();
+    assert_eq!(
+        plain.add_procs(&[Some(&b.modex())]).unwrap()[0].endpoints[0],
+        None
+    );
+    assert_eq!(
+        b.add_procs(&[Some(&plain.modex())]).unwrap()[0].endpoints[0],
+        None
+    );
+    plain.finalize().unwrap();
+
+    let ab = a.add_procs(&[Some(&b.modex())]).unwrap()[0].endpoints[0].unwrap();
+    let ba = b.add_procs(&[Some(&a.modex())]).unwrap()[0].endpoints[0].unwrap();
+    let heard: Heard = Arc::default();
+    let sink = heard.clone();
+    b.modules_mut()[0].register(
+        Tag::PML,
+        Box::new(move |ev: &RecvEvent<'_>| {
+            sink.lock()
+                .unwrap()
+                .push((ev.endpoint, ev.payload.to_vec()));
+        }),
+    );
+
+    // What an on-path observer captures of A→B: A sends the first messages
+    // of the real stream to a tap that published B's key and process id, so
+    // they leave with the numbers, key and bytes of the real ones.
+    let tap = UdpSocket::bind("127.0.0.1:0").unwrap();
+    tap.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut tapped = b_published.clone();
+    tapped[0].qpns = [u32::from(tap.local_addr().unwrap().port()); 4];
+    let a_to_tap = a
+        .add_procs(&[Some(&modex::emit_blob(&tapped).unwrap())])
+        .unwrap()[0]
+        .endpoints[0]
+        .unwrap();
+    let mut captured: Vec<Vec<u8>> = Vec::new();
+    let mut a_addr = None;
+    for i in 0..4u32 {
+        a.modules_mut()[0]
+            .send_message(a_to_tap, Tag::PML, &message(i))
+            .unwrap();
+        a.progress();
+        let mut buf = vec![0u8; 70_000];
+        let (n, from) = tap.recv_from(&mut buf).unwrap();
+        buf.truncate(n);
+        assert!(datagram::verify_mac(&buf[BTL_AT..], &b_key), "sealed for B");
+        captured.push(buf);
+        a_addr = Some(from);
+    }
+    let Some(SocketAddr::V4(a_addr)) = a_addr else {
+        panic!("loopback is IPv4")
+    };
+    let b_addr = SocketAddrV4::new(Ipv4Addr::LOCALHOST, receive_port(&b));
+    let attacker = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let spoofer = Spoofer::new();
+    if spoofer.is_none() {
+        println!("no raw socket (not root): forgeries and replays come from a stranger's address");
+    }
+    let send_hostile = |d: &[u8]| match &spoofer {
+        Some(s) => s.send(a_addr, b_addr, d),
+        None => {
+            attacker.send_to(d, b_addr).unwrap();
+        }
+    };
+
+    let before = drops(&b);
+    let before_resources = b.modules()[0].with_context(|c| c.resources());
+    let mut rng = fastrand::Rng::with_seed(67);
+    let stranger_key = datagram::AuthKey([0x42; 32]);
+    let (mut forged, mut replayed) = (0u64, 0u64);
+    let n = 3000u32;
+    let mut sent = 0u32;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while heard.lock().unwrap().len() < n as usize {
+        assert!(Instant::now() < deadline, "timed out");
+        if sent < n
+            && a.modules_mut()[0]
+                .send_message(ab, Tag::PML, &message(sent))
+                .is_ok()
+        {
+            sent += 1;
+        }
+        if sent < n {
+            // Forgeries that claim the next numbers of the real stream, so
+            // that only the MAC stands in their way.
+            let sample = &captured[rng.usize(0..captured.len())];
+            let ahead = sent + rng.u32(0..4);
+            let next = |r: &mut rel::Repr| r.seq += ahead;
+            send_hostile(&forge(sample, next, None));
+            send_hostile(&forge(sample, next, Some(&stranger_key)));
+            let mut flipped = sample.clone();
+            // In the payload: a flip in the headers may be caught before
+            // the MAC is looked at (a malformed header, another job's key).
+            let at = rng.usize(BTL_AT + datagram::HEADER_LEN..flipped.len());
+            flipped[at] ^= 1 << rng.u32(0..8);
+            send_hostile(&flipped);
+            forged += 3;
+            // Genuine datagrams again, once the stream is past them.
+            if sent > 100 {
+                send_hostile(&captured[rng.usize(0..captured.len())]);
+                replayed += 1;
+            }
+        }
+        a.progress();
+        b.progress();
+    }
+    let settle = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < settle {
+        a.progress();
+        b.progress();
+    }
+
+    let heard = heard.lock().unwrap();
+    assert_eq!(heard.len(), n as usize);
+    for (i, (from, bytes)) in heard.iter().enumerate() {
+        assert_eq!(*from, Some(ba), "message {i}");
+        assert_eq!(bytes, &message(i as u32), "message {i}");
+    }
+    let after = drops(&b);
+    let delta: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
+    println!(
+        "with auth: forged {forged}, replayed {replayed}; counted {delta:?} (fabric, malformed, \
+         job key, checksum, unknown peer, duplicates, out of window, orphans, unauthenticated)"
+    );
+    assert!(
+        delta[8] >= forged,
+        "every forgery refused as unauthenticated"
+    );
+    assert_eq!(delta[3], 0, "no checksum is checked where a MAC is due");
+    if spoofer.is_some() {
+        assert!(delta[5] >= replayed, "replays refused as duplicates");
+    } else {
+        assert!(delta[4] >= replayed, "replays from a stranger refused");
+    }
     assert_eq!(
         b.modules()[0].with_context(|c| c.resources()),
         before_resources

@@ -241,7 +241,7 @@ impl<C: Context + 'static> HostModule for Module<C> {
             let _ = write!(
                 line,
                 " retransmitted={} fast_retransmits={} timeouts={} duplicates={} keepalives={} lost_peers={} \
-                 bad_checksum={} coalesced={}",
+                 bad_checksum={} unauthenticated={} coalesced={}",
                 r.retransmitted,
                 r.fast_retransmits,
                 r.timeouts,
@@ -249,6 +249,7 @@ impl<C: Context + 'static> HostModule for Module<C> {
                 r.keepalives,
                 r.peers_lost,
                 s.recv_bad_checksum,
+                s.recv_unauthenticated,
                 s.messages_coalesced
             );
         }

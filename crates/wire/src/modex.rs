@@ -1,16 +1,22 @@
 //! The address a BTL module publishes for its peers (the "modex" entry).
 //!
 //! A process publishes one blob: a 4-byte preamble followed by one 56-byte
-//! entry per module. Every field is big-endian, so the blob means the same on
-//! hosts of either byte order (the original component published host-order
-//! structs).
+//! entry per module, each followed in version 2 by a 32-byte key. Every field is
+//! big-endian, so the blob means the same on hosts of either byte order (the
+//! original component published host-order structs).
 //!
 //! ```text
 //! preamble:  0..2 magic 0x5541 ("UA") | 2 version | 3 entry count
 //! entry:     0 kind | 1 port | 2..4 LID | 4..8 process id | 8..24 address
 //!            24..28 max message size | 28..32 reserved | 32..40 network id
 //!            40..56 the module's four QPNs
+//! key:       (version 2 only, after each entry) the module's receive key
 //! ```
+//!
+//! Version 1 is what a process without authentication publishes. An entry's
+//! key in version 2 is the one its peers must authenticate their datagrams
+//! to that module with ([`crate::datagram::fill_mac`]); it reaches only the
+//! processes that can read the job's key-value space.
 //!
 //! The first QPN receives. The module sends from all four (striping), and a
 //! receiver recognises a sender by whichever of them a datagram came from,
@@ -22,6 +28,7 @@
 //! network the port is attached to: a local module only pairs with a peer
 //! address on the same network.
 
+use crate::datagram::AuthKey;
 use crate::field::{Field, read_u16, read_u32, write_u16, write_u32};
 use crate::{Error, Result};
 
@@ -33,8 +40,12 @@ pub const ENTRY_LEN: usize = 56;
 pub const QPNS: usize = 4;
 /// Magic number of a blob.
 pub const MAGIC: u16 = 0x5541;
-/// The only version this crate understands.
+/// The version of a blob without a key.
 pub const VERSION: u8 = 1;
+/// The version of a blob that ends with a receive key.
+pub const VERSION_WITH_KEY: u8 = 2;
+/// Length of the key after each entry of a [`VERSION_WITH_KEY`] blob.
+pub const KEY_LEN: usize = 32;
 /// Most entries one blob can carry.
 pub const MAX_ENTRIES: usize = u8::MAX as usize;
 
@@ -227,6 +238,9 @@ pub struct Address {
     pub max_msg_size: u32,
     /// The network the port is attached to.
     pub network: u64,
+    /// The module's receive key, if it authenticates datagrams: its peers
+    /// MAC what they send it with this key.
+    pub auth_key: Option<AuthKey>,
 }
 
 impl Address {
@@ -260,10 +274,12 @@ impl Address {
             proc_id: entry.proc_id(),
             max_msg_size: entry.max_msg_size(),
             network: entry.network(),
+            auth_key: None,
         })
     }
 
-    /// Writes the entry into the first [`ENTRY_LEN`] bytes of `entry`.
+    /// Writes the entry into the first [`ENTRY_LEN`] bytes of `entry`; the
+    /// key goes after it, in the blob ([`emit_blob`]).
     ///
     /// # Panics
     /// If `entry`'s buffer is shorter than [`ENTRY_LEN`].
@@ -272,41 +288,67 @@ impl Address {
     }
 }
 
-/// Serializes a process's addresses into one blob.
+/// Serializes a process's addresses into one blob: version 1, or version 2
+/// with each entry followed by its key when they carry keys.
 ///
 /// # Errors
-/// [`Error`] if there are more than [`MAX_ENTRIES`] addresses.
+/// [`Error`] if there are more than [`MAX_ENTRIES`] addresses, or if some
+/// carry a key and others do not.
 pub fn emit_blob(addresses: &[Address]) -> Result<Vec<u8>> {
     let count = u8::try_from(addresses.len()).map_err(|_| Error)?;
-    let mut blob = vec![0u8; PREAMBLE_LEN + ENTRY_LEN * addresses.len()];
+    let keyed = addresses.first().is_some_and(|a| a.auth_key.is_some());
+    if addresses.iter().any(|a| a.auth_key.is_some() != keyed) {
+        return Err(Error);
+    }
+    let (version, stride) = if keyed {
+        (VERSION_WITH_KEY, ENTRY_LEN + KEY_LEN)
+    } else {
+        (VERSION, ENTRY_LEN)
+    };
+    let mut blob = vec![0u8; PREAMBLE_LEN + stride * addresses.len()];
     blob[..2].copy_from_slice(&MAGIC.to_be_bytes());
-    blob[2] = VERSION;
+    blob[2] = version;
     blob[3] = count;
     for (address, chunk) in addresses
         .iter()
-        .zip(blob[PREAMBLE_LEN..].chunks_exact_mut(ENTRY_LEN))
+        .zip(blob[PREAMBLE_LEN..].chunks_exact_mut(stride))
     {
-        address.emit(&mut Entry::new_unchecked(chunk));
+        let (entry, key) = chunk.split_at_mut(ENTRY_LEN);
+        address.emit(&mut Entry::new_unchecked(entry));
+        if let Some(auth_key) = address.auth_key {
+            key.copy_from_slice(&auth_key.0);
+        }
     }
     Ok(blob)
 }
 
-/// Parses a blob into its addresses.
+/// Parses a blob into its addresses, with their keys in a version 2 blob.
 ///
 /// # Errors
 /// [`Error`] on a wrong magic or version, a length that disagrees with the
-/// entry count, or any malformed entry.
+/// entry count and version, or any malformed entry.
 pub fn parse_blob(blob: &[u8]) -> Result<Vec<Address>> {
-    if blob.len() < PREAMBLE_LEN
-        || read_u16(blob, 0..2) != MAGIC
-        || blob[2] != VERSION
-        || blob.len() != PREAMBLE_LEN + ENTRY_LEN * usize::from(blob[3])
-    {
+    if blob.len() < PREAMBLE_LEN || read_u16(blob, 0..2) != MAGIC {
+        return Err(Error);
+    }
+    let stride = match blob[2] {
+        VERSION => ENTRY_LEN,
+        VERSION_WITH_KEY => ENTRY_LEN + KEY_LEN,
+        _ => return Err(Error),
+    };
+    if blob.len() != PREAMBLE_LEN + stride * usize::from(blob[3]) {
         return Err(Error);
     }
     blob[PREAMBLE_LEN..]
-        .chunks_exact(ENTRY_LEN)
-        .map(|chunk| Address::parse(&Entry::new_checked(chunk)?))
+        .chunks_exact(stride)
+        .map(|chunk| {
+            let (entry, key) = chunk.split_at(ENTRY_LEN);
+            let address = Address::parse(&Entry::new_checked(entry)?)?;
+            Ok(Address {
+                auth_key: key.try_into().ok().map(AuthKey),
+                ..address
+            })
+        })
         .collect()
 }
 
@@ -334,6 +376,7 @@ mod tests {
             proc_id: 42,
             max_msg_size: 65_483,
             network: 0x0102_0304_0506_0708,
+            auth_key: None,
         }
     }
 
@@ -342,6 +385,41 @@ mod tests {
         assert_eq!(parse_blob(&ONE_IPV4).unwrap(), vec![ipv4()]);
         assert_eq!(emit_blob(&[ipv4()]).unwrap(), ONE_IPV4);
         assert_eq!(parse_blob(&emit_blob(&[]).unwrap()).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn a_key_makes_version_two_and_reaches_every_address() {
+        let keyed = [
+            Address {
+                auth_key: Some(AuthKey([0xa5; KEY_LEN])),
+                ..ipv4()
+            },
+            Address {
+                port: 2,
+                auth_key: Some(AuthKey([0x5a; KEY_LEN])),
+                ..ipv4()
+            },
+        ];
+        let blob = emit_blob(&keyed).unwrap();
+        assert_eq!(blob[2], VERSION_WITH_KEY);
+        assert_eq!(blob.len(), PREAMBLE_LEN + 2 * (ENTRY_LEN + KEY_LEN));
+        assert_eq!(
+            &blob[PREAMBLE_LEN..][..ENTRY_LEN],
+            &ONE_IPV4[PREAMBLE_LEN..]
+        );
+        assert_eq!(
+            &blob[PREAMBLE_LEN + ENTRY_LEN..][..KEY_LEN],
+            &[0xa5; KEY_LEN]
+        );
+        assert_eq!(&blob[blob.len() - KEY_LEN..], &[0x5a; KEY_LEN]);
+        assert_eq!(parse_blob(&blob).unwrap(), keyed);
+        // A key cut short, keys in a version 1 blob, or a mix of keyed and
+        // unkeyed addresses are all errors.
+        assert!(parse_blob(&blob[..blob.len() - 1]).is_err());
+        let mut v1_with_key = blob.clone();
+        v1_with_key[2] = VERSION;
+        assert!(parse_blob(&v1_with_key).is_err());
+        assert!(emit_blob(&[keyed[0], ipv4()]).is_err());
     }
 
     #[test]
@@ -380,11 +458,12 @@ mod tests {
     proptest! {
         #[test]
         fn emit_then_parse(entries in proptest::collection::vec(
-            (location(), any::<u8>(), any::<[u32; QPNS]>(), any::<(u32, u32)>(), any::<u64>()), 0..8)
+            (location(), any::<u8>(), any::<[u32; QPNS]>(), any::<(u32, u32)>(), any::<u64>()), 0..8),
+            keyed: bool,
         ) {
             let addresses: Vec<Address> = entries
                 .into_iter()
-                .map(|(location, port, qpns, (max_msg_size, proc_id), network)| Address { location, port, qpns, proc_id, max_msg_size, network })
+                .map(|(location, port, qpns, (max_msg_size, proc_id), network)| Address { location, port, qpns, proc_id, max_msg_size, network, auth_key: keyed.then_some(AuthKey([port; KEY_LEN])) })
                 .collect();
             prop_assert_eq!(parse_blob(&emit_blob(&addresses).unwrap()).unwrap(), addresses);
         }

@@ -37,6 +37,11 @@
 //!   | `0x20` | `ABORT`     | the sender gave up on the message in progress      |
 //!   | `0x40` | `RESET`     | the sender declared the receiver lost              |
 //!   | `0x80` | `COALESCED` | the payload is a list of whole messages ([`crate::coalesced`]) |
+//!   | `0x100`| `MAC`       | `checksum` and `reserved` hold a message authentication code |
+//!
+//! * With `MAC`, bytes 24..32 (the checksum and reserved fields together) are
+//!   a keyed MAC of the whole datagram instead ([`crate::datagram::fill_mac`]);
+//!   `MAC` and `CHECKSUM` exclude each other. Without it, `reserved` is zero.
 
 use crate::field::{Field, read_u16, read_u32, write_u16, write_u32};
 use crate::seq::SeqNum;
@@ -65,6 +70,9 @@ pub const FLAG_RESET: u16 = 0x40;
 /// list of [`crate::coalesced`] records (tag, length, bytes), to be
 /// delivered one by one, in order. Set only with `FIRST | LAST`.
 pub const FLAG_COALESCED: u16 = 0x80;
+/// Flag: bytes 24..32 hold a keyed message authentication code of the
+/// datagram ([`MAC_FIELD`]); excludes [`FLAG_CHECKSUM`].
+pub const FLAG_MAC: u16 = 0x100;
 const KNOWN_FLAGS: u16 = FLAG_ACK_ONLY
     | FLAG_ACK_REQ
     | FLAG_CHECKSUM
@@ -72,7 +80,8 @@ const KNOWN_FLAGS: u16 = FLAG_ACK_ONLY
     | FLAG_LAST
     | FLAG_ABORT
     | FLAG_RESET
-    | FLAG_COALESCED;
+    | FLAG_COALESCED
+    | FLAG_MAC;
 
 mod field {
     use super::Field;
@@ -89,6 +98,10 @@ mod field {
 
 /// Byte range of the checksum field inside the extension.
 pub const CHECKSUM_FIELD: core::ops::Range<usize> = field::CHECKSUM;
+
+/// Byte range of the MAC inside the extension, with [`FLAG_MAC`]: the
+/// checksum and reserved fields together.
+pub const MAC_FIELD: core::ops::Range<usize> = field::CHECKSUM.start..field::RESERVED.end;
 
 /// A view over the extension.
 ///
@@ -203,7 +216,8 @@ pub struct Repr {
     /// Flag bits (`FLAG_*`).
     pub flags: u16,
     /// IEEE CRC-32 of the datagram (see [`crate::datagram::checksum`]),
-    /// meaningful with [`FLAG_CHECKSUM`].
+    /// meaningful with [`FLAG_CHECKSUM`]. With [`FLAG_MAC`] it is the first
+    /// half of the MAC, which only [`crate::datagram`] reads and writes.
     pub checksum: u32,
 }
 
@@ -211,11 +225,17 @@ impl Repr {
     /// Parses a checked packet.
     ///
     /// # Errors
-    /// [`Error`] on a buffer shorter than [`HEADER_LEN`], unknown flag bits
-    /// or a non-zero reserved field.
+    /// [`Error`] on a buffer shorter than [`HEADER_LEN`], unknown flag bits,
+    /// both [`FLAG_MAC`] and [`FLAG_CHECKSUM`], or a non-zero reserved field
+    /// without [`FLAG_MAC`].
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Self> {
         packet.check_len()?;
-        if packet.flags() & !KNOWN_FLAGS != 0 || packet.reserved() != 0 {
+        let flags = packet.flags();
+        let mac = flags & FLAG_MAC != 0;
+        if flags & !KNOWN_FLAGS != 0
+            || (mac && flags & FLAG_CHECKSUM != 0)
+            || (!mac && packet.reserved() != 0)
+        {
             return Err(Error);
         }
         Ok(Self {
@@ -234,7 +254,9 @@ impl Repr {
         HEADER_LEN
     }
 
-    /// Writes the extension into the first [`HEADER_LEN`] bytes of `packet`.
+    /// Writes the extension into the first [`HEADER_LEN`] bytes of `packet`;
+    /// the reserved field is written as zero (a MAC is filled in afterwards
+    /// by [`crate::datagram::fill_mac`]).
     ///
     /// # Panics
     /// If `packet`'s buffer is shorter than [`HEADER_LEN`].
@@ -314,6 +336,7 @@ mod tests {
             FLAG_ABORT,
             FLAG_RESET,
             FLAG_COALESCED,
+            FLAG_MAC,
         ] {
             let mut bytes = BYTES;
             bytes[22..24].copy_from_slice(&flag.to_be_bytes());
@@ -321,8 +344,19 @@ mod tests {
             assert!(parsed.has(flag), "flag {flag:#x}");
         }
         let mut bytes = BYTES;
-        bytes[22..24].copy_from_slice(&(FLAG_COALESCED << 1).to_be_bytes());
+        bytes[22..24].copy_from_slice(&(FLAG_MAC << 1).to_be_bytes());
         assert!(Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()).is_err());
+    }
+
+    #[test]
+    fn a_mac_owns_the_reserved_field_and_excludes_the_checksum_flag() {
+        let mut bytes = BYTES;
+        bytes[31] = 1;
+        bytes[22..24].copy_from_slice(&FLAG_MAC.to_be_bytes());
+        assert!(Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()).is_ok());
+        bytes[22..24].copy_from_slice(&(FLAG_MAC | FLAG_CHECKSUM).to_be_bytes());
+        assert!(Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()).is_err());
+        assert_eq!(MAC_FIELD, 24..32);
     }
 
     #[test]
@@ -339,6 +373,8 @@ mod tests {
     proptest! {
         #[test]
         fn emit_then_parse(src: u32, seq: u32, ack: u32, sack: u64, credit: u16, flags in 0u16..=KNOWN_FLAGS, checksum: u32) {
+            // The one excluded pair.
+            let flags = if flags & FLAG_MAC != 0 { flags & !FLAG_CHECKSUM } else { flags };
             let repr = Repr { src, seq: SeqNum(seq), ack: SeqNum(ack), sack, credit, flags, checksum };
             let mut bytes = [0u8; HEADER_LEN];
             repr.emit(&mut Packet::new_unchecked(&mut bytes[..]));

@@ -5,12 +5,13 @@ use udbtl_fabric::{
     Context, FabricError, GRH_LEN, Mr, PdHandle, PortAttr, QpCap, QpInfo, QpInitAttr, QpTransition,
     RecvWr,
 };
-use udbtl_wire::btl;
+use udbtl_wire::datagram::AuthKey;
+use udbtl_wire::{btl, modex};
 
 use super::descriptors::{Frags, USER_FRAG_STRIDE};
 use super::endpoints::Endpoints;
 use super::recv::{RecvPool, recv_work_request};
-use super::reliable::Reliable;
+use super::reliable::{Integrity, Reliable};
 use super::send::{PostBatch, SendQueue};
 use super::{Engine, ModuleStats, deregister};
 use crate::error::BtlError;
@@ -157,6 +158,8 @@ impl Partial {
 struct Built {
     port: PortAttr,
     limits: Limits,
+    /// This module's receive key, with `auth`.
+    auth_key: Option<AuthKey>,
     recv_stride: usize,
     recv_count: usize,
 }
@@ -205,6 +208,13 @@ impl<C: Context> Engine<C> {
             }
         };
         let port = ctx.query_port(port_num).map_err(fail("query port"))?;
+        let auth_key = if params.auth {
+            let mut key = [0u8; modex::KEY_LEN];
+            getrandom::fill(&mut key).map_err(BtlError::Randomness)?;
+            Some(AuthKey(key))
+        } else {
+            None
+        };
         let limits = limits_for(&port, params);
         let pd = ctx.alloc_pd().map_err(fail("allocate protection domain"))?;
         partial.pd = Some(pd);
@@ -291,6 +301,7 @@ impl<C: Context> Engine<C> {
         .map_err(fail("register user fragments"))?;
         Ok(Built {
             port,
+            auth_key,
             limits: Limits {
                 inline_max,
                 recv_buffers: recv_count,
@@ -335,7 +346,12 @@ impl<C: Context> Engine<C> {
                     "off" => false,
                     _ => !fabric_checks_integrity,
                 };
-                match Reliable::new(params, built.limits.max_send_size, ack_mr, checksum) {
+                let integrity = match built.auth_key {
+                    Some(own) => Integrity::Mac { own },
+                    None if checksum => Integrity::Checksum,
+                    None => Integrity::Fabric,
+                };
+                match Reliable::new(params, built.limits.max_send_size, ack_mr, integrity) {
                     Ok(reliable) => Some(reliable),
                     Err(err) => {
                         let partial = Partial {

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use udbtl_fabric::{AhAttr, AhHandle, Context, FabricError, NodeAddr, QpAddr};
 use udbtl_reliability::{Instant, PeerId};
+use udbtl_wire::datagram::AuthKey;
 use udbtl_wire::modex;
 
 use super::Engine;
@@ -21,6 +22,9 @@ pub(super) struct Endpoint {
     pub(super) senders: [QpAddr; modex::QPNS],
     /// The peer process's id, which its reliable datagrams carry.
     pub(super) proc_id: u32,
+    /// The peer module's receive key: what goes to it carries a MAC under
+    /// this key (modules with `auth` only).
+    pub(super) auth_key: Option<AuthKey>,
     pub(super) ah: AhHandle,
     /// The caller's value for this endpoint, handed to receive callbacks.
     pub(super) context: Option<u64>,
@@ -159,6 +163,16 @@ pub struct AddProcs {
     pub reachable: Vec<bool>,
 }
 
+/// The fabric address of a published location.
+fn node_of(location: modex::Location) -> NodeAddr {
+    match location {
+        modex::Location::Ipv4(ip) => NodeAddr::Ip(ip.into()),
+        modex::Location::Ipv6(ip) => NodeAddr::Ip(ip.into()),
+        modex::Location::Sim(id) => NodeAddr::Sim(id),
+        modex::Location::Ib { lid, gid } => NodeAddr::Ib { lid, gid },
+    }
+}
+
 impl<C: Context> Engine<C> {
     /// The engine's side of `Module::address`, whose documentation is the
     /// contract.
@@ -176,6 +190,7 @@ impl<C: Context> Engine<C> {
             proc_id: self.proc_id,
             max_msg_size: u32::try_from(self.port.max_msg_size).unwrap_or(u32::MAX),
             network: self.port.network,
+            auth_key: self.reliable.as_ref().and_then(|r| r.own_key()),
         }
     }
 
@@ -189,11 +204,22 @@ impl<C: Context> Engine<C> {
             endpoints: vec![None; peers.len()],
             reachable: vec![false; peers.len()],
         };
+        let authenticating = self.address().auth_key.is_some();
+        let mut mismatched = None;
         for (i, peer) in peers.iter().enumerate() {
-            let Some((qps, proc_id)) = peer.and_then(|addrs| self.pick_address(addrs)) else {
+            let Some(chosen) = peer.and_then(|addrs| self.pick_address(addrs)) else {
                 continue;
             };
-            match self.add_endpoint(qps, proc_id) {
+            if chosen.auth_key.is_some() != authenticating {
+                // Neither side could read the other's datagrams.
+                mismatched.get_or_insert(i);
+                continue;
+            }
+            let qps = chosen.qpns.map(|qpn| QpAddr {
+                node: node_of(chosen.location),
+                qpn,
+            });
+            match self.add_endpoint(qps, chosen.proc_id, chosen.auth_key) {
                 Ok(id) => {
                     result.endpoints[i] = Some(id);
                     result.reachable[i] = true;
@@ -206,29 +232,31 @@ impl<C: Context> Engine<C> {
                 }
             }
         }
+        if let Some(first) = mismatched {
+            tracing::warn!(
+                first_peer = first,
+                "peers unreachable: auth is {} here and {} there; set it alike on every process",
+                if authenticating { "on" } else { "off" },
+                if authenticating { "off" } else { "on" },
+            );
+        }
         Ok(result)
     }
 
     /// The peer address this module can reach: on the same network, the same
     /// kind of address, and a matching port number when the peer has several.
-    fn pick_address(&self, addrs: &[modex::Address]) -> Option<([QpAddr; modex::QPNS], u32)> {
+    fn pick_address(&self, addrs: &[modex::Address]) -> Option<modex::Address> {
         let mine = self.address();
         let compatible = |a: &&modex::Address| {
             a.network == mine.network
                 && core::mem::discriminant(&a.location) == core::mem::discriminant(&mine.location)
         };
-        let chosen = addrs
+        addrs
             .iter()
             .filter(compatible)
             .find(|a| a.port == mine.port)
-            .or_else(|| addrs.iter().find(compatible))?;
-        let node = match chosen.location {
-            modex::Location::Ipv4(ip) => NodeAddr::Ip(ip.into()),
-            modex::Location::Ipv6(ip) => NodeAddr::Ip(ip.into()),
-            modex::Location::Sim(id) => NodeAddr::Sim(id),
-            modex::Location::Ib { lid, gid } => NodeAddr::Ib { lid, gid },
-        };
-        Some((chosen.qpns.map(|qpn| QpAddr { node, qpn }), chosen.proc_id))
+            .or_else(|| addrs.iter().find(compatible))
+            .copied()
     }
 
     /// The engine's side of `Module::add_endpoint`, whose documentation is the
@@ -237,6 +265,7 @@ impl<C: Context> Engine<C> {
         &mut self,
         qps: [QpAddr; modex::QPNS],
         proc_id: u32,
+        auth_key: Option<AuthKey>,
     ) -> Result<EndpointId, BtlError> {
         let remote = qps[0];
         if let Some(id) = self.endpoints.existing(remote) {
@@ -256,6 +285,7 @@ impl<C: Context> Engine<C> {
             remote,
             senders: qps,
             proc_id,
+            auth_key,
             ah,
             context: None,
         };

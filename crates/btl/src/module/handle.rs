@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 use udbtl_fabric::{Context, PortAttr, QpAddr};
+use udbtl_wire::datagram::AuthKey;
 use udbtl_wire::modex;
 
 use super::events::{Callbacks, Notice};
@@ -174,7 +175,8 @@ impl<C: Context> Module<C> {
     /// Creates an endpoint for a peer module whose queue pairs are `qps`
     /// (the first receives; datagrams from any of them are recognised as the
     /// peer's) in process `proc_id`, with an address handle built with the
-    /// service level and path bits parameters.
+    /// service level and path bits parameters. `auth_key` is the peer's
+    /// receive key, which a module with `auth` needs to send to it.
     ///
     /// # Errors
     /// The address handle could not be created.
@@ -182,8 +184,9 @@ impl<C: Context> Module<C> {
         &mut self,
         qps: [QpAddr; modex::QPNS],
         proc_id: u32,
+        auth_key: Option<AuthKey>,
     ) -> Result<EndpointId, BtlError> {
-        self.lock().add_endpoint(qps, proc_id)
+        self.lock().add_endpoint(qps, proc_id, auth_key)
     }
 
     /// Releases endpoints and their address handles. Sends waiting for a

@@ -27,6 +27,7 @@ use udbtl_fabric::{Context, Mr, MrHandle, QpAddr, Sge};
 use udbtl_reliability::{
     Config, ConfigError, Event, Instant, LossReason, PeerId, Receipt, Reliability, Room, SendError,
 };
+use udbtl_wire::datagram::AuthKey;
 use udbtl_wire::{btl, coalesced, datagram, rel};
 
 use super::build::HEADER_MAX;
@@ -47,12 +48,46 @@ const ACK_SLOTS: usize = 64;
 /// Bytes of one acknowledgement buffer.
 const ACK_LEN: usize = HEADER_MAX;
 
+/// How a reliable module protects its datagrams.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Integrity {
+    /// The fabric checks integrity end to end (InfiniBand's ICRC).
+    Fabric,
+    /// A CRC-32 of every datagram.
+    Checksum,
+    /// A MAC of every datagram under its receiver's key; `own` is the key
+    /// this module's peers use.
+    Mac { own: AuthKey },
+}
+
+/// What checking a received datagram found.
+enum Check {
+    Intact,
+    BadChecksum,
+    Unauthenticated,
+}
+
+/// Fills in the checksum or MAC that `header`'s flags ask for, over the
+/// datagram `head` followed by `rest`. `false` if it asks for a MAC and the
+/// peer has no key, which `add_procs` never lets happen.
+fn seal(head: &mut [u8], rest: &[&[u8]], header: &rel::Repr, peer_key: Option<AuthKey>) -> bool {
+    if header.has(rel::FLAG_CHECKSUM) {
+        datagram::fill_checksum(head, rest);
+    } else if header.has(rel::FLAG_MAC) {
+        let Some(key) = peer_key else {
+            return false;
+        };
+        datagram::fill_mac(head, rest, &key);
+    }
+    true
+}
+
 /// The reliable part of a module.
 #[derive(Debug)]
 pub(super) struct Reliable {
     pub(super) core: Reliability<Descriptor, Held>,
-    /// Checksum every datagram (fabrics that do not check integrity).
-    checksum: bool,
+    /// How datagrams are protected.
+    integrity: Integrity,
     /// Registered buffers for acknowledgement-only datagrams, used in turn:
     /// such a datagram is unsignaled, so it needs no fragment and no credit.
     ack_ring: Mr,
@@ -75,17 +110,25 @@ impl Reliable {
         params: &Params,
         datagram: usize,
         ack_ring: Mr,
-        checksum: bool,
+        integrity: Integrity,
     ) -> Result<Self, ConfigError> {
         Ok(Self {
             core: reliability_state(params, datagram)?,
-            checksum,
+            integrity,
             ack_ring,
             ack_next: 0,
             unknown_peers: Vec::new(),
             reassembly: Reassembly::default(),
             last_run: None,
         })
+    }
+
+    /// The key peers authenticate their datagrams to this module with.
+    pub(super) const fn own_key(&self) -> Option<AuthKey> {
+        match self.integrity {
+            Integrity::Mac { own } => Some(own),
+            _ => None,
+        }
     }
 
     /// Peers with a multi-datagram message in progress.
@@ -503,9 +546,11 @@ impl<C: Context> Engine<C> {
             };
             let mut header = tx.header;
             header.src = self.proc_id;
-            if reliable.checksum {
-                header.flags |= rel::FLAG_CHECKSUM;
-            }
+            header.flags |= match reliable.integrity {
+                Integrity::Fabric => 0,
+                Integrity::Checksum => rel::FLAG_CHECKSUM,
+                Integrity::Mac { .. } => rel::FLAG_MAC,
+            };
             match tx.frag {
                 Some(des) if self.sends.can_post() => self.transmit_data(des, header),
                 Some(des) => self.sends.push(WaitingSend {
@@ -551,6 +596,14 @@ impl<C: Context> Engine<C> {
             return;
         };
         header.flags |= frag.msg_flags;
+        let endpoint = EndpointId(frag.endpoint);
+        let (Some(route), Some(peer)) =
+            (self.endpoints.route(endpoint), self.endpoints.get(endpoint))
+        else {
+            self.stats.transmit_failures += 1;
+            return;
+        };
+        let peer_key = peer.auth_key;
         let Some((mr, sge)) = self.frags.head(des, self.header_len + frag.seg_len) else {
             return;
         };
@@ -562,17 +615,14 @@ impl<C: Context> Engine<C> {
             return;
         };
         header.emit(&mut ext);
-        if header.has(rel::FLAG_CHECKSUM) {
-            let user = frag
-                .user
-                .as_ref()
-                .map_or(&[][..], |u| &u.data.bytes()[u.range.clone()]);
-            datagram::fill_checksum(head, &[user]);
-        }
-        let Some(route) = self.endpoints.route(EndpointId(frag.endpoint)) else {
+        let user = frag
+            .user
+            .as_ref()
+            .map_or(&[][..], |u| &u.data.bytes()[u.range.clone()]);
+        if !seal(head, &[user], &header, peer_key) {
             self.stats.transmit_failures += 1;
             return;
-        };
+        }
         let user = frag.user.is_some().then_some(des);
         self.queue_post(QueuedPost {
             route,
@@ -586,9 +636,12 @@ impl<C: Context> Engine<C> {
     /// Sends an acknowledgement-only datagram from the ack ring, unsignaled:
     /// it needs no completion and no send credit.
     fn transmit_ack(&mut self, endpoint: EndpointId, header: rel::Repr) {
-        let Some(route) = self.endpoints.route(endpoint) else {
+        let (Some(route), Some(peer)) =
+            (self.endpoints.route(endpoint), self.endpoints.get(endpoint))
+        else {
             return;
         };
+        let peer_key = peer.auth_key;
         let Some(reliable) = self.reliable.as_mut() else {
             return;
         };
@@ -607,8 +660,9 @@ impl<C: Context> Engine<C> {
             return;
         };
         header.emit(&mut ext);
-        if header.has(rel::FLAG_CHECKSUM) {
-            datagram::fill_checksum(buf, &[]);
+        if !seal(buf, &[], &header, peer_key) {
+            self.stats.transmit_failures += 1;
+            return;
         }
         self.queue_post(QueuedPost {
             route,
@@ -621,21 +675,42 @@ impl<C: Context> Engine<C> {
 
     /// A received reliable datagram.
     pub(super) fn on_reliable_receive(&mut self, held: Held, src: QpAddr, now: Instant) {
+        let own_key = self.reliable.as_ref().and_then(Reliable::own_key);
         let parsed = self.recv.datagram(&self.ctx, held).and_then(|bytes| {
             let tag = btl::Packet::new_checked(bytes).ok()?.tag();
             let header = rel::Repr::parse(&datagram::extension(bytes).ok()?).ok()?;
-            let intact = !header.has(rel::FLAG_CHECKSUM) || datagram::verify_checksum(bytes);
-            Some((tag, header, intact))
+            // A module that authenticates checks its key before anything
+            // else about the sender; one that does not cannot check a MAC.
+            let check = match own_key {
+                Some(key) if header.has(rel::FLAG_MAC) && datagram::verify_mac(bytes, &key) => {
+                    Check::Intact
+                }
+                Some(_) => Check::Unauthenticated,
+                None if header.has(rel::FLAG_MAC) => Check::Unauthenticated,
+                None if header.has(rel::FLAG_CHECKSUM) && !datagram::verify_checksum(bytes) => {
+                    Check::BadChecksum
+                }
+                None => Check::Intact,
+            };
+            Some((tag, header, check))
         });
-        let Some((tag, header, intact)) = parsed else {
+        let Some((tag, header, check)) = parsed else {
             self.stats.recv_malformed += 1;
             self.recv.repost(held.slot);
             return;
         };
-        if !intact {
-            self.stats.recv_bad_checksum += 1;
-            self.recv.repost(held.slot);
-            return;
+        match check {
+            Check::Intact => {}
+            Check::BadChecksum => {
+                self.stats.recv_bad_checksum += 1;
+                self.recv.repost(held.slot);
+                return;
+            }
+            Check::Unauthenticated => {
+                self.stats.recv_unauthenticated += 1;
+                self.recv.repost(held.slot);
+                return;
+            }
         }
         let endpoint = self.endpoints.lookup(src);
         let known = endpoint

@@ -32,6 +32,11 @@ pub struct ModuleStats {
     pub pending_high_water: usize,
     /// Reliable receives dropped: checksum mismatch.
     pub recv_bad_checksum: u64,
+    /// Reliable receives dropped by a module that authenticates: no MAC, or
+    /// a MAC that does not verify under its key (a forgery, corruption, or
+    /// a peer started without `auth`); by one that does not: a MAC it
+    /// cannot check.
+    pub recv_unauthenticated: u64,
     /// Reliable receives dropped: from no known endpoint, or from a process
     /// that reused a known endpoint's address.
     pub recv_unknown_peer: u64,
@@ -141,8 +146,10 @@ impl<C: Context> fmt::Display for Engine<C> {
             )?;
             writeln!(
                 f,
-                "                     bad checksum {} unknown peer {} unacknowledged {}",
+                "                     bad checksum {} unauthenticated {} unknown peer {} \
+                 unacknowledged {}",
                 s.recv_bad_checksum,
+                s.recv_unauthenticated,
                 s.recv_unknown_peer,
                 self.unacknowledged()
             )?;

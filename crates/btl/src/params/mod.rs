@@ -365,6 +365,11 @@ parameters! {
         "Checksum every reliable datagram (CRC-32, hardware-accelerated): auto does so on \
          every fabric without end-to-end integrity of its own, which is all but InfiniBand \
          (ICRC); UDP's 16-bit checksum is weak and loopback does not even verify it";
+    auth: bool = (false), BOOL, udbtl,
+        "Authenticate every datagram with a MAC (keyed BLAKE3, 64-bit tag) instead of the \
+         checksum: each module draws a random key at start and publishes it only in its \
+         address, through the job's key-value space, so a host outside the job can neither \
+         inject nor replay traffic. Needs reliable; every process of the job must set it";
     job_key: u32 = (0), int(0, 0xffff_ffff), udbtl,
         "Key carried in every BTL header; datagrams carrying another key are dropped";
     udp_if: String = unset, TEXT, udbtl,
@@ -446,6 +451,14 @@ impl Params {
                 "if_include",
                 "if_exclude",
                 "set either the ports to include or those to exclude, not both",
+            );
+        }
+        if self.auth && !self.reliable {
+            return conflict(
+                "auth",
+                "reliable",
+                "authentication rides on the reliability extension, and its sequence numbers \
+                 are what refuse a replay",
             );
         }
         if let (Some(min), Some(max)) = (self.min_send_size, self.max_send_size) {

@@ -72,7 +72,7 @@ fn defaults_satisfy_their_own_bounds() {
 fn describe_renders_values_that_parse_back() {
     let p = Params::default();
     let infos = p.describe();
-    assert_eq!(infos.len(), 35);
+    assert_eq!(infos.len(), 36);
     let pairs: Vec<(String, String)> = infos
         .iter()
         .filter(|i| i.value != "unset")
@@ -386,6 +386,29 @@ fn min_send_size_may_not_exceed_max_send_size() {
         "{err}"
     );
     assert!(load_env(&[("UDBTL_MIN_SEND_SIZE", "2k"), ("UDBTL_MAX_SEND_SIZE", "2k")]).is_ok());
+}
+
+#[test]
+fn auth_needs_reliable() {
+    let err = load_env(&[("UDBTL_AUTH", "1"), ("UDBTL_RELIABLE", "0")]).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(
+            err,
+            ParamError::Conflict {
+                first: "auth",
+                second: "reliable",
+                ..
+            }
+        ),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("UDBTL_AUTH") && msg.contains("UDBTL_RELIABLE"),
+        "{msg}"
+    );
+    assert!(load_env(&[("UDBTL_AUTH", "1")]).unwrap().auth);
+    assert!(!Params::default().auth);
 }
 
 #[test]
