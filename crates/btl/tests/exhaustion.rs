@@ -146,10 +146,12 @@ fn a_full_socket_send_buffer_is_a_counted_loss_that_reliability_repairs() {
 }
 
 type Btl = Component<UdpProvider>;
+/// What the receiver heard, in order.
+type Heard = Arc<Mutex<Vec<Vec<u8>>>>;
 
 /// A pair on loopback; the sender's socket send buffer is the smallest the
 /// kernel allows.
-fn udp_pair(reliable: bool) -> (Btl, Btl, EndpointId, Arc<Mutex<Vec<Vec<u8>>>>) {
+fn udp_pair(reliable: bool) -> (Btl, Btl, EndpointId, Heard) {
     let params = Params::load_from(
         &BtlConfig {
             reliable: Some(reliable),
@@ -170,7 +172,7 @@ fn udp_pair(reliable: bool) -> (Btl, Btl, EndpointId, Arc<Mutex<Vec<Vec<u8>>>>) 
     let mut b = Component::init(UdpProvider::new(udp_config(&params)), params).unwrap();
     let ab = a.add_procs(&[Some(&b.modex())]).unwrap()[0].endpoints[0].unwrap();
     b.add_procs(&[Some(&a.modex())]).unwrap();
-    let got: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let got: Heard = Arc::default();
     let sink = got.clone();
     b.modules_mut()[0].register(
         Tag::PML,
@@ -224,7 +226,7 @@ fn full_send_buffer_in_namespace() {
     // 20 Mbit/s, a 200 KB bucket, and a 4 MB queue: datagrams wait in the
     // queue rather than being dropped there, holding the sender's buffer.
     run("tc qdisc add dev lo root tbf rate 20mbit burst 200kb limit 4mb");
-    let fabric = |btl: &Btl| btl.modules()[0].with_context(|ctx| udbtl_fabric::Context::stats(ctx));
+    let fabric = |btl: &Btl| btl.modules()[0].with_context(udbtl_fabric::Context::stats);
 
     // Unreliable: each refusal is a counted loss, never a silent one.
     let (mut a, mut b, ab, got) = udp_pair(false);

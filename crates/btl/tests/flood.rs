@@ -263,8 +263,8 @@ fn a_flood_into_a_slow_receiver_is_throttled_bounded_and_lossless() {
     let stats = sender.stats();
     let rel = sender.reliability_stats().unwrap();
     let brel = b.modules()[0].reliability_stats().unwrap();
-    let fabric_a = sender.with_context(|ctx| udbtl_fabric::Context::stats(ctx));
-    let fabric_b = b.modules()[0].with_context(|ctx| udbtl_fabric::Context::stats(ctx));
+    let fabric_a = sender.with_context(udbtl_fabric::Context::stats);
+    let fabric_b = b.modules()[0].with_context(udbtl_fabric::Context::stats);
     let dump = sender.to_string();
     let (in_use, frags_max, high_water) = send_frags(&dump);
     let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
