@@ -28,6 +28,8 @@ const INLINE_REQUEST: u32 = 200;
 pub(super) const HEADER_MAX: usize = udbtl_wire::datagram::HEADER_LEN;
 /// Fewest receive buffers `rd_mem` may lower the pool to.
 const MIN_RECV_BUFFERS: usize = 64;
+/// Fewest send fragments `send_mem` may lower the free list to.
+const MIN_SEND_FRAGS: usize = 256;
 
 /// The most a caller may reserve in front of zero-copy data: a user
 /// fragment's registered part holds the longest BTL header (the reliability
@@ -87,6 +89,18 @@ fn recv_pool_size(params: &Params, stride: usize) -> usize {
     let asked = params.rd_num as usize;
     if params.source("rd_num") == Some(Source::Default) {
         asked.min((params.rd_mem / stride).max(MIN_RECV_BUFFERS))
+    } else {
+        asked
+    }
+}
+
+/// Send fragments the free list may grow to: `send_frags_max`, unless it
+/// was left at its default and that many fragments of `stride` bytes exceed
+/// `send_mem`. Each fragment holds an eager message, 64 KiB on UDP loopback.
+fn send_frags_bound(params: &Params, stride: usize) -> usize {
+    let asked = params.send_frags_max;
+    if params.source("send_frags_max") == Some(Source::Default) {
+        asked.min((params.send_mem / stride.max(1)).max(MIN_SEND_FRAGS))
     } else {
         asked
     }
@@ -288,7 +302,7 @@ impl<C: Context> Engine<C> {
         pool(
             FragKind::Send,
             send_stride,
-            params.send_frags_max,
+            send_frags_bound(params, send_stride),
             &mut partial.send_frags,
         )
         .map_err(fail("register send fragments"))?;

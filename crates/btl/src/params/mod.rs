@@ -324,6 +324,10 @@ parameters! {
         "Bytes of receive buffers per module while rd_num is left at its default: rd_num \
          is lowered until the pool fits (64 KiB loopback datagrams would make 6000 buffers \
          pin 375 MiB)";
+    send_mem: usize = (64 << 20), size(MIB, USIZE_MAX), udbtl,
+        "Bytes of send fragments per module while send_frags_max is left at its default: \
+         send_frags_max is lowered until the list fits (a send fragment holds an eager \
+         message, so 8192 of loopback's 64 KiB would let a flood pin 512 MiB)";
     send_frags_max: usize = (8192), int(1, 1 << 20), udbtl,
         "Send fragments a module's free list may grow to (the seed's bound of sd_num<<2 \
          hung alltoall; unbounded lists pin unbounded memory)";

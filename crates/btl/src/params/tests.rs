@@ -39,6 +39,7 @@ fn defaults_are_the_seeds() {
     assert_eq!(p.rcache_max_entries, 256);
     assert_eq!(p.rcache_max_bytes, 1 << 30);
     assert_eq!(p.send_frags_max, 8192);
+    assert_eq!(p.send_mem, 64 << 20);
     assert_eq!(p.user_frags_max, 8192);
     assert_eq!(p.job_key, 0);
     assert_eq!(p.udp_if, None);
