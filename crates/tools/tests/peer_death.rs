@@ -23,6 +23,8 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use rustix::process::{Pid, Signal, kill_process};
+
 mod common;
 
 /// A run that takes longer than this hangs, and fails its test.
@@ -172,12 +174,13 @@ fn run(death: Death, victim: u32, env: &[(&str, &str)]) -> Run {
         _ => udstress_of_rank(udrun, victim).expect("the victim's udstress runs"),
     };
     let signal = if death == Death::ProgramStopped {
-        "STOP"
+        Signal::STOP
     } else {
-        "KILL"
+        Signal::KILL
     };
-    common::signal(pid, signal);
+    // Stamped before the signal goes: what follows it can be read at once.
     let signalled = Instant::now();
+    kill_process(Pid::from_raw(pid.try_into().unwrap()).unwrap(), signal).unwrap();
 
     // Wait for udrun, interrupting the job (and continuing a stopped
     // victim) should it hang.
