@@ -6,6 +6,8 @@
 //! * Reliability through injected loss (the fault-injecting provider at 5 %
 //!   drops): 1 GiB from one rank to another, and 1000 messages from every
 //!   rank to every other among 4 ranks (12 000 in all), every byte checked.
+//! * A timed all-to-all (`--seconds`) delivers exactly the rounds each rank
+//!   says it sent.
 
 #![allow(clippy::unwrap_used)]
 
@@ -125,4 +127,47 @@ fn lazily_fetched_addresses_still_receive_from_strangers() {
         4,
         "{stdout}"
     );
+}
+
+#[test]
+fn a_timed_all_to_all_delivers_every_round_each_rank_sent() {
+    // `--seconds`: each rank sends rounds for a second, then tells every
+    // receiver how many to expect; `--verbose` says how many it sent.
+    let output = udrun(
+        &[
+            "-n",
+            "3",
+            env!("CARGO_BIN_EXE_udstress"),
+            "alltoall",
+            "--seconds",
+            "1",
+            "--verbose",
+        ],
+        &[("UDBTL_FAULT_DROP", "0.02")],
+    );
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let number_after = |line: &str, before: &str| -> u64 {
+        let rest = &line[line.find(before).unwrap() + before.len()..];
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let mut rounds = [0u64; 3];
+    for line in stderr.lines().filter(|l| l.contains(" rounds")) {
+        let rank = number_after(line, "udstress: rank ").min(2) as usize;
+        rounds[rank] = number_after(line, ": sent ");
+    }
+    assert!(rounds.iter().all(|r| *r > 0), "{stderr}");
+    for rank in 0..3 {
+        let expected: u64 = (0..3).filter(|r| *r != rank).map(|r| rounds[r]).sum();
+        assert!(
+            stdout.contains(&format!(
+                "rank {rank} received {expected} messages from 2 ranks"
+            )),
+            "rank {rank} expected {expected}: {stdout}\n{stderr}"
+        );
+    }
 }

@@ -479,15 +479,7 @@ impl World {
         if failures.is_empty() {
             return Ok(());
         }
-        let rank_of = |endpoint: EndpointId| {
-            self.endpoints
-                .iter()
-                .position(|e| *e == Some(endpoint))
-                .map_or_else(
-                    || format!("endpoint {}", endpoint.raw()),
-                    |r| format!("rank {r}"),
-                )
-        };
+        let rank_of = |endpoint: EndpointId| peer_name(&self.endpoints, endpoint);
         let mut parts: Vec<String> = failures
             .lost
             .iter()
@@ -619,6 +611,17 @@ impl World {
     }
 }
 
+/// How `check` names the peer behind `endpoint`: by its rank, with the
+/// endpoint number the transport's own messages use when the two differ
+/// (addresses fetched lazily number endpoints in order of first use).
+fn peer_name(endpoints: &[Option<EndpointId>], endpoint: EndpointId) -> String {
+    match endpoints.iter().position(|e| *e == Some(endpoint)) {
+        Some(rank) if u32::try_from(rank) == Ok(endpoint.raw()) => format!("rank {rank}"),
+        Some(rank) => format!("rank {rank} (endpoint {})", endpoint.raw()),
+        None => format!("endpoint {}", endpoint.raw()),
+    }
+}
+
 /// A barrier message: the barrier's number and the round.
 fn barrier_message(barrier: u32, round: u8) -> [u8; 5] {
     let mut message = [0; 5];
@@ -647,6 +650,15 @@ mod tests {
         );
         assert_eq!(parse_barrier_message(&[0; 4]), None);
         assert_eq!(parse_barrier_message(&[0; 6]), None);
+    }
+
+    #[test]
+    fn peers_are_named_by_rank_and_by_endpoint_when_it_differs() {
+        let id = EndpointId::from_raw;
+        let endpoints = [Some(id(1)), Some(id(0)), Some(id(2)), None];
+        assert_eq!(peer_name(&endpoints, id(2)), "rank 2");
+        assert_eq!(peer_name(&endpoints, id(1)), "rank 0 (endpoint 1)");
+        assert_eq!(peer_name(&endpoints, id(7)), "endpoint 7");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! ```text
 //! UDBTL_FAULT_DROP=0.05 udrun -n 2 udstress bulk --bytes 1G
 //! UDBTL_FAULT_DROP=0.05 udrun -n 4 udstress alltoall --messages 1000
+//! UDBTL_FAULT_DROP=0.02 udrun -n 4 udstress alltoall --seconds 300
 //! ```
 //!
 //! * `bulk`: rank 0 streams `--bytes` to rank 1 in messages of `--size`
@@ -11,7 +12,13 @@
 //!   CRC of the whole stream, and reports the goodput.
 //! * `alltoall`: every rank sends `--messages` messages to every other rank;
 //!   each receiver checks, per sender, that they arrive in order, once, and
-//!   intact.
+//!   intact. With `--seconds S` each rank sends rounds (one message to
+//!   every other rank) for S seconds instead of a fixed count, then tells
+//!   every receiver how many to expect.
+//!
+//! A peer the transport declares lost ends the run at once with an error
+//! that names its rank (`udstress: messages were lost: rank 1: rank 3 lost
+//! (...)`), whether the rank was sending or waiting.
 //!
 //! Exit status 0 means every check passed on every rank.
 
@@ -40,6 +47,10 @@ struct Args {
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 600, global = true)]
     timeout: u64,
+    /// Say on stderr when this rank starts sending and when it has sent
+    /// everything.
+    #[arg(long, global = true)]
+    verbose: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -58,6 +69,10 @@ enum Mode {
         /// Messages each rank sends to each other rank.
         #[arg(long, default_value_t = 1000)]
         messages: u32,
+        /// Send for this many seconds instead of a fixed number of
+        /// messages.
+        #[arg(long, conflicts_with = "messages")]
+        seconds: Option<u64>,
     },
 }
 
@@ -87,6 +102,12 @@ struct Checker {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A send refused because its peer was lost is better told by what the
+/// transport reported: which rank was lost, and why.
+fn lost_or(world: &udbtl::World, err: udbtl::InitError) -> udbtl::InitError {
+    world.check().err().unwrap_or(err)
 }
 
 fn main() -> ExitCode {
@@ -170,13 +191,37 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 Vec::new()
             }
         }
-        Mode::Alltoall { messages } => (0..size)
-            .filter(|peer| *peer != rank)
-            .map(|peer| (peer, u64::from(messages), 0))
-            .collect(),
+        Mode::Alltoall { messages, seconds } => {
+            // A timed run sends rounds until its time is up: no fixed count.
+            let count = if seconds.is_some() {
+                u64::MAX
+            } else {
+                u64::from(messages)
+            };
+            (0..size)
+                .filter(|peer| *peer != rank)
+                .map(|peer| (peer, count, 0))
+                .collect()
+        }
+    };
+    let send_until = match args.mode {
+        Mode::Alltoall {
+            seconds: Some(seconds),
+            ..
+        } => Some(start + Duration::from_secs(seconds)),
+        _ => None,
     };
     let longest = plan.iter().map(|(_, count, _)| *count).max().unwrap_or(0);
+    if args.verbose {
+        eprintln!("udstress: rank {rank}: sending");
+    }
+    let mut rounds = 0;
     for seq in 0..longest {
+        if send_until.is_some_and(|until| Instant::now() >= until) {
+            break;
+        }
+        rounds = seq + 1;
+        world.check()?;
         for (peer, count, len) in &plan {
             if seq >= *count {
                 continue;
@@ -188,7 +233,9 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             };
             payload(rank, seq, len, &mut buf);
             sent_crc.update(&buf);
-            world.send_message(*peer, DATA, &buf)?;
+            world
+                .send_message(*peer, DATA, &buf)
+                .map_err(|err| lost_or(&world, err))?;
             // Keep the receive side moving: acknowledgements flow both ways.
             world.progress();
             if Instant::now() > deadline {
@@ -197,11 +244,16 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let sent_crc = sent_crc.finalize();
+    if args.verbose {
+        eprintln!("udstress: rank {rank}: sent {rounds} rounds");
+    }
     for (peer, count, _) in &plan {
-        let mut done = count.to_be_bytes().to_vec();
+        let mut done = (*count).min(rounds).to_be_bytes().to_vec();
         // For bulk, the receiver also compares the CRC of the whole stream.
         done.extend_from_slice(&sent_crc.to_be_bytes());
-        world.send_message(*peer, DONE, &done)?;
+        world
+            .send_message(*peer, DONE, &done)
+            .map_err(|err| lost_or(&world, err))?;
     }
     // Wait for every expected stream to end.
     let senders: Vec<u32> = match args.mode {
@@ -215,6 +267,8 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         Mode::Alltoall { .. } => (0..size).filter(|p| *p != rank).collect(),
     };
     loop {
+        // A lost peer ends the wait at once, named by its rank.
+        world.check()?;
         {
             let c = lock(&checker);
             if !c.errors.is_empty() {
@@ -258,9 +312,10 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         let total: u64 = senders.iter().map(|s| c.next[*s as usize]).sum();
         println!(
-            "udstress alltoall: rank {rank} received {total} messages from {} ranks in {:.2} s, in order and intact",
+            "udstress alltoall: rank {rank} received {total} messages from {} ranks in {:.2} s ({} bytes), in order and intact",
             senders.len(),
-            elapsed.as_secs_f64()
+            elapsed.as_secs_f64(),
+            c.received_bytes
         );
     }
     drop(c);
