@@ -1,6 +1,8 @@
 //! The component: finds ports and builds modules.
 
 use udbtl_fabric::faulty::{FaultConfigError, FaultyProvider};
+#[cfg(feature = "verbs")]
+use udbtl_fabric::ibv::{VerbsConfig, VerbsProvider};
 use udbtl_fabric::udp::{UdpConfig, UdpProvider};
 use udbtl_fabric::{Context, PortState, Provider};
 use udbtl_wire::modex;
@@ -221,9 +223,24 @@ pub fn udp_config(params: &Params) -> UdpConfig {
     }
 }
 
+/// The `verbs` provider configuration the parameters ask for. No parameter
+/// is the provider's own yet (the GID index is chosen by link layer and
+/// the payload by the port's active MTU, which `max_send_size` may lower
+/// in the modules): the `ib_*` parameters reach the device through the
+/// queue pair transitions (`ib_pkey_index`, `ib_qkey`) and address handles
+/// (`ib_service_level`, `ib_src_path_bits`) the modules make, and
+/// `if_include`/`if_exclude` through [`Component::init`]'s port filter, as
+/// for every provider.
+#[cfg(feature = "verbs")]
+pub fn verbs_config(params: &Params) -> VerbsConfig {
+    let _ = params;
+    VerbsConfig::default()
+}
+
 /// The component on UDP, or on UDP behind the fault injector when the
 /// `UDBTL_FAULT_*` variables ask for losses (so that real multi-process runs
-/// can be made lossy). Two variants rather than a trait object: the BTL is
+/// can be made lossy), or on RDMA devices when `provider` is `verbs` and
+/// the build has the `verbs` feature. Two variants rather than a trait object: the BTL is
 /// generic over its provider, and the plain path pays nothing for the
 /// option. Run generic code on either with
 /// [`with_udp_component!`](crate::with_udp_component).
@@ -233,6 +250,9 @@ pub enum UdpComponent {
     Plain(Component<UdpProvider>),
     /// UDP with injected faults.
     Faulty(Component<FaultyProvider<UdpProvider>>),
+    /// RDMA devices through libibverbs (`provider=verbs`).
+    #[cfg(feature = "verbs")]
+    Verbs(Component<VerbsProvider>),
 }
 
 /// [`UdpComponent::init`] failed.
@@ -245,6 +265,12 @@ pub enum UdpComponentError {
     /// No module could be built.
     #[error(transparent)]
     Btl(#[from] BtlError),
+    /// The `provider` parameter names a provider this build lacks.
+    #[error("provider {provider} is not built in (rebuild with the `{provider}` feature)")]
+    NotBuilt {
+        /// The provider asked for.
+        provider: String,
+    },
 }
 
 impl UdpComponent {
@@ -255,6 +281,17 @@ impl UdpComponent {
     /// # Errors
     /// A bad fault setting, or no module could be built.
     pub fn init(params: Params) -> Result<Self, UdpComponentError> {
+        if params.provider == "verbs" {
+            #[cfg(feature = "verbs")]
+            {
+                let verbs = VerbsProvider::new(verbs_config(&params));
+                return Ok(Self::Verbs(Component::init(verbs, params)?));
+            }
+            #[cfg(not(feature = "verbs"))]
+            return Err(UdpComponentError::NotBuilt {
+                provider: params.provider,
+            });
+        }
         let udp = UdpProvider::new(udp_config(&params));
         let faulty = FaultyProvider::from_env(udp.clone())?;
         Ok(if faulty.config().is_active() {
@@ -268,6 +305,7 @@ impl UdpComponent {
 
 /// Runs `$body` with `$component` bound to whichever [`Component`] a
 /// [`UdpComponent`] holds.
+#[cfg(not(feature = "verbs"))]
 #[macro_export]
 macro_rules! with_udp_component {
     ($udp:expr, $component:ident => $body:expr) => {
@@ -276,4 +314,48 @@ macro_rules! with_udp_component {
             $crate::UdpComponent::Faulty($component) => $body,
         }
     };
+}
+
+/// Runs `$body` with `$component` bound to whichever [`Component`] a
+/// [`UdpComponent`] holds.
+#[cfg(feature = "verbs")]
+#[macro_export]
+macro_rules! with_udp_component {
+    ($udp:expr, $component:ident => $body:expr) => {
+        match $udp {
+            $crate::UdpComponent::Plain($component) => $body,
+            $crate::UdpComponent::Faulty($component) => $body,
+            $crate::UdpComponent::Verbs($component) => $body,
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `provider=verbs` opens libibverbs when built in (no device here, so
+    /// no module), and says it is not built in otherwise.
+    #[test]
+    fn verbs_provider_is_selected_by_the_provider_parameter() {
+        let params = Params::load_from(&crate::BtlConfig::default(), |name| {
+            (name == "UDBTL_PROVIDER").then(|| "verbs".to_owned())
+        })
+        .expect("params");
+        assert_eq!(params.provider, "verbs");
+        let result = UdpComponent::init(params);
+        if cfg!(feature = "verbs") {
+            if std::env::var_os("UDBTL_TEST_VERBS_DEVICE").is_none() {
+                assert!(
+                    matches!(result, Err(UdpComponentError::Btl(_))),
+                    "{result:?}"
+                );
+            }
+        } else {
+            assert!(
+                matches!(result, Err(UdpComponentError::NotBuilt { ref provider }) if provider == "verbs"),
+                "{result:?}"
+            );
+        }
+    }
 }

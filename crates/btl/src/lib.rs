@@ -60,6 +60,8 @@ mod module;
 pub mod params;
 pub mod rcache;
 
+#[cfg(feature = "verbs")]
+pub use component::verbs_config;
 pub use component::{Component, UdpComponent, UdpComponentError, udp_config};
 pub use convertor::Convertor;
 pub use error::{BtlError, SendFailure};

@@ -96,6 +96,15 @@ pub enum FabricError {
         /// The device limit.
         limit: u32,
     },
+    /// The device went away or failed (`ENODEV`, or a fatal asynchronous
+    /// event): nothing more can be done with it.
+    #[error("device {device} is unavailable: {reason}")]
+    DeviceLost {
+        /// Device name.
+        device: String,
+        /// What happened.
+        reason: String,
+    },
     /// A system call failed.
     #[error("{operation} failed")]
     Io {

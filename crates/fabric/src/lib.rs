@@ -12,6 +12,9 @@
 //!   address is (IP, UDP port) where verbs would use (LID, QPN).
 //! * [`sim`]: deterministic. An in-process fabric on virtual time with a
 //!   seeded fault model (loss, duplication, reordering, corruption, MTU).
+//! * [`ibv`]: real RDMA. UD queue pairs on InfiniBand or RoCE devices
+//!   through libibverbs; needs the `verbs` cargo feature (off by default)
+//!   to build and an RDMA device to run.
 //! * [`faulty`]: a wrapper that injects loss, duplication and reordering into
 //!   any provider, so real multi-process runs can be made lossy.
 //!
@@ -49,6 +52,7 @@
 mod channel;
 mod error;
 pub mod faulty;
+pub mod ibv;
 pub mod sim;
 mod table;
 mod types;

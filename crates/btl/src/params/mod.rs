@@ -314,8 +314,8 @@ parameters! {
         "Devices or ports to use (dev or dev:port, comma-separated); exclusive with if_exclude";
     if_exclude: Vec<PortSelector> = unset, PORTS, seed,
         "Devices or ports to skip (dev or dev:port, comma-separated); exclusive with if_include";
-    provider: String = (String::from("udp")), choice(&["udp", "sim"]), udbtl,
-        "Fabric provider: udp or sim";
+    provider: String = (String::from("udp")), choice(&["udp", "sim", "verbs"]), udbtl,
+        "Fabric provider: udp, sim, or verbs (RDMA; needs a build with the verbs feature)";
     rcache_max_entries: usize = (256), int(1, 65_536), udbtl,
         "Registrations the registration cache keeps";
     rcache_max_bytes: usize = (1 << 30), size(1, USIZE_MAX), udbtl,

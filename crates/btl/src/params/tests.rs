@@ -279,7 +279,11 @@ fn mpool_and_provider_are_choices() {
             .contains("expected one of rdma, grdma, none"),
         "{err}"
     );
-    assert!(load_env(&[("UDBTL_PROVIDER", "verbs")]).is_err());
+    assert_eq!(
+        load_env(&[("UDBTL_PROVIDER", "verbs")]).unwrap().provider,
+        "verbs"
+    );
+    assert!(load_env(&[("UDBTL_PROVIDER", "rdma")]).is_err());
 }
 
 #[test]

@@ -128,6 +128,7 @@ fn run(cli: &Cli) -> Result<(), Failure> {
         let udp = UdpProvider::new(udp_config(&params));
         providers(&mut out, &params)?;
         devices(&mut out, &udp, &params)?;
+        rdma_devices(&mut out, &params)?;
         parameters(&mut out, &params.describe())?;
         modules(&mut out, udp, &params, cli.dump)?;
     } else {
@@ -238,6 +239,15 @@ fn providers(out: &mut Listing<'_>, params: &Params) -> io::Result<()> {
             sim::PROVIDER_NAME,
             "simulated",
             "in-process fabric on virtual time for tests; no devices outside a test",
+        ),
+        (
+            udbtl_fabric::ibv::NAME,
+            "real",
+            if udbtl_fabric::ibv::AVAILABLE {
+                "UD verbs on InfiniBand/RoCE devices through libibverbs"
+            } else {
+                "UD verbs on InfiniBand/RoCE devices (not built in: the verbs feature is off)"
+            },
         ),
     ];
     let selected = |name: &str| if params.provider == name { "yes" } else { "no" };
@@ -361,6 +371,101 @@ fn devices(out: &mut Listing<'_>, udp: &UdpProvider, params: &Params) -> io::Res
 
 /// Why a module may or may not be built on a port, in the order
 /// [`Component::init`] decides it; `modules` counts the eligible ports so far.
+/// The verbs devices and ports, or why there are none.
+fn rdma_devices(out: &mut Listing<'_>, params: &Params) -> io::Result<()> {
+    let listed = rdma_ports(params);
+    if out.parsable {
+        return match &listed {
+            Ok(rows) => {
+                for row in rows {
+                    out.field(&["verbs", &row[0], &row[1], "port"], row[2..].join(" "))?;
+                }
+                Ok(())
+            }
+            Err(why) => out.field(&["verbs", "none"], why),
+        };
+    }
+    out.heading("RDMA devices", "the verbs provider's devices and ports")?;
+    match listed {
+        Ok(rows) => {
+            let mut table = vec![Row::new([
+                "device",
+                "port",
+                "state",
+                "link",
+                "lid",
+                "mtu",
+                "gid index",
+                "gid",
+                "eligible",
+            ])];
+            table.extend(rows.into_iter().map(Row::new));
+            out.table(&table)
+        }
+        Err(why) => out.line(&format!("  no RDMA devices: {why}")),
+    }
+}
+
+#[cfg(not(feature = "verbs"))]
+fn rdma_ports(_params: &Params) -> Result<Vec<[String; 9]>, String> {
+    Err("the verbs provider is not built in (build udbtl-tools with --features verbs)".into())
+}
+
+#[cfg(feature = "verbs")]
+fn rdma_ports(params: &Params) -> Result<Vec<[String; 9]>, String> {
+    use udbtl_fabric::ibv::VerbsProvider;
+    let verbs = VerbsProvider::new(udbtl_btl::verbs_config(params));
+    let devices = verbs.devices().map_err(|e| chain(&e))?;
+    if devices.is_empty() {
+        return Err("libibverbs found no devices".into());
+    }
+    let mut rows = Vec::new();
+    let mut modules = 0;
+    for device in devices {
+        match verbs.describe(&device.name) {
+            Ok(ports) => {
+                for port in ports {
+                    let num = port.attr.port_num;
+                    let lid = match port.attr.addr {
+                        udbtl_fabric::NodeAddr::Ib { lid, .. } => lid.to_string(),
+                        other => other.to_string(),
+                    };
+                    let state = format!("{:?}", port.attr.state).to_lowercase();
+                    let gid = port
+                        .gids
+                        .get(usize::from(port.gid_index))
+                        .map_or_else(|| "-".into(), ToString::to_string);
+                    let attr = Ok(port.attr);
+                    let eligible = eligibility(params, &device.name, num, &attr, &mut modules);
+                    rows.push([
+                        device.name.clone(),
+                        num.to_string(),
+                        state,
+                        port.link_layer.name().into(),
+                        lid,
+                        port.active_mtu.to_string(),
+                        port.gid_index.to_string(),
+                        gid,
+                        eligible.into(),
+                    ]);
+                }
+            }
+            Err(err) => rows.push([
+                device.name.clone(),
+                "-".into(),
+                chain(&err),
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+                "no".into(),
+            ]),
+        }
+    }
+    Ok(rows)
+}
+
 fn eligibility(
     params: &Params,
     device: &str,
