@@ -1,0 +1,195 @@
+//! Junk datagrams at a live job's ports, from the moment they open (issue
+//! 17): a 2-rank job under `udrun` runs while a thread of this test sends
+//! random bytes, 0 to 9000 long, about 5000 a second, at every UDP port the
+//! job's processes hold. The ports are rediscovered every 20 ms from
+//! `/proc`, so the junk covers `init()`, the address exchange, the first
+//! barrier, and then the latency and bandwidth phases of `udbench` or the
+//! checked all-to-all of `udstress`.
+//!
+//! Every run must finish, with every figure printed or every message
+//! checked, and the junk must show up in the ranks' dumps as counted drops.
+//! `JUNK_RUNS` sets the number of runs (default 20, half of each program).
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashSet;
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+mod common;
+
+/// Every process below `pid`, `pid` included.
+fn family(pid: u32) -> Vec<u32> {
+    let mut all = vec![pid];
+    let mut i = 0;
+    while i < all.len() {
+        all.extend(common::children(all[i]));
+        i += 1;
+    }
+    all
+}
+
+/// The IPv4 UDP ports bound by sockets of the processes `pids`.
+fn udp_ports(pids: &[u32]) -> Vec<u16> {
+    let mut inodes = HashSet::new();
+    for pid in pids {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if let Ok(link) = std::fs::read_link(fd.path()) {
+                let link = link.to_string_lossy().into_owned();
+                if let Some(inode) = link
+                    .strip_prefix("socket:[")
+                    .and_then(|s| s.strip_suffix(']'))
+                {
+                    inodes.insert(inode.to_owned());
+                }
+            }
+        }
+    }
+    let table = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let port = fields.get(1)?.rsplit(':').next()?;
+            inodes
+                .contains(*fields.get(9)?)
+                .then(|| u16::from_str_radix(port, 16).ok())?
+        })
+        .collect()
+}
+
+/// Sends junk at the ports of `pid`'s processes until `stop`; returns how
+/// many datagrams it sent.
+fn junk(pid: u32, stop: Arc<AtomicBool>, sent: Arc<AtomicU64>) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut rng = fastrand::Rng::with_seed(u64::from(pid));
+        let mut buf = vec![0u8; 9000];
+        let mut ports = Vec::new();
+        let mut rescan = Instant::now();
+        let start = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            if rescan <= Instant::now() {
+                ports = udp_ports(&family(pid));
+                rescan = Instant::now() + Duration::from_millis(20);
+            }
+            if ports.is_empty() {
+                thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            for &port in &ports {
+                let len = rng.usize(0..=buf.len());
+                rng.fill(&mut buf[..len]);
+                let to = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
+                if socket.send_to(&buf[..len], to).is_ok() {
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            // About 5000 datagrams a second in all.
+            let due = Duration::from_micros(200 * sent.load(Ordering::Relaxed));
+            if let Some(ahead) = due.checked_sub(start.elapsed()) {
+                thread::sleep(ahead);
+            }
+        }
+    })
+}
+
+/// The sum over every dump line starting with `line` (after spaces) of the
+/// numbers that follow each of `names` on it.
+fn dump_sum(dump: &str, line: &str, names: &[&str]) -> u64 {
+    dump.lines()
+        .map(str::trim_start)
+        .filter(|l| l.starts_with(line))
+        .flat_map(|l| {
+            names.iter().filter_map(move |name| {
+                let at = l.find(&format!(" {name} "))? + name.len() + 2;
+                l[at..].split_whitespace().next()?.parse::<u64>().ok()
+            })
+        })
+        .sum()
+}
+
+#[test]
+fn a_job_finishes_with_everything_checked_while_junk_hits_its_ports_from_the_start() {
+    let runs: u32 = std::env::var("JUNK_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let udbench = env!("CARGO_BIN_EXE_udbench");
+    let udstress = env!("CARGO_BIN_EXE_udstress");
+    for run in 0..runs {
+        let args: Vec<&str> = if run % 2 == 0 {
+            vec![
+                "-n",
+                "2",
+                udbench,
+                "--max-size",
+                "16k",
+                "--iterations",
+                "100",
+            ]
+        } else {
+            vec!["-n", "2", udstress, "alltoall", "--messages", "3000"]
+        };
+        let child = common::start(&args, &[("UDBTL_DUMP", "1")]);
+        let (stop, sent) = (Arc::new(AtomicBool::new(false)), Arc::default());
+        let sender = junk(child.id(), stop.clone(), Arc::clone(&sent));
+        let finished = common::finish(child, Duration::from_secs(60));
+        stop.store(true, Ordering::Relaxed);
+        sender.join().unwrap();
+        let (stdout, stderr) = common::text(&finished.output);
+        assert!(
+            !finished.timed_out && finished.output.status.success(),
+            "run {run} ({}) failed or hung:\n{stdout}\n{stderr}",
+            args[2]
+        );
+        if run % 2 == 0 {
+            // Every latency and bandwidth row, 1 B to 16 KiB: 15 each.
+            let rows = stdout
+                .lines()
+                .filter(|l| {
+                    l.split_whitespace()
+                        .next()
+                        .is_some_and(|w| w.parse::<u64>().is_ok())
+                })
+                .count();
+            assert_eq!(rows, 30, "run {run}: missing rows\n{stdout}");
+        } else {
+            assert!(
+                stdout.matches("udstress alltoall").count() >= 2,
+                "run {run}: both ranks report their checks\n{stdout}\n{stderr}"
+            );
+        }
+        // Where junk ends up: in the fabric (no buffer, a bad key, a
+        // malformed UD header, too long) or the BTL (a malformed header,
+        // another job's key).
+        let counted = dump_sum(
+            &stderr,
+            "fabric",
+            &["no buffer", "bad qkey", "malformed", "too long"],
+        ) + dump_sum(&stderr, "receives", &["malformed", "bad job key"]);
+        let delivered = dump_sum(&stderr, "receives", &["delivered"]);
+        let sent = sent.load(Ordering::Relaxed);
+        eprintln!(
+            "run {run} ({}, {:.1} s): junk sent {sent}, drops counted {counted}, real \
+             datagrams delivered {delivered}",
+            args[2].rsplit('/').next().unwrap_or_default(),
+            finished.elapsed.as_secs_f64()
+        );
+        if std::env::var_os("JUNK_VERBOSE").is_some() {
+            eprintln!("{stderr}");
+        }
+        assert!(sent > 0, "run {run}: the junk found no port");
+        assert!(
+            counted > 0,
+            "run {run}: junk arrived but nothing was counted\n{stderr}"
+        );
+    }
+}
