@@ -131,7 +131,7 @@ int main(int argc, char **argv) {
     assert!(built.success());
     let mut command = Command::new(env!("CARGO_BIN_EXE_udrun"));
     command
-        .args(["-n", "4"])
+        .args(["-n", "4", "--oversubscribe"])
         .arg(&binary)
         .env("UCX_NET_DEVICES", "lo");
     let output = run(command);

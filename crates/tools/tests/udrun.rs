@@ -33,7 +33,9 @@ fn udrun(args: &[&str]) -> Command {
             cmd.env_remove(&key);
         }
     }
+    // More ranks than CPUs are fine here, except where a test removes it.
     cmd.env_remove("RUST_LOG")
+        .env("UDRUN_OVERSUBSCRIBE", "1")
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -517,6 +519,10 @@ fn bind_to_core_pins_each_local_rank() {
     let n = cpus.len() + 1;
     let run = launch(&["-n", &n.to_string(), "--bind-to", "core", "sh", "-c", show]);
     assert_eq!(run.code, Some(0), "{run:#?}");
+    // More ranks than CPUs: said once.
+    assert_eq!(run.reports().len(), 1, "{run:#?}");
+    let notice = format!("{n} local ranks on {} CPUs", cpus.len());
+    assert!(run.reports()[0].contains(&notice), "{run:#?}");
     for line in run.stdout.lines() {
         let (rank, list) = line.split_once(' ').unwrap();
         let rank: usize = rank.parse().unwrap();
@@ -661,4 +667,287 @@ fn a_closed_stdout_stops_the_ranks_as_in_a_pipeline() {
     assert_eq!(code, Some(141), "{stderr}");
     assert!(stderr.contains("killed by signal 13 (SIGPIPE)"), "{stderr}");
     assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+}
+
+#[test]
+fn a_rank_that_never_joins_pmi_ends_the_job() {
+    // Rank 1 exits 0 without touching PMI while rank 0 waits in the first
+    // barrier: once rank 0 has called init, that ends the job.
+    for exit_first in [
+        r#"[ "$PMI_RANK" = 1 ] && exit 0; [ "$PMI_RANK" = 0 ] && sleep 0.5"#,
+        r#"[ "$PMI_RANK" = 1 ] && { sleep 0.5; exit 0; }"#,
+    ] {
+        let script = format!("{exit_first}\n{}", pmi_rank("", ""));
+        let run = run_script(&["-n", "2"], &script);
+        assert_fails(
+            &run,
+            1,
+            &[
+                "rank 1 (pid ",
+                "exited without calling PMI init, which rank 0 did",
+            ],
+        );
+        assert!(run.elapsed < Duration::from_secs(10), "{run:#?}");
+    }
+}
+
+#[test]
+fn timeout_ends_a_long_job_with_124() {
+    let mut udrun = Udrun::start(udrun(&[
+        "-n",
+        "2",
+        "--timeout",
+        "1",
+        "sh",
+        "-c",
+        "echo $$; exec sleep 1000",
+    ]));
+    let stdout = collect(udrun.child.stdout.take().unwrap());
+    let stderr = collect(udrun.child.stderr.take().unwrap());
+    let (code, elapsed) = udrun.wait();
+    let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());
+    assert_eq!(code, Some(124), "{stderr}");
+    assert_eq!(
+        stderr,
+        "udrun: the job ran longer than --timeout 1 s; killing the job\n"
+    );
+    assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
+    let pids: Vec<u32> = stdout.lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(pids.len(), 2, "{stdout}");
+    eventually(&format!("ranks left: {pids:?}"), || {
+        pids.iter().all(|&pid| gone(pid))
+    });
+    // A job that ends in time is not touched.
+    let run = launch(&["-n", "2", "--timeout", "30", "true"]);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert!(run.stderr.is_empty(), "{run:#?}");
+    let run = launch(&["-n", "2", "--timeout", "0", "true"]);
+    assert_eq!(run.code, Some(2), "{run:#?}");
+}
+
+#[test]
+fn local_ranks_die_with_a_killed_udrun() {
+    let mut udrun = Udrun::start(udrun(&["-n", "2", "sh", "-c", "echo $$; exec sleep 1000"]));
+    let mut stdout = BufReader::new(udrun.child.stdout.take().unwrap());
+    let mut pids = Vec::new();
+    for _ in 0..2 {
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        pids.push(line.trim().parse::<u32>().unwrap());
+    }
+    kill_process(udrun.pid(), Signal::KILL).unwrap();
+    udrun.wait();
+    // Killed at once; whoever adopted them reaps them.
+    eventually(&format!("ranks outlived udrun: {pids:?}"), || {
+        pids.iter().all(|&pid| gone(pid) || zombie(pid))
+    });
+}
+
+#[test]
+fn mpirun_spellings_np_and_h_work_and_tips_survive() {
+    let run = launch(&[
+        "-np",
+        "2",
+        "-H",
+        "localhost:2",
+        "sh",
+        "-c",
+        "echo $PMI_SIZE",
+    ]);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert_eq!(run.stdout, "2\n2\n");
+    // A program's own -np is its own.
+    let run = launch(&["-np", "1", "echo", "-np", "3"]);
+    assert_eq!(run.stdout, "-np 3\n", "{run:#?}");
+    let run = launch(&["-n", "1", "--tag-outptu", "true"]);
+    assert_eq!(run.code, Some(2), "{run:#?}");
+    assert_eq!(run.stderr.lines().count(), 1, "{run:#?}");
+    assert!(
+        run.stderr
+            .contains("tip: a similar argument exists: '--tag-output'"),
+        "{run:#?}"
+    );
+}
+
+#[test]
+fn more_ranks_than_slots_needs_oversubscribe() {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let cpus = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|list| cpu_list(list).len())
+        .unwrap();
+    let strict = |args: &[&str]| {
+        let mut cmd = udrun(args);
+        cmd.env_remove("UDRUN_OVERSUBSCRIBE");
+        run_command(cmd)
+    };
+    let over = (cpus + 1).to_string();
+    let run = strict(&["-n", &over, "sh", "-c", "echo ran"]);
+    assert_fails(
+        &run,
+        1,
+        &[
+            &format!("{over} ranks but {cpus} CPUs here"),
+            "--oversubscribe",
+        ],
+    );
+    assert!(run.stdout.is_empty(), "{run:#?}");
+    let run = strict(&["-n", &over, "--oversubscribe", "true"]);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    // slots= is a limit.
+    let run = strict(&["-n", "3", "--host", "localhost:2", "sh", "-c", "echo ran"]);
+    assert_fails(&run, 1, &["3 ranks but 2 slots", "--oversubscribe"]);
+    assert!(run.stdout.is_empty(), "{run:#?}");
+    let dir = scratch("slots");
+    let file = dir.join("hosts");
+    std::fs::write(&file, "localhost slots=4\n").unwrap();
+    let run = strict(&["-n", "5", "--hostfile", file.to_str().unwrap(), "true"]);
+    assert_fails(&run, 1, &["5 ranks but 4 slots"]);
+    let run = strict(&["-n", "4", "--hostfile", file.to_str().unwrap(), "true"]);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Runs udrun from bash after `setup` (ulimit, say).
+fn udrun_after(setup: &str, args: &[&str]) -> Run {
+    let cmd = udrun(&[]);
+    let mut shell = Command::new("bash");
+    shell
+        .arg("-c")
+        .arg(format!("{setup}\nexec \"$@\""))
+        .arg("bash")
+        .arg(cmd.get_program())
+        .args(args)
+        .envs(
+            cmd.get_envs()
+                .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (key, value) in cmd.get_envs() {
+        if value.is_none() {
+            shell.env_remove(key);
+        }
+    }
+    run_command(shell)
+}
+
+#[test]
+fn a_huge_n_fails_before_forking_and_names_the_limit() {
+    let run = launch(&["-n", "4000000000", "sh", "-c", "echo ran"]);
+    assert_fails(&run, 1, &["-n 4000000000 needs about", "limit of"]);
+    assert!(run.stdout.is_empty(), "{run:#?}");
+    let run = udrun_after("ulimit -n 100", &["-n", "20", "sh", "-c", "echo ran"]);
+    assert_fails(&run, 1, &["file descriptors", "RLIMIT_NOFILE"]);
+    assert!(run.stdout.is_empty(), "{run:#?}");
+    // A soft limit below the hard one is raised.
+    let run = udrun_after(
+        "ulimit -Sn 100; ulimit -Hn 4096",
+        &["-n", "20", "sh", "-c", "ulimit -n"],
+    );
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert!(run.stdout.lines().all(|l| l == "4096"), "{run:#?}");
+}
+
+#[test]
+fn resource_failures_while_starting_name_the_rank() {
+    // udrun inherits fds 3..89 of 100: the ranks run out of descriptors.
+    let run = udrun_after(
+        "ulimit -n 100; for fd in $(seq 3 89); do eval \"exec $fd</dev/null\"; done",
+        &["-n", "10", "sleep", "1"],
+    );
+    assert_eq!(run.code, Some(1), "{run:#?}");
+    let reports = run.reports();
+    assert_eq!(reports.len(), 1, "{run:#?}");
+    assert!(reports[0].contains("rank "), "{run:#?}");
+    assert!(reports[0].contains("Too many open files"), "{run:#?}");
+}
+
+#[test]
+fn stdin_goes_to_rank_0_only() {
+    let mut cmd = udrun(&[
+        "-n",
+        "2",
+        "sh",
+        "-c",
+        r#"while read -r l; do echo "$PMI_RANK:$l"; done; echo "$PMI_RANK:eof""#,
+    ]);
+    cmd.stdin(Stdio::piped());
+    let mut udrun = Udrun::start(cmd);
+    let mut stdin = udrun.child.stdin.take().unwrap();
+    std::io::Write::write_all(&mut stdin, b"a\nb\n").unwrap();
+    drop(stdin);
+    let stdout = collect(udrun.child.stdout.take().unwrap());
+    let stderr = collect(udrun.child.stderr.take().unwrap());
+    let (code, _) = udrun.wait();
+    let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());
+    assert_eq!(code, Some(0), "{stderr}");
+    let mut lines: Vec<&str> = stdout.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(lines, ["0:a", "0:b", "0:eof", "1:eof"], "{stdout}");
+}
+
+#[test]
+fn x_with_an_unset_variable_is_an_error() {
+    let mut cmd = udrun(&["-n", "1", "-x", "UDRUN_TEST_UNSET", "sh", "-c", "echo ran"]);
+    cmd.env_remove("UDRUN_TEST_UNSET");
+    let run = run_command(cmd);
+    assert_fails(&run, 2, &["-x UDRUN_TEST_UNSET", "is not set"]);
+    assert!(run.stdout.is_empty(), "{run:#?}");
+}
+
+#[test]
+fn a_launcher_failure_names_the_launcher_used() {
+    let dir = scratch("launcher");
+    let quiet = script_file(&dir, "quiet-launcher", "#!/bin/sh\nexit 255\n");
+    let quiet = quiet.to_str().unwrap();
+    let run = launch(&[
+        "-n",
+        "1",
+        "--host",
+        "node",
+        "--launcher-exec",
+        quiet,
+        "true",
+    ]);
+    assert_fails(
+        &run,
+        1,
+        &[&format!(
+            "cannot reach host node: {quiet} exited with code 255"
+        )],
+    );
+    assert!(!run.stderr.contains("ssh exited"), "{run:#?}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn an_error_every_rank_prints_is_printed_once() {
+    // After the barrier (so at about the same time), every rank prints the
+    // same error and one of its own, then fails.
+    let script = pmi_rank(
+        "",
+        r#"echo "error: bad input" >&2; echo "rank $rank only" >&2; sleep 0.5; exit 3"#,
+    );
+    let run = run_script(&["-n", "4"], &script);
+    assert_eq!(run.code, Some(3), "{run:#?}");
+    let errors: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("error: bad input"))
+        .collect();
+    assert_eq!(errors, ["[ranks 0-3] error: bad input"], "{run:#?}");
+    for rank in 0..4 {
+        let line = format!("rank {rank} only");
+        assert!(run.stderr.lines().any(|l| l == line), "{line}: {run:#?}");
+    }
+    assert_eq!(run.reports().len(), 1, "{run:#?}");
+    // Under --tag-output, every rank's line is shown.
+    let run = run_script(&["-n", "2", "--tag-output"], &script);
+    for rank in 0..2 {
+        let line = format!("[{rank}] error: bad input");
+        assert!(run.stderr.lines().any(|l| l == line), "{line}: {run:#?}");
+    }
 }

@@ -3,6 +3,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::error::ErrorKind;
 use clap::{Parser, ValueEnum};
@@ -22,14 +23,15 @@ use crate::hosts::HostSpec;
                   udrun exits with that rank's code (128+N for signal N)."
 )]
 pub(crate) struct Cli {
-    /// Number of ranks.
+    /// Number of ranks ("-np N" works too).
     #[arg(short = 'n', value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) ranks: u32,
 
-    /// Hosts to run on, filled in order (HOST takes one rank per round,
-    /// HOST:SLOTS that many). localhost, 127.0.0.1 and this machine's name
-    /// run here; other hosts are reached with ssh.
+    /// Hosts to run on, filled in order (HOST has one slot, HOST:SLOTS that
+    /// many). localhost, 127.0.0.1 and this machine's name run here; other
+    /// hosts are reached with ssh.
     #[arg(
+        short = 'H',
         long,
         value_name = "HOST[:SLOTS],...",
         value_delimiter = ',',
@@ -50,6 +52,16 @@ pub(crate) struct Cli {
     /// ranks inherit udrun's environment anyway. May be repeated.
     #[arg(short = 'x', value_name = "VAR[=VALUE]", value_parser = Export::parse)]
     pub(crate) export: Vec<Export>,
+
+    /// Allow more ranks than slots (or, with no host list, than the CPUs
+    /// udrun may use): they wrap around the hosts. Also set by
+    /// UDRUN_OVERSUBSCRIBE=1.
+    #[arg(long)]
+    pub(crate) oversubscribe: bool,
+
+    /// Kill the job after SECONDS (exit status 124, as timeout(1)).
+    #[arg(long, value_name = "SECONDS", value_parser = parse_timeout)]
+    pub(crate) timeout: Option<Duration>,
 
     /// Prefix every output line with its rank in brackets.
     #[arg(long, help = "Prefix every output line with \"[RANK] \"")]
@@ -107,6 +119,76 @@ impl Export {
     }
 }
 
+/// `--timeout`: whole or fractional seconds, more than 0.
+fn parse_timeout(text: &str) -> Result<Duration, String> {
+    match text.trim().parse::<f64>() {
+        Ok(secs) if secs > 0.0 && secs.is_finite() && secs < 1e9 => {
+            Ok(Duration::from_secs_f64(secs))
+        }
+        _ => Err(format!("{text:?} is not a number of seconds above 0")),
+    }
+}
+
+/// Options that take a value, as [`mpirun_args`] must know them to tell
+/// where PROGRAM starts.
+const VALUE_OPTIONS: [&str; 9] = [
+    "-n",
+    "-np",
+    "-H",
+    "--host",
+    "--hostfile",
+    "--bind-to",
+    "-x",
+    "--launcher-exec",
+    "--timeout",
+];
+
+/// Rewrites mpirun's `-np N` (and `-npN`) to `-n N` among udrun's own
+/// options, before PROGRAM: clap's short options are one letter.
+pub(crate) fn mpirun_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
+    let mut out = Vec::new();
+    let mut args = args.into_iter();
+    // The program name.
+    out.extend(args.next());
+    let mut expect_value = false;
+    let mut in_options = true;
+    for arg in args {
+        if !in_options {
+            out.push(arg);
+            continue;
+        }
+        if expect_value {
+            expect_value = false;
+            out.push(arg);
+            continue;
+        }
+        let text = arg.to_string_lossy();
+        if text == "--" || !text.starts_with('-') || text == "-" {
+            in_options = false;
+            out.push(arg);
+            continue;
+        }
+        if let Some(rest) = text.strip_prefix("-np") {
+            if rest.is_empty() {
+                expect_value = true;
+                out.push("-n".into());
+                continue;
+            }
+            if let Some(count) = rest
+                .strip_prefix('=')
+                .or(Some(rest))
+                .filter(|r| !r.is_empty() && r.chars().all(|c| c.is_ascii_digit()))
+            {
+                out.push(format!("-n{count}").into());
+                continue;
+            }
+        }
+        expect_value = VALUE_OPTIONS.contains(&text.as_ref());
+        out.push(arg);
+    }
+    out
+}
+
 /// Reports a command-line error on one line and returns exit status 2;
 /// `--help` and `--version` print as usual and return 0.
 pub(crate) fn usage(err: &clap::Error) -> ExitCode {
@@ -126,9 +208,18 @@ pub(crate) fn usage(err: &clap::Error) -> ExitCode {
         .collect();
     let message = message.join(" ");
     let message = message.strip_prefix("error: ").unwrap_or(&message);
-    let help = match err.kind() {
-        ErrorKind::ValueValidation => "",
-        _ => " (see udrun --help)",
+    // clap's tips ("a similar argument exists: '--tag-output'"), which
+    // follow in paragraphs of their own, before the usage.
+    let tips: Vec<&str> = text
+        .lines()
+        .take_while(|line| !line.starts_with("Usage:"))
+        .filter_map(|line| line.trim().strip_prefix("tip: "))
+        .collect();
+    let help = match (err.kind(), tips.is_empty()) {
+        (ErrorKind::ValueValidation, true) => String::new(),
+        (ErrorKind::ValueValidation, false) => format!(" (tip: {})", tips.join("; ")),
+        (_, true) => " (see udrun --help)".to_owned(),
+        (_, false) => format!(" (tip: {}; see udrun --help)", tips.join("; ")),
     };
     crate::say(format_args!("{message}{help}"));
     ExitCode::from(2)
@@ -151,6 +242,26 @@ mod tests {
         assert!(Export::parse("1A").is_err());
         assert!(Export::parse("=x").is_err());
         assert!(Export::parse("A-B").is_err());
+    }
+
+    fn os(words: &[&str]) -> Vec<OsString> {
+        words.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn np_becomes_n_before_the_program_only() {
+        let args = mpirun_args(os(&["udrun", "-np", "4", "-x", "-np", "prog", "-np", "3"]));
+        assert_eq!(
+            args,
+            os(&["udrun", "-n", "4", "-x", "-np", "prog", "-np", "3"])
+        );
+        let args = mpirun_args(os(&["udrun", "-np4", "--", "-np", "2"]));
+        assert_eq!(args, os(&["udrun", "-n4", "--", "-np", "2"]));
+        let args = mpirun_args(os(&["udrun", "--tag-output", "-np=2", "-H", "a", "p"]));
+        assert_eq!(args, os(&["udrun", "--tag-output", "-n2", "-H", "a", "p"]));
+        let cli =
+            Cli::try_parse_from(mpirun_args(os(&["udrun", "-np", "3", "-H", "a,b", "p"]))).unwrap();
+        assert_eq!((cli.ranks, cli.host.len()), (3, 2));
     }
 
     #[test]

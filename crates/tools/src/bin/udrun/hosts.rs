@@ -3,7 +3,8 @@
 //! Placement fills hosts in order, as hydra does by default: the first host
 //! takes as many consecutive ranks as it has slots, then the next host, and
 //! so on; when every slot is taken and ranks remain, it starts again at the
-//! first host (oversubscription). With one slot per host (the default) this
+//! first host (oversubscription, which udrun allows only with
+//! `--oversubscribe`). With one slot per host (the default) this
 //! is plain round-robin. Placement is O(ranks + hosts).
 
 use std::collections::HashMap;
@@ -151,6 +152,11 @@ pub(crate) fn is_local(name: &str, this_host: Option<&str>) -> bool {
         || this_host.is_some_and(|h| {
             h.eq_ignore_ascii_case(name) || (!name.contains('.') && short(h) == lower)
         })
+}
+
+/// How many slots `hosts` has in all.
+pub(crate) fn total_slots(hosts: &[HostSpec]) -> u64 {
+    hosts.iter().map(|h| u64::from(h.slots)).sum()
 }
 
 /// Places `ranks` ranks on `hosts` (all on this machine when `hosts` is

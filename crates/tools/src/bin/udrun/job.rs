@@ -27,7 +27,9 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::env;
+use std::ffi::OsString;
 use std::fs::File;
+use std::io::{self, IsTerminal};
 use std::os::fd::OwnedFd;
 use std::process::ChildStdin;
 use std::sync::Arc;
@@ -44,7 +46,7 @@ use udbtl_pmi::{Server, ServerEvent};
 
 use crate::cli::{BindTo, Cli};
 use crate::hosts::{self, Placement};
-use crate::output::{self, Sink};
+use crate::output::{self, Errors, Sink};
 use crate::spawn::{self, Binder, JobSpec};
 use crate::{Error, remote, say};
 
@@ -57,12 +59,16 @@ const PMI_WAIT: Duration = Duration::from_secs(1);
 /// How long, once every rank is gone, udrun waits for the rest of their
 /// output and for their left-over descendants to be reaped.
 const DRAIN: Duration = Duration::from_secs(1);
+/// udrun's exit status when `--timeout` ends the job (as timeout(1)).
+pub(crate) const TIMEOUT_EXIT: u8 = 124;
 
 /// Something the main loop must handle.
 #[derive(Debug)]
 pub(crate) enum Event {
     /// From the PMI server.
     Pmi(ServerEvent),
+    /// A local rank sent its first bytes on its PMI connection.
+    Spoke { rank: u32 },
     /// A rank's process ended (it has been reaped).
     Exited { rank: u32, status: Status },
     /// udrun received this signal.
@@ -86,6 +92,17 @@ pub(crate) fn run(cli: &Cli) -> Result<u8, Error> {
         Some(path) => hosts::read_hostfile(path)?,
         None => cli.host.clone(),
     };
+    check_exports(cli)?;
+    spawn::check_limits(cli.ranks).map_err(Error::Refused)?;
+    let oversubscribe = cli.oversubscribe
+        || env::var("UDRUN_OVERSUBSCRIBE").is_ok_and(|v| matches!(v.trim(), "1" | "yes" | "true"));
+    let cpus = spawn::usable_cpus().map_err(|source| Error::Io {
+        what: "reading the CPU affinity mask",
+        source,
+    })?;
+    if !oversubscribe {
+        check_slots(cli.ranks, &hosts, cpus)?;
+    }
     let this_host = hostname();
     let placements = hosts::place(cli.ranks, &hosts, this_host.as_deref());
     let mut seen = HashSet::new();
@@ -104,14 +121,6 @@ pub(crate) fn run(cli: &Cli) -> Result<u8, Error> {
         None
     } else {
         let host = this_host.clone().ok_or(Error::NoHostname)?;
-        for export in cli.export.iter().filter(|e| e.value.is_none()) {
-            if env::var_os(&export.name).is_none() {
-                say(format_args!(
-                    "-x {}: not set here, so not exported to remote ranks",
-                    export.name
-                ));
-            }
-        }
         let failed =
             remote::check_hosts(&cli.launcher_exec, &remote_hosts, || interrupted_by() != 0);
         if let Some(code) = interrupted_code(interrupted_by()) {
@@ -151,6 +160,25 @@ pub(crate) fn run(cli: &Cli) -> Result<u8, Error> {
         })?),
         BindTo::None => None,
     };
+    let local_size = placements
+        .iter()
+        .find(|p| p.host.is_none())
+        .map_or(0, |p| p.local_size);
+    if binder.is_some() && local_size as usize > cpus {
+        say(format_args!(
+            "--bind-to core: {local_size} local ranks on {cpus} CPUs, so they share CPUs \
+             (local rank i on the CPU of local rank i mod {cpus})"
+        ));
+    }
+    let errors = if cli.tag_output {
+        None
+    } else {
+        Some(Errors::start().map_err(|source| Error::Io {
+            what: "starting the stderr thread",
+            source,
+        })?)
+    };
+    let stdin_to_rank_0 = forward_stdin_wanted();
     // Best effort: without it, what a dying rank leaves behind goes to init.
     let _ = rustix::process::set_child_subreaper(Some(getpid()));
     let reaper = start_reaper(tx.clone())?;
@@ -162,15 +190,23 @@ pub(crate) fn run(cli: &Cli) -> Result<u8, Error> {
         exports: &cli.export,
     };
 
-    let mut job = Job::new(cli.ranks, cli.report_startup.then(Instant::now));
+    let mut job = Job::new(cli, cli.report_startup.then(Instant::now));
     let mut pids = HashMap::with_capacity(placements.len());
     for (rank, place) in (0..).zip(&placements) {
         if interrupted_by() != 0 {
             break;
         }
         let spawned = match &place.host {
-            None => spawn::local(&spec, rank, place, &server, binder.as_ref())
-                .map(|(child, spoke)| (child, Some(spoke))),
+            None => spawn::local(
+                &spec,
+                rank,
+                place,
+                &server,
+                binder.as_ref(),
+                rank == 0 && stdin_to_rank_0,
+                tx.clone(),
+            )
+            .map(|(child, spoke)| (child, Some(spoke))),
             Some(host) => spawn::remote(
                 &spec,
                 rank,
@@ -191,6 +227,19 @@ pub(crate) fn run(cli: &Cli) -> Result<u8, Error> {
         };
         let pid = child.id();
         pids.insert(pid, rank);
+        if place.host.is_none() {
+            if let Some(to) = child.stdin.take() {
+                if let Err(e) = forward_stdin(to) {
+                    job.fail(
+                        1,
+                        &format!(
+                            "rank {rank}: cannot start the stdin thread: {}",
+                            crate::os_message(&e)
+                        ),
+                    );
+                }
+            }
+        }
         job.add(pid, place, spoke, child.stdin.take());
         let outputs = [
             child
@@ -203,11 +252,22 @@ pub(crate) fn run(cli: &Cli) -> Result<u8, Error> {
                 .map(|err| (Sink::Stderr, OwnedFd::from(err))),
         ];
         for (sink, pipe) in outputs.into_iter().flatten() {
-            match output::forward(File::from(pipe), sink, rank, cli.tag_output, tx.clone()) {
+            let forwarded = output::forward(
+                File::from(pipe),
+                sink,
+                rank,
+                cli.tag_output,
+                errors.clone(),
+                tx.clone(),
+            );
+            match forwarded {
                 Ok(()) => job.outputs_open += 1,
                 Err(e) => job.fail(
                     1,
-                    &format!("cannot start an output thread: {}", crate::os_message(&e)),
+                    &format!(
+                        "rank {rank}: cannot start its output thread: {}",
+                        crate::os_message(&e)
+                    ),
                 ),
             }
         }
@@ -224,7 +284,76 @@ pub(crate) fn run(cli: &Cli) -> Result<u8, Error> {
     }
     job.watch(&rx);
     server.shutdown();
+    if let Some(errors) = &errors {
+        errors.flush();
+    }
     Ok(job.finish())
+}
+
+/// `-x VAR` (without a value) needs VAR set here, as in mpirun.
+fn check_exports(cli: &Cli) -> Result<(), Error> {
+    let unset: Vec<&str> = cli
+        .export
+        .iter()
+        .filter(|e| e.value.is_none() && env::var_os(&e.name).is_none())
+        .map(|e| e.name.as_str())
+        .collect();
+    match unset.as_slice() {
+        [] => Ok(()),
+        [name] => Err(Error::Usage(format!(
+            "-x {name}: {name} is not set in udrun's environment (-x {name}=VALUE sets it)"
+        ))),
+        names => Err(Error::Usage(format!(
+            "-x {}: not set in udrun's environment (-x VAR=VALUE sets one)",
+            names.join(", -x ")
+        ))),
+    }
+}
+
+/// More ranks than slots needs `--oversubscribe`, as in mpirun: the slots
+/// of the host list, or without one the CPUs udrun may use.
+fn check_slots(ranks: u32, hosts: &[hosts::HostSpec], cpus: usize) -> Result<(), Error> {
+    let (slots, what) = if hosts.is_empty() {
+        (cpus as u64, format!("{cpus} CPUs here"))
+    } else {
+        let slots = hosts::total_slots(hosts);
+        (slots, format!("{slots} slots in the host list"))
+    };
+    if u64::from(ranks) <= slots {
+        return Ok(());
+    }
+    Err(Error::Refused(format!(
+        "{ranks} ranks but {what}: add --oversubscribe to run more ranks than slots{}",
+        if hosts.is_empty() {
+            " (or give slots with --host localhost:N)"
+        } else {
+            ""
+        }
+    )))
+}
+
+/// Whether to forward udrun's stdin to rank 0: not when it is a terminal
+/// that udrun does not own (udrun runs in the background), where reading
+/// it would stop udrun.
+fn forward_stdin_wanted() -> bool {
+    let stdin = io::stdin();
+    if !stdin.is_terminal() {
+        return true;
+    }
+    rustix::termios::tcgetpgrp(&stdin).is_ok_and(|pgrp| pgrp == rustix::process::getpgrp())
+}
+
+/// Copies udrun's stdin to rank 0's until either ends; then rank 0 sees
+/// the end of its input.
+fn forward_stdin(mut to: ChildStdin) -> io::Result<()> {
+    thread::Builder::new()
+        .name("stdin".into())
+        .stack_size(128 * 1024)
+        .spawn(move || {
+            // EPIPE (rank 0 closed its stdin or ended) just stops it.
+            let _ = io::copy(&mut io::stdin().lock(), &mut to);
+        })
+        .map(drop)
 }
 
 /// The exit status for an interruption by `signal` before any rank ran.
@@ -335,6 +464,8 @@ struct Rank {
     spoke: Option<Arc<AtomicBool>>,
     /// A remote rank's ssh stdin: closing it kills the remote side.
     stdin: Option<ChildStdin>,
+    /// The launcher program of a remote rank (ssh, or `--launcher-exec`).
+    launcher: Option<OsString>,
     exit: Option<Status>,
     /// A local rank's PMI connection has not ended yet (as far as the main
     /// loop knows).
@@ -352,11 +483,17 @@ impl Rank {
             .is_none_or(|spoke| spoke.load(Ordering::Relaxed))
     }
 
-    /// "pid 123" or "host h, ssh pid 123".
+    /// "pid 123" or "host h, ssh pid 123" (the launcher's name).
     fn who(&self) -> String {
-        match &self.host {
-            None => format!("pid {}", self.pid),
-            Some(host) => format!("host {host}, ssh pid {}", self.pid),
+        match (&self.host, &self.launcher) {
+            (Some(host), Some(launcher)) => {
+                let name = std::path::Path::new(launcher)
+                    .file_name()
+                    .unwrap_or(launcher)
+                    .to_string_lossy();
+                format!("host {host}, {name} pid {}", self.pid)
+            }
+            _ => format!("pid {}", self.pid),
         }
     }
 }
@@ -364,7 +501,8 @@ impl Rank {
 /// Why the job is ending.
 #[derive(Debug, Clone, Copy)]
 enum Ending {
-    /// A rank failed (or could not start): exit with this status.
+    /// A rank failed (or could not start, or `--timeout` passed): exit
+    /// with this status.
     Failed(u8),
     /// udrun received this signal.
     Interrupted(i32),
@@ -390,10 +528,18 @@ struct Job {
     /// When the first spawn started, with `--report-startup`.
     startup: Option<Instant>,
     reported: bool,
+    /// The first rank known to use PMI: from then on, a rank that ends
+    /// without PMI finalize fails the job.
+    joined: Option<u32>,
+    /// `--timeout`: when, and the option's value.
+    deadline: Option<(Instant, Duration)>,
+    /// `--launcher-exec`.
+    launcher: OsString,
 }
 
 impl Job {
-    fn new(size: u32, startup: Option<Instant>) -> Self {
+    fn new(cli: &Cli, startup: Option<Instant>) -> Self {
+        let size = cli.ranks;
         Self {
             size,
             ranks: Vec::with_capacity(size as usize),
@@ -407,6 +553,9 @@ impl Job {
             waits: VecDeque::new(),
             startup,
             reported: false,
+            joined: None,
+            deadline: cli.timeout.map(|t| (Instant::now() + t, t)),
+            launcher: cli.launcher_exec.clone(),
         }
     }
 
@@ -423,6 +572,7 @@ impl Job {
             pmi_open: spoke.is_some(),
             spoke,
             stdin,
+            launcher: place.host.as_ref().map(|_| self.launcher.clone()),
             exit: None,
             finalized: false,
             disconnected: false,
@@ -458,6 +608,9 @@ impl Job {
         let next = [
             self.kill_at.filter(|_| !self.killed),
             self.waits.front().map(|w| w.0),
+            self.deadline
+                .filter(|_| self.ending.is_none())
+                .map(|(at, _)| at),
             until,
         ]
         .into_iter()
@@ -480,6 +633,7 @@ impl Job {
         match event {
             Event::Exited { rank, status } => self.exited(rank, status),
             Event::Pmi(event) => self.pmi(event),
+            Event::Spoke { rank } => self.joined_pmi(rank),
             Event::Signal(signal) => self.signal(signal),
             Event::OutputClosed => self.outputs_open = self.outputs_open.saturating_sub(1),
             Event::NoChildren => self.no_children = true,
@@ -495,9 +649,14 @@ impl Job {
         }
         rank.exit = Some(status);
         // Its abort, finalize or end of stream is probably on its way; but
-        // a rank that exits 0 without having used PMI is done (its socket
-        // may live on in a child it left behind).
-        let wait = rank.pmi_open && (rank.spoke() || status != Status::Code(0));
+        // a rank that exits 0 without having used PMI, in a job where no
+        // rank has, is done (its socket may live on in a child it left
+        // behind). A remote rank's finalize may still be on its way.
+        let joined = self.joined.is_some();
+        let wait = match rank.spoke {
+            Some(_) => rank.pmi_open && (rank.spoke() || status != Status::Code(0) || joined),
+            None => joined && status == Status::Code(0) && !rank.finalized,
+        };
         rank.judging = wait;
         self.live -= 1;
         if wait {
@@ -516,6 +675,17 @@ impl Job {
             None => (0, String::new()),
             Some(Status::Code(0)) if rank.disconnected && !rank.finalized && rank.spoke() => {
                 (1, "exited without calling PMI finalize".to_owned())
+            }
+            Some(Status::Code(0)) if !rank.finalized && self.joined.is_some() => {
+                let what = if rank.spoke() {
+                    "exited without calling PMI finalize".to_owned()
+                } else {
+                    format!(
+                        "exited without calling PMI init, which rank {} did",
+                        self.joined.unwrap_or_default()
+                    )
+                };
+                (1, what)
             }
             Some(Status::Code(0)) => (0, String::new()),
             Some(Status::Code(code)) => {
@@ -542,6 +712,7 @@ impl Job {
         match event {
             ServerEvent::Finalized { rank } => {
                 if let Some(r) = rank_of(rank) {
+                    self.joined_pmi(r);
                     self.ranks[r as usize].finalized = true;
                     self.pmi_closed(r);
                 }
@@ -564,6 +735,9 @@ impl Job {
             }
             ServerEvent::Disconnected { rank, .. } => {
                 if let Some(r) = rank_of(rank) {
+                    if self.ranks[r as usize].spoke() {
+                        self.joined_pmi(r);
+                    }
                     self.ranks[r as usize].disconnected = true;
                     self.pmi_closed(r);
                     let rank = &self.ranks[r as usize];
@@ -600,6 +774,32 @@ impl Job {
         }
     }
 
+    /// Rank `r` is known to use PMI. The first time a rank is, the ranks
+    /// that already ended with status 0 without finalize are judged again
+    /// (at once, or once their PMI connection has ended).
+    fn joined_pmi(&mut self, r: u32) {
+        if self.joined.is_some() {
+            return;
+        }
+        self.joined = Some(r);
+        let now = Instant::now();
+        let mut again = Vec::new();
+        for (i, rank) in (0..).zip(&mut self.ranks) {
+            if rank.exit == Some(Status::Code(0)) && !rank.finalized && !rank.judging {
+                rank.judging = true;
+                self.judging += 1;
+                if rank.pmi_open || rank.spoke.is_none() {
+                    self.waits.push_back((now + PMI_WAIT, i));
+                } else {
+                    again.push(i);
+                }
+            }
+        }
+        for i in again {
+            self.judge(i);
+        }
+    }
+
     /// Rank `r`'s PMI connection has ended: judge its exit if it waits.
     fn pmi_closed(&mut self, r: u32) {
         let rank = &mut self.ranks[r as usize];
@@ -623,6 +823,17 @@ impl Job {
     fn tick(&mut self, now: Instant) {
         if self.kill_at.is_some_and(|at| at <= now) && !self.killed {
             self.kill_now();
+        }
+        if let Some((at, limit)) = self.deadline {
+            if at <= now && self.ending.is_none() {
+                self.fail(
+                    TIMEOUT_EXIT,
+                    &format!(
+                        "the job ran longer than --timeout {} s",
+                        limit.as_secs_f64()
+                    ),
+                );
+            }
         }
         while let Some(&(at, r)) = self.waits.front() {
             if at > now {

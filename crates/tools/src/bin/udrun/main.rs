@@ -1,15 +1,16 @@
 //! `udrun`: the launcher of udbtl jobs, a small `mpiexec`.
 //!
 //! ```text
-//! udrun -n N [--host H[:SLOTS],... | --hostfile FILE] [--bind-to core|none]
-//!       [-x VAR[=VALUE]]... [--tag-output] [--report-startup] [--] PROGRAM [ARGS...]
+//! udrun -n N [-H|--host H[:SLOTS],... | --hostfile FILE] [--oversubscribe]
+//!       [--bind-to core|none] [-x VAR[=VALUE]]... [--tag-output] [--timeout SECONDS]
+//!       [--report-startup] [--] PROGRAM [ARGS...]
 //! ```
 //!
 //! It starts N ranks of PROGRAM, serves them PMI-1 (the protocol lives in
 //! `udbtl-pmi`; see [`udbtl_pmi::server`]), forwards their output, and ends
 //! the job when a rank fails. `--` is needed only when PROGRAM or its first
 //! argument could be taken for one of udrun's options: everything from
-//! PROGRAM on is the rank's command line.
+//! PROGRAM on is the rank's command line. mpirun's `-np N` is `-n N`.
 //!
 //! # What a rank gets
 //!
@@ -19,10 +20,13 @@
 //! | `PMI_PORT`, `PMI_ID` | remote ranks: `<udrun's host>:<port>` and the rank (hydra's `-pmi-port` mode) |
 //! | `UDBTL_JOB_KEY`, `UDRUN_JOB_KEY` | the job key, a random non-zero `u32` in decimal, new for every launch (the BTL's `job_key` parameter reads the first) |
 //! | `UDRUN_LOCAL_RANK`, `UDRUN_LOCAL_SIZE` | the rank's index among the ranks of its host, and their number |
-//! | `-x VAR=VALUE` | set; `-x VAR` passes udrun's value to remote ranks (local ones inherit udrun's environment) |
+//! | `-x VAR=VALUE` | set; `-x VAR` passes udrun's value to remote ranks (local ones inherit udrun's environment); VAR unset in udrun's environment is an error |
 //!
-//! stdin is `/dev/null`. stdout and stderr go to udrun's, whole lines at a
-//! time, prefixed with `[RANK] ` under `--tag-output`
+//! udrun's stdin goes to rank 0 when it runs here (not when udrun's stdin
+//! is a terminal udrun does not own); the other ranks read `/dev/null`.
+//! stdout and stderr go to udrun's, whole lines at a time, prefixed with
+//! `[RANK] ` under `--tag-output`; without it, the same stderr line from
+//! several ranks within 250 ms is written once as `[ranks 0-3] LINE`
 //! (see [`output`]). The PMI key-value space is named
 //! `udrun-<udrun's pid>-<job key in hex>`.
 //!
@@ -42,27 +46,37 @@
 //! | a rank calls PMI abort | `rank 0 (pid 5) called abort with code 7: <message>` | 7 (never 0) |
 //! | a rank that used PMI loses its connection and is still running 1 s later | `rank 1 (pid 6) closed its PMI connection without finalize; killing the job` | 1 |
 //! | a rank that used PMI exits 0 without PMI finalize (as hydra) | `rank 1 (pid 6) exited without calling PMI finalize` | 1 |
+//! | once a rank has used PMI, a rank exits 0 without PMI init (as Open MPI) | `rank 1 (pid 6) exited without calling PMI init, which rank 0 did; killing the job` | 1 |
+//! | `--timeout S` passes | `the job ran longer than --timeout S s; killing the job` | 124 (as timeout(1)) |
 //! | a rank breaks the PMI protocol | `rank 1 (pid 6) broke the PMI protocol (<detail>); killing the job` | 1 |
 //! | PROGRAM cannot be started | `cannot start <prog>: No such file or directory` | 127 (126 if not executable) |
+//! | a rank cannot be started (out of processes, descriptors, memory) | `cannot start rank 3 (<prog>): Too many open files` | 1 |
 //! | udrun gets SIGINT, SIGTERM, SIGHUP or SIGQUIT | `interrupted by SIGINT; job killed` (once the ranks are gone) | 128 + signal |
 //!
 //! Only the first failure counts: ranks killed because of it are not
 //! reported. A second signal skips the grace period. A program that never
-//! touches its PMI socket (`udrun -n 2 hostname`) is judged by its exit
-//! status alone. When the last rank has ended, whatever is still running
+//! touches its PMI socket (`udrun -n 2 hostname`), in a job where no rank
+//! does, is judged by its exit status alone. When the last rank has ended, whatever is still running
 //! in the ranks' process groups is killed (as at the end of a Slurm job
 //! step); udrun is a child subreaper and reaps everything it is handed, so
 //! it leaves neither orphans nor zombies behind (a process that left its
 //! rank's process group with `setsid` is beyond its reach). If udrun itself
-//! is killed with SIGKILL, local ranks only notice when their PMI socket
-//! fails; remote ranks are killed (see [`remote`]).
+//! is killed with SIGKILL, local ranks get SIGKILL at once (a parent-death
+//! signal, see [`spawn`]; what they started themselves lives on) and
+//! remote ranks are killed (see [`remote`]).
 //!
 //! # Hosts
 //!
-//! `--host a,b:2` or `--hostfile F` (lines `HOST [slots=N]`, `#` comments);
-//! no host means all ranks run here. Ranks fill the hosts in order, each
-//! host taking SLOTS consecutive ranks (1 by default), and wrap around when
-//! N exceeds the slots (see [`hosts`]). `localhost`,
+//! `--host a,b:2` (or `-H`) or `--hostfile F` (lines `HOST [slots=N]`, `#`
+//! comments); no host means all ranks run here. Ranks fill the hosts in
+//! order, each host taking SLOTS consecutive ranks (1 by default). As in
+//! mpirun, the slots are a limit: more ranks than slots (without a host
+//! list: than the CPUs udrun may use) is refused before anything starts,
+//! unless `--oversubscribe` (or `UDRUN_OVERSUBSCRIBE=1`), with which they
+//! wrap around (see [`hosts`]). A job that udrun's limits on file
+//! descriptors, processes or threads cannot hold is refused too, naming
+//! the limit (3 descriptors and 4 tasks per rank; the soft descriptor
+//! limit is raised to the hard one when needed). `localhost`,
 //! `127.x.x.x`, `::1` and this machine's name run here over socketpairs;
 //! other hosts are first checked with `ssh HOST true` (an unreachable host
 //! fails the launch with `cannot reach host H: <ssh's reason>`, exit 1),
@@ -73,7 +87,8 @@
 //!
 //! `--bind-to core` pins local rank i to the i-th CPU that udrun itself may
 //! use, modulo their number, from the rank's first instruction (see
-//! [`spawn`]); remote ranks are not pinned. `--report-startup`
+//! [`spawn`]), and says so in one line when there are more local ranks
+//! than CPUs; remote ranks are not pinned. `--report-startup`
 //! prints `udrun: N ranks, first barrier after T ms`, the time from just
 //! before the first spawn to the release of the first PMI barrier.
 //!
@@ -110,6 +125,14 @@ pub(crate) enum Error {
     /// The PMI server could not start.
     #[error("starting the PMI server: {0}")]
     Pmi(#[from] udbtl_pmi::ServerError),
+    /// A bad command line found after parsing (`-x VAR` with VAR unset):
+    /// exit 2.
+    #[error("{0}")]
+    Usage(String),
+    /// The job cannot run as asked (more ranks than slots, than udrun's
+    /// limits allow).
+    #[error("{0}")]
+    Refused(String),
     /// Some other setup step failed.
     #[error("{what}: {}", os_message(source))]
     Io {
@@ -122,14 +145,14 @@ pub(crate) enum Error {
 impl Error {
     fn exit_code(&self) -> u8 {
         match self {
-            Self::Hostfile(_) => 2,
+            Self::Hostfile(_) | Self::Usage(_) => 2,
             _ => 1,
         }
     }
 }
 
 fn main() -> ExitCode {
-    let cli = match cli::Cli::try_parse() {
+    let cli = match cli::Cli::try_parse_from(cli::mpirun_args(std::env::args_os())) {
         Ok(cli) => cli,
         Err(err) => return cli::usage(&err),
     };

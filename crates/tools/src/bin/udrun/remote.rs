@@ -96,8 +96,8 @@ pub(crate) struct Unreachable {
 }
 
 /// Runs `launcher ... HOST true` on every host in `hosts` in parallel and
-/// returns those that failed (in `hosts` order), each with ssh's last line
-/// of complaint. Gives up on a host after 10 s, or on all of them once
+/// returns those that failed (in `hosts` order), each with the launcher's
+/// last line of complaint (or, when silent, its name and exit status). Gives up on a host after 10 s, or on all of them once
 /// `stop()` (udrun was interrupted).
 pub(crate) fn check_hosts(
     program: &OsStr,
@@ -119,7 +119,7 @@ pub(crate) fn check_hosts(
     let mut failed = Vec::new();
     for (host, child) in started {
         let reason = match child {
-            Ok(child) => wait_check(child, deadline, &stop).err(),
+            Ok(child) => wait_check(child, program, deadline, &stop).err(),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Some(format!(
                 "{} not found ({})",
                 program.to_string_lossy(),
@@ -141,8 +141,15 @@ pub(crate) fn check_hosts(
     failed
 }
 
-/// Waits for one check until `deadline`; the error is why it failed.
-fn wait_check(mut child: Child, deadline: Instant, stop: &impl Fn() -> bool) -> Result<(), String> {
+/// Waits for one check (a run of `program`) until `deadline`; the error is
+/// why it failed.
+fn wait_check(
+    mut child: Child,
+    program: &OsStr,
+    deadline: Instant,
+    stop: &impl Fn() -> bool,
+) -> Result<(), String> {
+    let program = program.to_string_lossy();
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break Ok(status),
@@ -151,7 +158,7 @@ fn wait_check(mut child: Child, deadline: Instant, stop: &impl Fn() -> bool) -> 
                 break Err(format!("no answer within {} s", CHECK_TIMEOUT.as_secs()));
             }
             Ok(None) => thread::sleep(Duration::from_millis(5)),
-            Err(e) => break Err(format!("waiting for ssh: {}", crate::os_message(&e))),
+            Err(e) => break Err(format!("waiting for {program}: {}", crate::os_message(&e))),
         }
     };
     let status = match status {
@@ -176,8 +183,8 @@ fn wait_check(mut child: Child, deadline: Instant, stop: &impl Fn() -> bool) -> 
         match complaint.lines().rev().find(|l| !l.trim().is_empty()) {
             Some(line) => line.trim().to_owned(),
             None => match status.code() {
-                Some(code) => format!("ssh exited with code {code}"),
-                None => format!("ssh ended by {status}"),
+                Some(code) => format!("{program} exited with code {code}"),
+                None => format!("{program} ended by {status}"),
             },
         },
     )

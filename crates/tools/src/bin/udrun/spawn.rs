@@ -14,6 +14,16 @@
 //! instruction, so there is no window in which it runs (or starts threads)
 //! unpinned, as there would be with `sched_setaffinity(pid)` afterwards.
 //! The thread's mask is restored right after.
+//!
+//! A local rank dies with udrun: it gets SIGKILL when udrun's main thread
+//! (the one that spawns every rank and lives as long as udrun) ends, even
+//! when udrun itself is killed with SIGKILL (`PR_SET_PDEATHSIG`, set in the
+//! child before the exec; a child whose parent is gone by then does not
+//! start). What a rank started itself is not covered: only udrun's kill of
+//! the rank's process group reaches it.
+//!
+//! Before anything starts, [`check_limits`] refuses a job that udrun's
+//! limits on file descriptors, processes and threads could not hold.
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -24,6 +34,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
 
 use rustix::io::{FdFlags, fcntl_setfd};
 use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
@@ -31,6 +42,7 @@ use udbtl_pmi::Server;
 
 use crate::cli::Export;
 use crate::hosts::Placement;
+use crate::job::Event;
 
 /// A random, non-zero job key from the kernel's generator.
 pub(crate) fn job_key() -> io::Result<u32> {
@@ -73,19 +85,24 @@ impl JobSpec<'_> {
 
 /// Records whether a rank ever sent anything on its PMI connection, so that
 /// a program that does not use PMI at all (`udrun -n 2 hostname`) is not
-/// taken for one that lost its connection. Wraps udrun's end of the
+/// taken for one that lost its connection, and tells the main loop the
+/// first time it does ([`Event::Spoke`]). Wraps udrun's end of the
 /// socketpair.
 #[derive(Debug)]
 pub(crate) struct Watched {
     stream: UnixStream,
     spoke: Arc<AtomicBool>,
+    rank: u32,
+    events: Sender<Event>,
 }
 
 impl Read for Watched {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.stream.read(buf)?;
-        if n > 0 {
-            self.spoke.store(true, Ordering::Relaxed);
+        if n > 0 && !self.spoke.swap(true, Ordering::Relaxed) {
+            // Sent before the server handles what was read, so before any
+            // of this rank's PMI events.
+            let _ = self.events.send(Event::Spoke { rank: self.rank });
         }
         Ok(n)
     }
@@ -118,6 +135,19 @@ pub(crate) enum SpawnError {
         #[source]
         source: io::Error,
     },
+    /// The program exists but rank `rank` could not be started: a resource
+    /// ran out (processes, file descriptors, memory, argument space).
+    #[error(
+        "cannot start rank {rank} ({}): {}",
+        program.to_string_lossy(),
+        crate::os_message(source)
+    )]
+    Resource {
+        rank: u32,
+        program: OsString,
+        #[source]
+        source: io::Error,
+    },
 }
 
 impl SpawnError {
@@ -131,9 +161,103 @@ impl SpawnError {
                 _ if source.raw_os_error() == Some(rustix::io::Errno::NOEXEC.raw_os_error()) => 126,
                 _ => 1,
             },
-            Self::Pmi { .. } => 1,
+            Self::Pmi { .. } | Self::Resource { .. } => 1,
         }
     }
+
+    /// [`Start`](Self::Start) when `source` is about the program itself
+    /// (not found, not executable), else [`Resource`](Self::Resource).
+    fn starting(rank: u32, program: &std::ffi::OsStr, source: io::Error) -> Self {
+        let program = program.to_owned();
+        let about_program = matches!(
+            source.kind(),
+            io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied
+        ) || [
+            rustix::io::Errno::NOEXEC,
+            rustix::io::Errno::ISDIR,
+            rustix::io::Errno::NOTDIR,
+        ]
+        .iter()
+        .any(|e| source.raw_os_error() == Some(e.raw_os_error()));
+        if about_program {
+            Self::Start { program, source }
+        } else {
+            Self::Resource {
+                rank,
+                program,
+                source,
+            }
+        }
+    }
+}
+
+/// The file descriptors udrun holds per rank: its end of the PMI
+/// socketpair (or ssh's stdin), and the stdout and stderr pipes.
+const FDS_PER_RANK: u64 = 3;
+/// The tasks (processes and threads) udrun's user runs per rank: the rank,
+/// its PMI thread and its two output threads.
+const TASKS_PER_RANK: u64 = 4;
+/// What udrun needs besides: its own descriptors and threads.
+const BASE: u64 = 64;
+
+/// Refuses `ranks` ranks when udrun's limits cannot hold them, naming the
+/// limit, before anything is started. Raises udrun's soft limit on file
+/// descriptors up to its hard limit when the job needs it (ranks inherit
+/// the raised limit).
+pub(crate) fn check_limits(ranks: u32) -> Result<(), String> {
+    use rustix::process::{Resource, getrlimit, getuid, setrlimit};
+    let ranks_n = u64::from(ranks);
+    let fds = FDS_PER_RANK * ranks_n + BASE;
+    let nofile = getrlimit(Resource::Nofile);
+    let hard = nofile.maximum.unwrap_or(u64::MAX);
+    if fds > hard {
+        return Err(format!(
+            "-n {ranks} needs about {fds} file descriptors in udrun ({FDS_PER_RANK} per rank), \
+             over its limit of {hard} (RLIMIT_NOFILE, ulimit -n)"
+        ));
+    }
+    if nofile.current.is_some_and(|soft| fds > soft) {
+        let raised = rustix::process::Rlimit {
+            current: nofile.maximum,
+            maximum: nofile.maximum,
+        };
+        setrlimit(Resource::Nofile, raised).map_err(|e| {
+            format!(
+                "-n {ranks} needs about {fds} file descriptors in udrun; raising \
+                 RLIMIT_NOFILE to {hard} failed: {}",
+                crate::os_message(&e.into())
+            )
+        })?;
+    }
+    let tasks = TASKS_PER_RANK * ranks_n + BASE;
+    let what = format!(
+        "-n {ranks} needs about {tasks} processes and threads (a process and 3 threads per rank)"
+    );
+    // root is not held to RLIMIT_NPROC.
+    if !getuid().is_root() {
+        if let Some(limit) = getrlimit(Resource::Nproc).current.filter(|&l| tasks > l) {
+            return Err(format!(
+                "{what}, over the limit of {limit} (RLIMIT_NPROC, ulimit -u)"
+            ));
+        }
+    }
+    for knob in ["threads-max", "pid_max"] {
+        let value = std::fs::read_to_string(format!("/proc/sys/kernel/{knob}"))
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if let Some(limit) = value.filter(|&l| tasks > l) {
+            return Err(format!(
+                "{what}, over the system's limit of {limit} (kernel.{knob})"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The number of CPUs udrun may run on (its affinity mask).
+pub(crate) fn usable_cpus() -> io::Result<usize> {
+    let set = sched_getaffinity(None)?;
+    Ok(set.count() as usize)
 }
 
 /// CPU pinning for `--bind-to core`.
@@ -165,14 +289,18 @@ impl Binder {
 }
 
 /// Spawns local rank `rank`, served by `server` over a new socketpair, with
-/// its stdout and stderr piped and stdin from /dev/null. Returns the child
-/// and the flag that tells whether it spoke PMI.
+/// its stdout and stderr piped and stdin piped when `stdin` (else from
+/// /dev/null). Returns the child and the flag that tells whether it spoke
+/// PMI; `events` hears when it first does. Must be called from udrun's
+/// main thread (see the [module docs](self)).
 pub(crate) fn local(
     job: &JobSpec<'_>,
     rank: u32,
     place: &Placement,
     server: &Server,
     binder: Option<&Binder>,
+    stdin: bool,
+    events: Sender<Event>,
 ) -> Result<(Child, Arc<AtomicBool>), SpawnError> {
     let pmi = |source: Box<dyn std::error::Error + Send + Sync>| SpawnError::Pmi { rank, source };
     let (ours, theirs) = UnixStream::pair().map_err(|e| pmi(e.into()))?;
@@ -180,6 +308,8 @@ pub(crate) fn local(
     let watched = Watched {
         stream: ours,
         spoke: Arc::clone(&spoke),
+        rank,
+        events,
     };
     // The serving thread starts before any pinning, so it keeps udrun's mask.
     server.serve(watched, rank).map_err(|e| pmi(e.into()))?;
@@ -192,10 +322,11 @@ pub(crate) fn local(
         .env("PMI_RANK", rank.to_string())
         .env("PMI_SIZE", job.size.to_string())
         .envs(job.common_env(place))
-        .stdin(Stdio::null())
+        .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    die_with_udrun(&mut cmd);
 
     fcntl_setfd(&theirs, FdFlags::empty()).map_err(|e| pmi(Box::new(io::Error::from(e))))?;
     if let Some(binder) = binder {
@@ -209,11 +340,30 @@ pub(crate) fn local(
         let _ = sched_setaffinity(None, &binder.original);
     }
     drop(theirs);
-    let child = spawned.map_err(|source| SpawnError::Start {
-        program: job.argv[0].clone(),
-        source,
-    })?;
+    let child = spawned.map_err(|source| SpawnError::starting(rank, &job.argv[0], source))?;
     Ok((child, spoke))
+}
+
+/// Makes the child get SIGKILL when the calling thread (udrun's main
+/// thread) ends, and not start at all if udrun is already gone.
+#[allow(unsafe_code)]
+fn die_with_udrun(cmd: &mut Command) {
+    let udrun = rustix::process::getpid();
+    let hook = move || {
+        rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+        // udrun died before the prctl: the signal will never come.
+        if rustix::process::getppid() != Some(udrun) {
+            return Err(io::Error::from(rustix::io::Errno::SRCH));
+        }
+        Ok(())
+    };
+    // SAFETY: the hook runs in the forked child before exec and makes only
+    // two raw system calls (prctl, getppid) through rustix, and builds its
+    // errors from OS error numbers: no allocation, no lock, nothing that is
+    // unsafe after a fork in a threaded process.
+    unsafe {
+        cmd.pre_exec(hook);
+    }
 }
 
 /// Spawns remote rank `rank` through `launcher` (ssh): its PMI connection
@@ -251,10 +401,7 @@ pub(crate) fn remote(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|source| SpawnError::Start {
-            program: launcher.to_owned(),
-            source,
-        })
+        .map_err(|source| SpawnError::starting(rank, launcher, source))
 }
 
 #[cfg(test)]
