@@ -185,12 +185,19 @@ fn job_key_from(name: &str) -> u32 {
 /// the transport on the `udp` provider with the parameters from the
 /// environment, the address exchange and one barrier.
 ///
+/// It first sends log records to stderr, at `warn` unless `RUST_LOG` says
+/// otherwise (a program that installed a global subscriber keeps its own),
+/// so that the library's warnings reach the user. Rank 0 warns of each
+/// `UDBTL_*` variable udbtl does not read, naming the closest real one, and
+/// of active fault injection; `UDBTL_DUMP` is read as a boolean.
+///
 /// The job key comes from `UDBTL_JOB_KEY` (udrun sets it); under another
 /// launcher it is derived from the job's KVS name, so datagrams of another
 /// job, or of a stale run that reused the ports, are dropped.
 ///
 /// # Errors
-/// A PMI failure, a transport that cannot open, or a bad `UDBTL_MODEX`.
+/// A PMI failure, a transport that cannot open (including `provider=sim`
+/// and interfaces the host lacks), or a bad `UDBTL_MODEX` or `UDBTL_DUMP`.
 pub fn init() -> Result<World, InitError> {
     World::init_with(BtlConfig::default())
 }
@@ -443,10 +450,13 @@ impl World {
     }
 
     /// Sends a message of any length to `rank`: the transport cuts it into
-    /// datagrams and the receiver's callback gets it whole, once.
+    /// datagrams and the receiver's callback gets it whole, once. Without
+    /// reliability (`reliable = false`) a message is one datagram, at most
+    /// the eager limit, as [`send_bytes`](Self::send_bytes) sends it.
     ///
     /// # Errors
-    /// An unknown, unreachable or lost rank.
+    /// An unknown, unreachable or lost rank; without reliability, a message
+    /// over the eager limit.
     pub fn send_message(&mut self, rank: u32, tag: Tag, message: &[u8]) -> Result<(), InitError> {
         if !self.reliable {
             // Without reliability a message is one datagram, at most the
