@@ -1,10 +1,10 @@
 //! The component: finds ports and builds modules.
 
-use udbtl_fabric::faulty::{FaultConfigError, FaultyProvider};
+use udbtl_fabric::faulty::{self, FaultConfigError, FaultyProvider};
 #[cfg(feature = "verbs")]
 use udbtl_fabric::ibv::{VerbsConfig, VerbsProvider};
 use udbtl_fabric::udp::{UdpConfig, UdpProvider};
-use udbtl_fabric::{Context, PortState, Provider};
+use udbtl_fabric::{Context, PortState, Provider, sim};
 use udbtl_wire::modex;
 
 use crate::error::BtlError;
@@ -45,12 +45,19 @@ impl<P: Provider> Component<P> {
         })?;
         let mut modules = Vec::new();
         let mut failures = Vec::new();
+        let mut skipped = Vec::new();
         'devices: for device in &devices {
             for port in 1..=device.port_count {
                 if modules.len() >= params.max_btls as usize {
                     break 'devices;
                 }
                 if !params.port_allowed(&device.name, port) {
+                    let why = if params.if_include.is_some() {
+                        "not in if_include"
+                    } else {
+                        "in if_exclude"
+                    };
+                    skipped.push(format!("{}:{port} ({why})", device.name));
                     continue;
                 }
                 let ctx = match provider.open(&device.name) {
@@ -62,7 +69,10 @@ impl<P: Provider> Component<P> {
                 };
                 match ctx.query_port(port) {
                     Ok(attr) if attr.state == PortState::Active => {}
-                    Ok(_) => continue,
+                    Ok(_) => {
+                        skipped.push(format!("{}:{port} (down)", device.name));
+                        continue;
+                    }
                     Err(err) => {
                         failures.push(format!("{}:{port}: {err}", device.name));
                         continue;
@@ -83,6 +93,9 @@ impl<P: Provider> Component<P> {
         if modules.is_empty() {
             let listed: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
             let mut detail = format!(" on provider {} (devices: {listed:?})", provider.name());
+            if !skipped.is_empty() {
+                detail.push_str(&format!("; skipped: {}", skipped.join(", ")));
+            }
             if !failures.is_empty() {
                 detail.push_str(&format!("; failures: {}", failures.join("; ")));
             }
@@ -194,7 +207,7 @@ impl<P: Provider> Component<P> {
 
 /// The `udp` provider configuration the parameters ask for: `udp_if` (or
 /// the devices of `if_include`) as interfaces, `udp_ipv6`, `udp_mtu`,
-/// `udp_gso`, `udp_gro`, `udp_busy_poll`.
+/// `udp_gso`, `udp_gro`, `udp_busy_poll`, `udp_sockbuf`.
 pub fn udp_config(params: &Params) -> UdpConfig {
     let mut interfaces: Vec<String> = params
         .udp_if
@@ -219,6 +232,8 @@ pub fn udp_config(params: &Params) -> UdpConfig {
         gso: params.udp_gso,
         gro: params.udp_gro,
         busy_poll_us: params.udp_busy_poll,
+        send_buffer: params.udp_sockbuf,
+        recv_buffer: params.udp_sockbuf,
         ..UdpConfig::default()
     }
 }
@@ -271,6 +286,89 @@ pub enum UdpComponentError {
         /// The provider asked for.
         provider: String,
     },
+    /// `provider=sim` outside a test: the simulated fabric lives inside one
+    /// process and cannot carry a job.
+    #[error(
+        "provider sim ({from}) is the in-process simulated fabric of the tests: it cannot \
+         connect processes, so a job cannot run on it; use udp (the default) or verbs"
+    )]
+    SimulatedFabric {
+        /// Where the setting came from, e.g. `UDBTL_PROVIDER=sim`.
+        from: String,
+    },
+    /// The interfaces `udp_if` (or `if_include`) names are not on this host.
+    #[error(
+        "{setting} names {} this host does not have: {}; its interfaces are: {}",
+        if .missing.len() == 1 { "an interface" } else { "interfaces" },
+        .missing.join(", "),
+        if .present.is_empty() { "none".to_owned() } else { .present.join(", ") }
+    )]
+    NoSuchInterface {
+        /// The setting, e.g. `UDBTL_UDP_IF=eth9`.
+        setting: String,
+        /// The names or subnets no interface matches.
+        missing: Vec<String>,
+        /// The host's interfaces, with their addresses.
+        present: Vec<String>,
+    },
+}
+
+/// How an error names the setting of parameter `name`: `UDBTL_NAME=value`
+/// when the environment set it, `parameter name=value` otherwise.
+fn setting(params: &Params, name: &str, value: &str) -> String {
+    match params.source(name) {
+        Some(crate::params::Source::Environment) => {
+            format!("{}={value}", crate::params::env_var(name))
+        }
+        _ => format!("parameter {name}={value}"),
+    }
+}
+
+/// Checks what [`UdpComponent::init`] checks before it opens the `udp`
+/// provider: that `provider` is not `sim`, and that the interfaces `udp_if`
+/// or `if_include` name exist (listing those the host has when none does;
+/// warning when only some are missing).
+///
+/// # Errors
+/// [`UdpComponentError::SimulatedFabric`] or
+/// [`UdpComponentError::NoSuchInterface`].
+pub fn check_udp_settings(udp: &UdpProvider, params: &Params) -> Result<(), UdpComponentError> {
+    if params.provider == sim::PROVIDER_NAME {
+        return Err(UdpComponentError::SimulatedFabric {
+            from: setting(params, "provider", &params.provider),
+        });
+    }
+    if udp.config().interfaces.is_empty() {
+        return Ok(());
+    }
+    let (missing, present) = match udp.unmatched_interfaces() {
+        Ok(found) => found,
+        // Component::init reports a listing failure itself.
+        Err(_) => return Ok(()),
+    };
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let setting = match (&params.udp_if, &params.if_include) {
+        (Some(udp_if), _) => setting(params, "udp_if", udp_if),
+        (None, Some(include)) => {
+            let list: Vec<String> = include.iter().map(ToString::to_string).collect();
+            setting(params, "if_include", &list.join(","))
+        }
+        (None, None) => "the udp provider's configuration".to_owned(),
+    };
+    let err = UdpComponentError::NoSuchInterface {
+        setting,
+        missing,
+        present,
+    };
+    if let UdpComponentError::NoSuchInterface { missing, .. } = &err {
+        if missing.len() < udp.config().interfaces.len() {
+            tracing::warn!("{err}; using the others");
+            return Ok(());
+        }
+    }
+    Err(err)
 }
 
 impl UdpComponent {
@@ -281,6 +379,17 @@ impl UdpComponent {
     /// # Errors
     /// A bad fault setting, or no module could be built.
     pub fn init(params: Params) -> Result<Self, UdpComponentError> {
+        Self::init_in_job(params, None)
+    }
+
+    /// As [`init`](Self::init), for rank `rank` of a job: the warning that
+    /// faults are injected, which every rank would give alike, is given by
+    /// rank 0 only (at debug level by the others). `None` warns, as
+    /// [`init`](Self::init) does.
+    ///
+    /// # Errors
+    /// As [`init`](Self::init).
+    pub fn init_in_job(params: Params, rank: Option<u32>) -> Result<Self, UdpComponentError> {
         if params.provider == "verbs" {
             #[cfg(feature = "verbs")]
             {
@@ -293,9 +402,28 @@ impl UdpComponent {
             });
         }
         let udp = UdpProvider::new(udp_config(&params));
+        check_udp_settings(&udp, &params)?;
         let faulty = FaultyProvider::from_env(udp.clone())?;
         Ok(if faulty.config().is_active() {
-            tracing::warn!(faults = ?faulty.config(), "injecting faults into the transport");
+            let faults = faulty.config();
+            let what = format!(
+                "fault injection is on: {}={} {}={} {}={} {}={}: datagrams are dropped, \
+                 duplicated or reordered on purpose (for testing); unset UDBTL_FAULT_* for a \
+                 normal run",
+                faulty::ENV_DROP,
+                faults.drop,
+                faulty::ENV_DUPLICATE,
+                faults.duplicate,
+                faulty::ENV_REORDER,
+                faults.reorder,
+                faulty::ENV_SEED,
+                faults.seed
+            );
+            if rank.is_none_or(|rank| rank == 0) {
+                tracing::warn!("{what}");
+            } else {
+                tracing::debug!("{what}");
+            }
             Self::Faulty(Component::init(faulty, params)?)
         } else {
             Self::Plain(Component::init(udp, params)?)

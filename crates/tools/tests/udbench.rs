@@ -300,3 +300,90 @@ fn bad_arguments_fail_with_a_clear_message() {
         assert!(stderr.contains(message), "{args:?}: {stderr}");
     }
 }
+
+/// `UDBTL_RELIABLE=0` is refused before the job starts, with the reason,
+/// instead of failing on the first message.
+#[test]
+fn an_unreliable_transport_is_refused_at_start() {
+    let n = "2";
+    let all = [
+        "-n",
+        n,
+        UDBENCH,
+        "latency",
+        "--max-size",
+        "1",
+        "--iterations",
+        "10",
+    ];
+    let finished = common::finish(
+        common::start(&all, &[("UDBTL_RELIABLE", "0")]),
+        Duration::from_secs(60),
+    );
+    let (stdout, stderr) = text(&finished.output);
+    assert!(!finished.timed_out, "{stdout}\n{stderr}");
+    assert!(!finished.output.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("needs reliable delivery"), "{stderr}");
+    assert!(stderr.contains("UDBTL_RELIABLE=0"), "{stderr}");
+    assert!(!stderr.contains("multi-datagram"), "{stderr}");
+}
+
+/// Fewer timed iterations than warm-up ones, or a single one, still give
+/// finite numbers (the warm-up scales with --iterations, and a given
+/// --warmup is only untimed work).
+#[test]
+fn few_iterations_give_finite_rows() {
+    for args in [
+        &["latency", "--max-size", "2", "--iterations", "1"][..],
+        &[
+            "latency",
+            "--max-size",
+            "2",
+            "--iterations",
+            "1",
+            "--warmup",
+            "50",
+        ][..],
+        &[
+            "bw",
+            "--max-size",
+            "2",
+            "--iterations",
+            "1",
+            "--warmup",
+            "50",
+        ][..],
+        &["bibw", "--max-size", "2", "--iterations", "1"][..],
+    ] {
+        let stdout = udbench(2, args);
+        assert!(
+            !stdout.contains("inf") && !stdout.contains("NaN"),
+            "{args:?}: {stdout}"
+        );
+        let header = if args[0] == "latency" {
+            LATENCY
+        } else {
+            BANDWIDTH
+        };
+        let columns = if args[0] == "latency" { 3 } else { 1 };
+        check_rows(&rows(&stdout, header), &[1, 2], columns);
+    }
+}
+
+/// Sizes take the suffixes udstress takes.
+#[test]
+fn sizes_take_suffixes() {
+    let stdout = udbench(
+        2,
+        &[
+            "bw",
+            "--min-size",
+            "1k",
+            "--max-size",
+            "2KiB",
+            "--iterations",
+            "5",
+        ],
+    );
+    check_rows(&rows(&stdout, BANDWIDTH), &[1024, 2048], 1);
+}

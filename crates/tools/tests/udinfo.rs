@@ -216,10 +216,11 @@ fn max_send_size_sets_the_eager_limit() {
 }
 
 #[test]
-fn no_module_is_reported_on_stderr_and_the_listing_succeeds() {
+fn no_module_is_reported_on_stderr_and_the_listing_exits_1() {
     let output = udinfo(&[], &[("UDBTL_IF_EXCLUDE", "lo")]);
-    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    assert_eq!(output.status.code(), Some(1), "stderr: {}", stderr(&output));
     assert!(stderr(&output).contains("no module could be built"));
+    assert!(stderr(&output).contains("lo:1 (in if_exclude)"));
     let text = stdout(&output);
     assert!(row(&text, "lo").contains("no (in if_exclude)"), "{text}");
     assert!(row(&text, "sd_num").contains("128"));
@@ -241,4 +242,88 @@ fn dump_shows_each_modules_state() {
         text.contains("receive buffers    1024 x 65536 bytes"),
         "{text}"
     );
+}
+
+/// A missing interface exits 1 naming it, the variable, and the interfaces
+/// that exist; the listing is still printed.
+#[test]
+fn a_missing_interface_exits_1_naming_it_and_those_that_exist() {
+    for (var, value) in [
+        ("UDBTL_UDP_IF", "nonexistent"),
+        ("UDBTL_IF_INCLUDE", "eth9"),
+    ] {
+        let output = udinfo(&[], &[(var, value)]);
+        let err = stderr(&output);
+        assert_eq!(output.status.code(), Some(1), "{err}");
+        assert!(err.contains(&format!("{var}={value}")), "{err}");
+        assert!(err.contains("lo (127.0.0.1/8"), "{err}");
+        assert!(stdout(&output).contains("Modules"));
+    }
+}
+
+/// `--param rd_num` shows the value asked for and the value in force (the
+/// default 6000 is lowered to fit rd_mem with 64 KiB loopback buffers).
+#[test]
+fn param_shows_the_value_in_force_beside_the_one_asked_for() {
+    let output = udinfo(&["--param", "rd_num"], &[]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    let text = stdout(&output);
+    assert!(row(&text, "rd_num").contains("6000"), "{text}");
+    assert!(text.contains("in force: 1024"), "{text}");
+    assert!(text.contains("lowered to fit rd_mem"), "{text}");
+
+    let output = udinfo(&["--param", "rd_num", "--parsable"], &[]);
+    assert!(stdout(&output).contains("param:rd_num:in_force:1024"));
+
+    // Set explicitly, it is used as given: nothing more to show.
+    let output = udinfo(&["--param", "rd_num"], &[("UDBTL_RD_NUM", "512")]);
+    assert!(!stdout(&output).contains("in force"), "{}", stdout(&output));
+
+    // send_frags_max is lowered to fit send_mem in the same way.
+    let output = udinfo(&["--param", "send_frags_max", "--parsable"], &[]);
+    let text = stdout(&output);
+    assert!(text.contains("param:send_frags_max:value:8192"), "{text}");
+    assert!(text.contains("param:send_frags_max:in_force:"), "{text}");
+}
+
+/// Every variable the library reads is listed, the ones that are not
+/// parameters with their values.
+#[test]
+fn the_variables_that_are_not_parameters_are_listed() {
+    let output = udinfo(&[], &[("UDBTL_DUMP", "1")]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    let text = stdout(&output);
+    assert!(text.contains("Other variables"), "{text}");
+    assert!(row(&text, "UDBTL_DUMP").contains('1'), "{text}");
+    for var in [
+        "UDBTL_MODEX",
+        "UDBTL_FAULT_DROP",
+        "UDBTL_FAULT_DUPLICATE",
+        "UDBTL_FAULT_REORDER",
+        "UDBTL_FAULT_SEED",
+    ] {
+        assert!(row(&text, var).contains("unset"), "{var}: {text}");
+    }
+    let output = udinfo(&["--parsable"], &[]);
+    assert!(stdout(&output).contains("env:UDBTL_MODEX:value:unset"));
+}
+
+/// A misspelled variable is reported with the closest real name; the
+/// listing still succeeds.
+#[test]
+fn a_misspelled_variable_is_reported_with_the_closest_name() {
+    let output = udinfo(&["--param", "sd_num"], &[("UDBTL_SDNUM", "4")]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    let err = stderr(&output);
+    assert!(err.contains("UDBTL_SDNUM is not a udbtl variable"), "{err}");
+    assert!(err.contains("did you mean UDBTL_SD_NUM?"), "{err}");
+}
+
+/// `provider=sim` is shown as selected but refused, and nothing is built.
+#[test]
+fn the_simulated_provider_is_shown_refused() {
+    let output = udinfo(&[], &[("UDBTL_PROVIDER", "sim")]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(row(&stdout(&output), "sim").contains("refused"));
+    assert!(stderr(&output).contains("UDBTL_PROVIDER=sim"));
 }

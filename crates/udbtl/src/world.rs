@@ -58,6 +58,14 @@ pub enum InitError {
     /// `UDBTL_MODEX` held something other than `bulk` or `lazy`.
     #[error("UDBTL_MODEX={0:?}: expected bulk or lazy")]
     BadModexMode(String),
+    /// `UDBTL_DUMP` held something other than a boolean.
+    #[error("UDBTL_DUMP={value:?}: {reason}")]
+    BadDump {
+        /// The value as set.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A peer's rank is outside the job.
     #[error("rank {rank} is outside a job of {size}")]
     NoSuchRank {
@@ -96,6 +104,11 @@ pub struct World {
     /// Module 0's endpoint for every rank, filled in bulk or lazily.
     endpoints: Vec<Option<EndpointId>>,
     modex: ModexMode,
+    /// Whether the transport is reliable (`reliable`): a message of more
+    /// than one datagram needs it.
+    reliable: bool,
+    /// `UDBTL_DUMP`: print the transport's state at finalize.
+    dump: bool,
     started: Instant,
     /// Failures the transport reported (lost peers, failed sends).
     failures: Arc<Mutex<Failures>>,
@@ -172,12 +185,19 @@ fn job_key_from(name: &str) -> u32 {
 /// the transport on the `udp` provider with the parameters from the
 /// environment, the address exchange and one barrier.
 ///
+/// It first sends log records to stderr, at `warn` unless `RUST_LOG` says
+/// otherwise (a program that installed a global subscriber keeps its own),
+/// so that the library's warnings reach the user. Rank 0 warns of each
+/// `UDBTL_*` variable udbtl does not read, naming the closest real one, and
+/// of active fault injection; `UDBTL_DUMP` is read as a boolean.
+///
 /// The job key comes from `UDBTL_JOB_KEY` (udrun sets it); under another
 /// launcher it is derived from the job's KVS name, so datagrams of another
 /// job, or of a stale run that reused the ports, are dropped.
 ///
 /// # Errors
-/// A PMI failure, a transport that cannot open, or a bad `UDBTL_MODEX`.
+/// A PMI failure, a transport that cannot open (including `provider=sim`
+/// and interfaces the host lacks), or a bad `UDBTL_MODEX` or `UDBTL_DUMP`.
 pub fn init() -> Result<World, InitError> {
     World::init_with(BtlConfig::default())
 }
@@ -190,9 +210,17 @@ impl World {
     /// As [`init`].
     pub fn init_with(config: BtlConfig) -> Result<Self, InitError> {
         let started = Instant::now();
+        install_log();
         let mut pmi = PmiClient::from_env()?;
         pmi.init()?;
         let (rank, size) = (pmi.rank(), pmi.size());
+        if rank == 0 {
+            // Every rank has the same environment: one warning per job.
+            for unknown in udbtl_btl::params::env::unknown_env_vars() {
+                tracing::warn!("{unknown}");
+            }
+        }
+        let dump = dump_requested()?;
         let mut params = Params::load(&config).map_err(BtlError::from)?;
         if params.source("job_key") == Some(Source::Default) {
             if let Some(name) = pmi.kvsname() {
@@ -205,7 +233,8 @@ impl World {
             Some("lazy") => ModexMode::Lazy,
             Some(other) => return Err(InitError::BadModexMode(other.to_owned())),
         };
-        let mut btl = UdpComponent::init(params)?;
+        let reliable = params.reliable;
+        let mut btl = UdpComponent::init_in_job(params, Some(rank))?;
         // A process is named by its rank: unique in the job, and the job key
         // tells jobs apart. A sender a rank does not know yet is then found
         // by the id its datagrams carry, with no lookup.
@@ -220,6 +249,8 @@ impl World {
             size,
             endpoints: vec![None; size as usize],
             modex,
+            reliable,
+            dump,
             started,
             failures: Arc::default(),
             arrivals: Arc::default(),
@@ -419,11 +450,31 @@ impl World {
     }
 
     /// Sends a message of any length to `rank`: the transport cuts it into
-    /// datagrams and the receiver's callback gets it whole, once.
+    /// datagrams and the receiver's callback gets it whole, once. Without
+    /// reliability (`reliable = false`) a message is one datagram, at most
+    /// the eager limit, as [`send_bytes`](Self::send_bytes) sends it.
     ///
     /// # Errors
-    /// An unknown, unreachable or lost rank.
+    /// An unknown, unreachable or lost rank; without reliability, a message
+    /// over the eager limit.
     pub fn send_message(&mut self, rank: u32, tag: Tag, message: &[u8]) -> Result<(), InitError> {
+        if !self.reliable {
+            // Without reliability a message is one datagram, at most the
+            // eager limit; send_bytes says so for a longer one.
+            return self
+                .send_bytes(rank, tag, message)
+                .map_err(|err| match err {
+                    InitError::Send { rank, len, reason } => InitError::Send {
+                        rank,
+                        len,
+                        reason: format!(
+                            "{reason}; messages longer than one datagram need reliable delivery, \
+                         which UDBTL_RELIABLE=0 turned off"
+                        ),
+                    },
+                    other => other,
+                });
+        }
         let endpoint = self.endpoint(rank)?;
         with_btl!(&mut self.btl, c => c.modules_mut()[0].send_message(endpoint, tag, message))
             .map_err(|e| InitError::Send {
@@ -575,7 +626,7 @@ impl World {
     /// transport found leaked.
     pub fn finalize(mut self) -> Result<(), InitError> {
         let outcome = self.leave();
-        if std::env::var_os("UDBTL_DUMP").is_some() {
+        if self.dump {
             // The transport's counters, for a job run with UDBTL_DUMP=1.
             eprintln!(
                 "rank {} transport state at finalize:\n{}",
@@ -608,6 +659,45 @@ impl World {
             self.progress();
         }
         self.check()
+    }
+}
+
+/// Sends log records to stderr: `RUST_LOG` when set (an invalid one is
+/// reported and replaced), `warn` otherwise, so that the library's warnings
+/// reach the user. A program that installed its own subscriber keeps it.
+fn install_log() {
+    use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::filter::LevelFilter;
+    let filter = EnvFilter::builder()
+        .with_default_directive(LevelFilter::WARN.into())
+        .from_env();
+    let (filter, rejected) = match filter {
+        Ok(filter) => (filter, None),
+        Err(err) => (EnvFilter::new("warn"), Some(err)),
+    };
+    let installed = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .without_time()
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init()
+        .is_ok();
+    if let (true, Some(err)) = (installed, rejected) {
+        tracing::warn!("ignoring RUST_LOG: {err}");
+    }
+}
+
+/// Whether `UDBTL_DUMP` asks for the transport's state at finalize, read
+/// as the boolean parameters are.
+fn dump_requested() -> Result<bool, InitError> {
+    match std::env::var_os("UDBTL_DUMP") {
+        None => Ok(false),
+        Some(value) => {
+            let value = value.to_string_lossy().into_owned();
+            udbtl_btl::params::parse_bool(&value)
+                .map_err(|reason| InitError::BadDump { value, reason })
+        }
     }
 }
 

@@ -56,6 +56,9 @@ pub struct Limits {
     pub recv_buffers: usize,
     /// Bytes of each receive buffer (see [`recv_buffer_len`]).
     pub recv_buffer_len: usize,
+    /// Send fragments the free list may grow to: `send_frags_max`, or less
+    /// to fit `send_mem` when `send_frags_max` is left at its default.
+    pub send_frags_max: usize,
     /// BTL header bytes in front of every payload: 8, or 40 with the
     /// reliability extension.
     pub header_len: usize,
@@ -131,6 +134,7 @@ fn limits_for(port: &PortAttr, params: &Params) -> Limits {
         bandwidth: params.bandwidth,
         recv_buffers: 0,
         recv_buffer_len: 0,
+        send_frags_max: 0,
         header_len: header_len(params),
     }
 }
@@ -299,10 +303,11 @@ impl<C: Context> Engine<C> {
             *slot = Some(pool);
             grown
         };
+        let send_frags_max = send_frags_bound(params, send_stride).max(increment);
         pool(
             FragKind::Send,
             send_stride,
-            send_frags_bound(params, send_stride),
+            send_frags_max,
             &mut partial.send_frags,
         )
         .map_err(fail("register send fragments"))?;
@@ -320,6 +325,7 @@ impl<C: Context> Engine<C> {
                 inline_max,
                 recv_buffers: recv_count,
                 recv_buffer_len: recv_stride,
+                send_frags_max,
                 ..limits
             },
             recv_stride,

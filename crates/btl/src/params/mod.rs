@@ -46,12 +46,14 @@
 
 use std::fmt;
 
+pub mod env;
 mod selector;
 #[cfg(test)]
 mod tests;
 mod value;
 
 pub use selector::{PortSelector, SelectorError};
+pub use value::parse_bool;
 use value::{BOOL, Kind, PORTS, TEXT, Value, choice, hex, int, size};
 
 /// Where a parameter's value came from.
@@ -277,10 +279,20 @@ macro_rules! defaults_as_config {
 // ----- the table ---------------------------------------------------------------
 
 const MIB: u64 = 1 << 20;
+/// A quarter of the default socket buffer, the smallest allowed.
+const MIN_UDP_SOCKBUF: u64 = MIB;
 /// The largest UDP payload over IPv6 (65535 less the UDP header); IPv4 allows
 /// less, which the provider checks against the interface.
 const MAX_UDP_PAYLOAD: u64 = 65_527;
 const USIZE_MAX: u64 = usize::MAX as u64;
+/// The smallest eager payload `udp_mtu` may leave: a barrier, a greeting or
+/// a small control message must fit one datagram.
+pub const MIN_EAGER_PAYLOAD: usize = 256;
+/// The smallest `udp_mtu`: the UD header, the BTL header with its
+/// reliability extension, and [`MIN_EAGER_PAYLOAD`]. Any real path carries
+/// more (IPv4's minimum, 576 bytes, leaves 548 for UDP).
+pub const MIN_UDP_MTU: usize =
+    udbtl_wire::ud::HEADER_LEN + udbtl_wire::datagram::HEADER_LEN + MIN_EAGER_PAYLOAD;
 
 parameters! {
     max_btls: u32 = (4), int(1, 64), seed,
@@ -382,8 +394,14 @@ parameters! {
          unset: loopback";
     udp_ipv6: bool = (false), BOOL, udbtl,
         "Prefer IPv6 addresses for the udp provider";
-    udp_mtu: usize = unset, size(64, MAX_UDP_PAYLOAD), udbtl,
-        "Largest payload per UDP datagram; unset: the interface MTU less the IP and UDP headers";
+    udp_mtu: usize = unset, size(MIN_UDP_MTU as u64, MAX_UDP_PAYLOAD), udbtl,
+        "Largest payload per UDP datagram; unset: the interface MTU less the IP and UDP headers. \
+         At least 312: the 16-byte UD header, the 40-byte BTL header with its reliability \
+         extension and a 256-byte payload";
+    udp_sockbuf: usize = (4 << 20), size(MIN_UDP_SOCKBUF, 1 << 30), udbtl,
+        "Bytes asked for each UDP socket's send and receive buffers (SO_SNDBUF, SO_RCVBUF); \
+         the kernel caps them at net.core.wmem_max and net.core.rmem_max unless the process \
+         has CAP_NET_ADMIN, with a warning";
     udp_gso: bool = (true), BOOL, udbtl,
         "Send trains of equal datagrams to one peer with one system call (UDP GSO)";
     udp_gro: bool = (true), BOOL, udbtl,

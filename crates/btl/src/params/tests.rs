@@ -73,7 +73,7 @@ fn defaults_satisfy_their_own_bounds() {
 fn describe_renders_values_that_parse_back() {
     let p = Params::default();
     let infos = p.describe();
-    assert_eq!(infos.len(), 37);
+    assert_eq!(infos.len(), 38);
     let pairs: Vec<(String, String)> = infos
         .iter()
         .filter(|i| i.value != "unset")
@@ -420,4 +420,51 @@ fn auth_needs_reliable() {
 fn text_is_trimmed() {
     let p = load_env(&[("UDBTL_UDP_IF", " eth0 ")]).unwrap();
     assert_eq!(p.udp_if.as_deref(), Some("eth0"));
+}
+
+/// `udp_mtu` must leave room for the UD header, the BTL header with its
+/// reliability extension and a 256-byte payload: below that, sends of a
+/// greeting failed "over the eager limit of 24".
+#[test]
+fn udp_mtu_has_a_lower_bound_that_leaves_a_useful_payload() {
+    assert_eq!(
+        MIN_UDP_MTU,
+        udbtl_wire::ud::HEADER_LEN + udbtl_wire::datagram::HEADER_LEN + MIN_EAGER_PAYLOAD
+    );
+    assert_eq!(MIN_UDP_MTU, 312);
+    for low in ["64", "300", "311"] {
+        let err = load_env(&[("UDBTL_UDP_MTU", low)]).unwrap_err().to_string();
+        assert!(err.contains("UDBTL_UDP_MTU"), "{err}");
+        assert!(err.contains("outside 312..="), "{err}");
+    }
+    assert_eq!(
+        load_env(&[("UDBTL_UDP_MTU", "312")]).unwrap().udp_mtu,
+        Some(312)
+    );
+}
+
+#[test]
+fn udp_sockbuf_defaults_to_4_mib_and_takes_sizes() {
+    assert_eq!(Params::default().udp_sockbuf, 4 << 20);
+    assert_eq!(
+        load_env(&[("UDBTL_UDP_SOCKBUF", "16m")])
+            .unwrap()
+            .udp_sockbuf,
+        16 << 20
+    );
+    assert!(load_env(&[("UDBTL_UDP_SOCKBUF", "4k")]).is_err());
+}
+
+/// `parse_bool` is what the BOOL parameters and `UDBTL_DUMP` accept.
+#[test]
+fn booleans_parse_as_the_bool_parameters_do() {
+    for yes in ["1", "true", "YES", " on "] {
+        assert_eq!(parse_bool(yes), Ok(true), "{yes:?}");
+    }
+    for no in ["0", "false", "No", "off"] {
+        assert_eq!(parse_bool(no), Ok(false), "{no:?}");
+    }
+    for bad in ["", " ", "2", "y"] {
+        assert!(parse_bool(bad).is_err(), "{bad:?}");
+    }
 }

@@ -177,16 +177,26 @@ macro_rules! int_value {
 }
 int_value!(u8, u16, u32, usize);
 
+/// A boolean as every `BOOL` parameter reads it: `1`/`0`, `true`/`false`,
+/// `yes`/`no`, `on`/`off`, any case, surrounding whitespace ignored.
+///
+/// # Errors
+/// Any other text, the empty string included, with what is accepted.
+pub fn parse_bool(text: &str) -> Result<bool, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        "" => Err("empty value; expected 1/0, true/false, yes/no or on/off".to_owned()),
+        _ => Err("expected 1/0, true/false, yes/no or on/off".to_owned()),
+    }
+}
+
 impl Value for bool {
     fn from_text(text: &str, kind: &Kind) -> Result<Self, String> {
         if !matches!(kind, Kind::Bool) {
             return Err(kind.mismatch());
         }
-        match text.to_ascii_lowercase().as_str() {
-            "1" | "true" | "yes" | "on" => Ok(true),
-            "0" | "false" | "no" | "off" => Ok(false),
-            _ => Err("expected 1/0, true/false, yes/no or on/off".to_owned()),
-        }
+        parse_bool(text)
     }
 
     fn validate(self, kind: &Kind) -> Result<Self, String> {

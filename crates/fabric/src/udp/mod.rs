@@ -119,6 +119,42 @@ impl UdpProvider {
         &self.config
     }
 
+    /// The entries of the configured `interfaces` (names or subnets) that
+    /// match none of the host's interfaces, and the host's interfaces as
+    /// `name (address, ...)`, for an error that names both.
+    ///
+    /// # Errors
+    /// The interfaces could not be listed.
+    pub fn unmatched_interfaces(&self) -> Result<(Vec<String>, Vec<String>)> {
+        let all = sys::interfaces().map_err(|source| FabricError::Io {
+            operation: "getifaddrs",
+            source,
+        })?;
+        let missing = self
+            .config
+            .interfaces
+            .iter()
+            .filter(|wanted| !all.iter().any(|iface| interface_matches(iface, wanted)))
+            .cloned()
+            .collect();
+        let present = all
+            .iter()
+            .map(|iface| {
+                let addrs: Vec<String> = iface
+                    .addrs
+                    .iter()
+                    .map(|(ip, prefix)| format!("{ip}/{prefix}"))
+                    .collect();
+                if addrs.is_empty() {
+                    iface.name.clone()
+                } else {
+                    format!("{} ({})", iface.name, addrs.join(", "))
+                }
+            })
+            .collect();
+        Ok((missing, present))
+    }
+
     fn selected_interfaces(&self) -> Result<Vec<sys::Interface>> {
         let all = sys::interfaces().map_err(|source| FabricError::Io {
             operation: "getifaddrs",
@@ -959,8 +995,16 @@ fn monotonic_since_epoch() -> std::time::Duration {
     EPOCH.get_or_init(std::time::Instant::now).elapsed()
 }
 
+/// Whether a capped send buffer, and a capped receive buffer, were
+/// reported: once per process, not once per socket.
+static BUFFER_CAP_REPORTED: [std::sync::atomic::AtomicBool; 2] = [
+    std::sync::atomic::AtomicBool::new(false),
+    std::sync::atomic::AtomicBool::new(false),
+];
+
 /// Sets a socket buffer size, forcing past the sysctl cap where the process
-/// may, and warns when the kernel grants less than asked.
+/// may, and warns (once per process) when the kernel grants less than
+/// asked.
 fn size_buffer(socket: &Socket, receive: bool, bytes: usize) {
     let name = if receive { "SO_RCVBUF" } else { "SO_SNDBUF" };
     let set = if receive {
@@ -978,17 +1022,31 @@ fn size_buffer(socket: &Socket, receive: bool, bytes: usize) {
             socket.send_buffer_size()
         }
     };
-    // Linux reports double the requested size to account for bookkeeping.
-    if granted().is_ok_and(|got| got < bytes) {
+    // Linux reports double the size granted, to account for bookkeeping:
+    // a cap between half the request and the request shows as more than
+    // the request, so the reported size is halved before comparing.
+    let short = |got: usize| got / 2 < bytes;
+    if granted().is_ok_and(short) {
         let _ = sys::force_buffer(socket.as_fd(), receive, bytes);
         match granted() {
-            Ok(got) if got < bytes => tracing::warn!(
-                option = name,
-                requested = bytes,
-                granted = got / 2,
-                "kernel capped the socket buffer (raise net.core.{}_max)",
-                if receive { "rmem" } else { "wmem" }
-            ),
+            Ok(got)
+                if short(got)
+                    && !BUFFER_CAP_REPORTED[usize::from(receive)]
+                        .swap(true, std::sync::atomic::Ordering::Relaxed) =>
+            {
+                let sysctl = if receive {
+                    "net.core.rmem_max"
+                } else {
+                    "net.core.wmem_max"
+                };
+                tracing::warn!(
+                    "the kernel capped {name} at {} bytes, below the {bytes} asked for \
+                     (udp_sockbuf): bursts may overflow the socket and be retransmitted; \
+                     raise {sysctl} to at least {bytes} (sysctl -w {sysctl}={bytes}), or \
+                     run with CAP_NET_ADMIN",
+                    got / 2
+                );
+            }
             _ => {}
         }
     }

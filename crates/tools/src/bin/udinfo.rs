@@ -11,12 +11,20 @@
 //! 3. **Parameters**: every parameter with its value, default, source, the
 //!    environment variable that sets it and its help, marked as the seed's
 //!    (`btl_ofud`) or a udbtl addition.
-//! 4. **Modules**: the sizes each module actually uses, read from a component
+//!    Where a module uses another value than the one asked for (`rd_num`
+//!    lowered to fit `rd_mem`, `send_frags_max` to fit `send_mem`, a
+//!    `max_send_size` over the port's datagram), the value in force follows.
+//! 4. **Other variables**: the `UDBTL_*` variables that are not parameters
+//!    (`UDBTL_DUMP`, `UDBTL_MODEX`, `UDBTL_FAULT_*`), with their values.
+//! 5. **Modules**: the sizes each module actually uses, read from a component
 //!    built on the `udp` provider and finalized at once. If none can be
-//!    built, the reason goes to stderr and the listing still succeeds.
+//!    built, the reason goes to stderr, the listing is still printed, and
+//!    udinfo exits 1.
 //!
-//! `--param NAME` prints that parameter only; `--dump` adds each module's
-//! state (`btl_dump`). Log output (`RUST_LOG`, default `warn`) goes to stderr.
+//! `--param NAME` prints that parameter only, with its value in force;
+//! `--dump` adds each module's state (`btl_dump`). A `UDBTL_*` variable udbtl
+//! does not read is reported on stderr with the closest real name. Log
+//! output (`RUST_LOG`, default `warn`) goes to stderr.
 //!
 //! # Parsable output
 //!
@@ -29,12 +37,15 @@
 //! device:lo:1:max_msg_size:65491
 //! param:sd_num:value:128
 //! param:sd_num:source:default
+//! param:rd_num:in_force:1024
+//! env:UDBTL_DUMP:value:unset
 //! module:lo:1:eager_limit:65451
 //! ```
 //!
 //! # Exit status
 //!
-//! 0 when the listing was printed (even if no module could be built), 1 for
+//! 0 when the listing was printed and a module could be built, 1 when no
+//! module could be built (no usable port: the listing is still printed), for
 //! an invalid parameter or an output error, 2 for a bad command line.
 
 use std::error::Error;
@@ -46,8 +57,9 @@ use clap::Parser;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::LevelFilter;
+use udbtl_btl::params::env::{self, OTHER_VARS, VarUse};
 use udbtl_btl::params::{ParamError, ParamInfo, Source};
-use udbtl_btl::{BtlConfig, Component, Limits, NUM_QP, Params, udp_config};
+use udbtl_btl::{BtlConfig, Component, Limits, NUM_QP, Params, check_udp_settings, udp_config};
 use udbtl_fabric::udp::{UdpConfig, UdpProvider};
 use udbtl_fabric::{Context, GRH_LEN, PortAttr, PortState, Provider, sim, udp};
 
@@ -82,6 +94,8 @@ enum Failure {
     Param(ParamError),
     /// The listing could not be written: exit 1, or 0 for a closed pipe.
     Output(io::Error),
+    /// No module could be built (the reason is already on stderr): exit 1.
+    NoModule,
 }
 
 impl From<ParamError> for Failure {
@@ -114,30 +128,52 @@ fn main() -> ExitCode {
             complain(format_args!("cannot write the listing: {err}"));
             ExitCode::from(1)
         }
+        Err(Failure::NoModule) => ExitCode::from(1),
     }
 }
 
 fn run(cli: &Cli) -> Result<(), Failure> {
     let params = Params::load(&BtlConfig::default())?;
+    for unknown in env::unknown_env_vars() {
+        complain(format_args!("warning: {unknown}"));
+    }
     let mut out = Listing {
         out: BufWriter::new(io::stdout().lock()),
         parsable: cli.parsable,
         sections: 0,
     };
+    let udp = UdpProvider::new(udp_config(&params));
+    // Built first, so that the parameters can show the values in force;
+    // the reason none could be built is reported in the Modules section.
+    let built = build_modules(udp.clone(), &params, cli.dump);
+    let in_force = match &built {
+        Ok(reports) => reports
+            .first()
+            .map(|r| in_force(r, &params))
+            .unwrap_or_default(),
+        Err(_) => Vec::new(),
+    };
     if cli.param.is_empty() {
-        let udp = UdpProvider::new(udp_config(&params));
         providers(&mut out, &params)?;
         devices(&mut out, &udp, &params)?;
         rdma_devices(&mut out, &params)?;
-        parameters(&mut out, &params.describe())?;
-        modules(&mut out, udp, &params, cli.dump)?;
+        parameters(&mut out, &params.describe(), &in_force)?;
+        other_variables(&mut out)?;
+        let listed = modules(&mut out, built, &params);
+        out.flush()?;
+        listed?;
     } else {
         let selected: Vec<ParamInfo> = params
             .describe()
             .into_iter()
             .filter(|info| cli.param.contains(&info.name))
             .collect();
-        parameters(&mut out, &selected)?;
+        parameters(&mut out, &selected, &in_force)?;
+        out.flush()?;
+        if let Err(err) = built {
+            complain(format_args!("no module could be built: {err}"));
+            return Err(Failure::NoModule);
+        }
     }
     out.flush()?;
     Ok(())
@@ -250,7 +286,11 @@ fn providers(out: &mut Listing<'_>, params: &Params) -> io::Result<()> {
             },
         ),
     ];
-    let selected = |name: &str| if params.provider == name { "yes" } else { "no" };
+    let selected = |name: &str| match (params.provider == name, name == sim::PROVIDER_NAME) {
+        (true, true) => "yes (refused: a job cannot run on it)",
+        (true, false) => "yes",
+        (false, _) => "no",
+    };
     if out.parsable {
         for (name, kind, about) in rows {
             out.field(&["provider", name, "kind"], kind)?;
@@ -520,12 +560,67 @@ fn udp_settings(config: &UdpConfig, params: &Params) -> String {
     format!("{interfaces}; {family}; {mtu}")
 }
 
-fn parameters(out: &mut Listing<'_>, infos: &[ParamInfo]) -> io::Result<()> {
+/// A parameter whose module uses another value than the one asked for:
+/// (name, value in force, why).
+type InForce = (&'static str, String, String);
+
+/// The values the first module uses where they differ from the parameters.
+fn in_force(report: &ModuleReport, params: &Params) -> Vec<InForce> {
+    let limits = &report.limits;
+    let port = format!("{}:{}", report.device, report.port.port_num);
+    let mut found = Vec::new();
+    if limits.recv_buffers != params.rd_num as usize {
+        found.push((
+            "rd_num",
+            limits.recv_buffers.to_string(),
+            format!(
+                "{} buffers of {} bytes posted on {port}: lowered to fit rd_mem",
+                limits.recv_buffers, limits.recv_buffer_len
+            ),
+        ));
+    }
+    if limits.send_frags_max != params.send_frags_max {
+        found.push((
+            "send_frags_max",
+            limits.send_frags_max.to_string(),
+            format!("on {port}: lowered to fit send_mem"),
+        ));
+    }
+    let datagram = limits.eager_limit + limits.header_len;
+    if params.max_send_size.is_some_and(|asked| asked != datagram) {
+        found.push((
+            "max_send_size",
+            datagram.to_string(),
+            format!(
+                "the largest datagram of {port} ({}): eager limit {}",
+                report.port.max_msg_size, limits.eager_limit
+            ),
+        ));
+    }
+    if params
+        .min_send_size
+        .is_some_and(|asked| asked != limits.rndv_eager_limit)
+    {
+        found.push((
+            "min_send_size",
+            limits.rndv_eager_limit.to_string(),
+            format!("the eager limit of {port}"),
+        ));
+    }
+    found
+}
+
+fn parameters(out: &mut Listing<'_>, infos: &[ParamInfo], in_force: &[InForce]) -> io::Result<()> {
     let origin = |info: &ParamInfo| if info.from_seed { "btl_ofud" } else { "udbtl" };
+    let forced = |name: &str| in_force.iter().find(|(n, _, _)| *n == name);
     if out.parsable {
         for info in infos {
             let key = |field| ["param", info.name, field];
             out.field(&key("value"), &info.value)?;
+            if let Some((_, value, why)) = forced(info.name) {
+                out.field(&key("in_force"), value)?;
+                out.field(&key("in_force_why"), why)?;
+            }
             out.field(&key("default"), &info.default)?;
             out.field(&key("source"), info.source)?;
             out.field(&key("env"), &info.env_var)?;
@@ -551,7 +646,35 @@ fn parameters(out: &mut Listing<'_>, infos: &[ParamInfo]) -> io::Result<()> {
             origin(info),
             info.env_var.as_str(),
         ]);
+        if let Some((_, value, why)) = forced(info.name) {
+            row = row.note(format!("in force: {value} ({why})"));
+        }
         for line in wrap(&format!("{} [{}]", info.help, info.syntax), HELP_WIDTH) {
+            row = row.note(line);
+        }
+        table.push(row);
+    }
+    out.table(&table)
+}
+
+/// The `UDBTL_*` variables that are not parameters, with their values.
+fn other_variables(out: &mut Listing<'_>) -> io::Result<()> {
+    let runtime = OTHER_VARS.iter().filter(|var| var.used == VarUse::Runtime);
+    let value = |name: &str| {
+        std::env::var_os(name).map_or_else(|| "unset".to_owned(), |v| v.to_string_lossy().into())
+    };
+    if out.parsable {
+        for var in runtime {
+            out.field(&["env", var.name, "value"], value(var.name))?;
+            out.field(&["env", var.name, "help"], var.help)?;
+        }
+        return Ok(());
+    }
+    out.heading("Other variables", "read by udbtl besides the parameters")?;
+    let mut table = vec![Row::new(["variable", "value"])];
+    for var in runtime {
+        let mut row = Row::new([var.name.to_owned(), value(var.name)]);
+        for line in wrap(var.help, HELP_WIDTH) {
             row = row.note(line);
         }
         table.push(row);
@@ -576,29 +699,42 @@ struct ModuleReport {
     dump: Option<String>,
 }
 
-fn modules(out: &mut Listing<'_>, udp: UdpProvider, params: &Params, dump: bool) -> io::Result<()> {
-    let reports = match Component::init(udp, params.clone()) {
-        Ok(component) => {
-            let reports: Vec<ModuleReport> = component
-                .modules()
-                .iter()
-                .map(|module| ModuleReport {
-                    device: module.device().to_owned(),
-                    port: module.port().clone(),
-                    limits: *module.limits(),
-                    dump: dump.then(|| module.to_string()),
-                })
-                .collect();
-            if let Err(err) = component.finalize() {
-                out.flush()?;
-                complain(format_args!("finalizing the modules: {}", chain(&err)));
-            }
-            reports
-        }
+/// Builds the modules on the `udp` provider, reads their sizes and
+/// finalizes them; the error says why none could be built.
+fn build_modules(
+    udp: UdpProvider,
+    params: &Params,
+    dump: bool,
+) -> Result<Vec<ModuleReport>, String> {
+    check_udp_settings(&udp, params).map_err(|err| err.to_string())?;
+    let component = Component::init(udp, params.clone()).map_err(|err| chain(&err))?;
+    let reports: Vec<ModuleReport> = component
+        .modules()
+        .iter()
+        .map(|module| ModuleReport {
+            device: module.device().to_owned(),
+            port: module.port().clone(),
+            limits: *module.limits(),
+            dump: dump.then(|| module.to_string()),
+        })
+        .collect();
+    if let Err(err) = component.finalize() {
+        complain(format_args!("finalizing the modules: {}", chain(&err)));
+    }
+    Ok(reports)
+}
+
+fn modules(
+    out: &mut Listing<'_>,
+    built: Result<Vec<ModuleReport>, String>,
+    params: &Params,
+) -> Result<(), Failure> {
+    let (reports, failed) = match built {
+        Ok(reports) => (reports, false),
         Err(err) => {
             out.flush()?;
-            complain(format_args!("no module could be built: {}", chain(&err)));
-            Vec::new()
+            complain(format_args!("no module could be built: {err}"));
+            (Vec::new(), true)
         }
     };
     if out.parsable {
@@ -614,11 +750,16 @@ fn modules(out: &mut Listing<'_>, udp: UdpProvider, params: &Params, dump: bool)
             out.field(&key("bandwidth"), limits.bandwidth)?;
             out.field(&key("recv_buffers"), limits.recv_buffers)?;
             out.field(&key("recv_buffer_len"), limits.recv_buffer_len)?;
+            out.field(&key("send_frags_max"), limits.send_frags_max)?;
             for line in report.dump.iter().flat_map(|text| text.lines()) {
                 out.field(&key("dump"), line)?;
             }
         }
-        return Ok(());
+        return if failed {
+            Err(Failure::NoModule)
+        } else {
+            Ok(())
+        };
     }
     let detail = if params.provider == udp::NAME {
         "built on provider udp with these parameters, then finalized".to_owned()
@@ -631,7 +772,8 @@ fn modules(out: &mut Listing<'_>, udp: UdpProvider, params: &Params, dump: bool)
     };
     out.heading("Modules", &detail)?;
     if reports.is_empty() {
-        return out.line("  (none: see the error above)");
+        out.line("  (none: see the error above)")?;
+        return Err(Failure::NoModule);
     }
     for (i, report) in reports.iter().enumerate() {
         if i > 0 {

@@ -183,6 +183,7 @@ fn main() -> ExitCode {
 
 fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
     let common = &cli.common;
+    refuse_unreliable()?;
     let world = udbtl::init()?;
     let out = report::Out {
         rank0: world.rank() == 0,
@@ -209,6 +210,22 @@ fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
         Some(Bench::MultiLat) => cx.multi_lat(&out)?,
     }
     cx.finalize()
+}
+
+/// Refuses `UDBTL_RELIABLE=0` before the job starts: the benchmarks count
+/// arrivals to pace their loops, so one lost datagram would hang them, and
+/// messages over one datagram need the reliable transport. (An invalid
+/// parameter is left for `udbtl::init` to report.)
+fn refuse_unreliable() -> Result<(), String> {
+    match udbtl::btl::Params::load(&udbtl::btl::BtlConfig::default()) {
+        Ok(params) if !params.reliable => Err(
+            "needs reliable delivery, which UDBTL_RELIABLE=0 turns off: its loops \
+             count arrivals, so one lost datagram would hang them, and messages over one \
+             datagram cannot be sent; unset UDBTL_RELIABLE"
+                .to_owned(),
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// OSU's sweep: from `min` doubling while at most `max`.
