@@ -344,17 +344,21 @@ fn a_stopped_rank_is_lost_and_both_sides_report_it() {
     let declared = number_after(&all, "rank 0: error after", "(at ").unwrap();
     let received = number_after(&all, "rank 1: error", "; received ").unwrap();
     let failed = number_after(&all, "rank 0: error after", "; ").unwrap();
+    let handed = number_after(&all, "rank 0: the transport took", "took ").unwrap();
     let detection = declared - stopped;
     println!(
         "stop-one: rank 0 declared rank 1 lost {detection:.0} ms after it stopped; \
-         rank 1 received {received} of 2000, in order and intact; rank 0 reported {failed} sends failed"
+         rank 1 received {received} of the {handed} rank 0 handed over, in order and intact; \
+         rank 0 reported {failed} sends failed"
     );
     assert!(
         (2000.0..5000.0).contains(&detection),
         "declared lost {detection} ms after the stop: {all}"
     );
+    // Each message the transport took arrived or was reported failed; the
+    // ones it never took were refused to the sender, who knows.
     assert!(
-        received + failed >= 2000.0,
+        received + failed >= handed,
         "messages unaccounted for: {all}"
     );
 }

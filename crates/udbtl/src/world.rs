@@ -409,8 +409,9 @@ impl World {
     /// them. Waits, progressing, while no fragment is free.
     ///
     /// # Errors
-    /// An unknown or unreachable rank, a message over the eager limit, or no
-    /// fragment freed within a second.
+    /// An unknown or unreachable rank, a message over the eager limit, a
+    /// peer declared lost, or no fragment freed within the time it takes to
+    /// declare a peer lost (`peer_timeout` and a third, and a second).
     pub fn send_bytes(&mut self, rank: u32, tag: Tag, bytes: &[u8]) -> Result<(), InitError> {
         let endpoint = self.endpoint(rank)?;
         let fail = |reason: String| InitError::Send {
@@ -418,12 +419,18 @@ impl World {
             len: bytes.len(),
             reason,
         };
+        let mut refused = None;
         with_btl!(&mut self.btl, c => {
             let eager = c.modules()[0].limits().eager_limit;
             if bytes.len() > eager {
                 return Err(fail(format!("over the eager limit of {eager}")));
             }
-            let deadline = Instant::now() + Duration::from_secs(1);
+            // Fragments held by a peer that stopped acknowledging come back
+            // when it is declared lost (within peer_timeout and one
+            // retransmission timeout, at most a third of it): wait that
+            // long, so that the caller hears of the loss, not of a shortage.
+            let peer_timeout = Duration::from_millis(u64::from(c.params().peer_timeout));
+            let deadline = Instant::now() + peer_timeout + peer_timeout / 3 + Duration::from_secs(1);
             let des = loop {
                 if let Some(des) = c.modules_mut()[0].alloc(NO_ORDER, bytes.len(), DesFlags::BTL_OWNERSHIP) {
                     break des;
@@ -443,10 +450,15 @@ impl World {
                 if let Err(free) = module.free(des) {
                     tracing::error!(%free, "could not free a refused descriptor");
                 }
-                return Err(fail(err.to_string()));
+                refused = Some(err.to_string());
             }
         });
-        Ok(())
+        match refused {
+            // A send refused because the peer was declared lost: the account
+            // of the loss says more than the refusal.
+            Some(reason) => Err(self.check().err().unwrap_or_else(|| fail(reason))),
+            None => Ok(()),
+        }
     }
 
     /// Sends a message of any length to `rank`: the transport cuts it into

@@ -627,9 +627,13 @@ fn stop_one(
     }
     if world.rank() == 0 {
         let started = Instant::now();
+        // Messages the transport took: the send fragments bound how far
+        // ahead of a stopped receiver the sender gets.
+        let mut handed = 0;
         let sent = (|| -> Result<(), Failure> {
             for seq in 0..messages {
                 world.send_bytes(1, DATA, &payload(0, seq))?;
+                handed += 1;
                 world.check()?;
                 world.progress();
             }
@@ -640,7 +644,10 @@ fn stop_one(
                 println!("rank 0: all {messages} messages acknowledged");
                 finalize(world)
             }
-            Err(err) => Err(report_and_linger(&mut world, started, &err, linger_for)),
+            Err(err) => {
+                println!("rank 0: the transport took {handed} of {messages} messages");
+                Err(report_and_linger(&mut world, started, &err, linger_for))
+            }
         };
     }
     await_messages(&mut world, inbox, 0, after, deadline)?;
