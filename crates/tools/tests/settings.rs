@@ -137,10 +137,15 @@ fn a_capped_socket_buffer_warns_naming_the_sysctl() {
     assert!(finished.output.status.success(), "{stdout}\n{stderr}");
     assert!(stderr.contains("net.core.rmem_max"), "{stderr}");
     assert!(stderr.contains("net.core.wmem_max"), "{stderr}");
-    // One rank's two sockets per module share one warning per direction.
-    assert_eq!(
-        stderr.matches("net.core.rmem_max to").count(),
-        2,
+    // One warning per rank and direction, however many sockets: udrun
+    // prints the two ranks' identical lines once, as "[ranks 0-1] ...",
+    // unless they came too far apart to be merged.
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("net.core.rmem_max to"))
+        .collect();
+    assert!(
+        warnings.len() == 2 || (warnings.len() == 1 && warnings[0].starts_with("[ranks 0-1]")),
         "{stderr}"
     );
 }
