@@ -57,13 +57,18 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod auth;
 pub mod client;
 mod error;
 pub mod server;
 mod sys;
 pub mod wire;
 
+pub use auth::{JobSecret, SECRET_ENV, SecretError};
 pub use client::{Maxes, Mode, PmiClient};
 pub use error::PmiError;
-pub use server::{Action, Handshake, Server, ServerCore, ServerError, ServerEvent};
+pub use server::{
+    Action, Handshake, KvsLimits, PortOptions, Refusal, Server, ServerCore, ServerError,
+    ServerEvent, ServerStats,
+};
 pub use wire::{Message, WireError};
