@@ -959,7 +959,12 @@ impl Conn {
         if let Some(proof) = proof {
             req = req.with("proof", proof);
         }
-        let reply = self.call(CMD, &req, CMD)?;
+        self.send(CMD, &req)?;
+        let reply = self.recv(CMD)?;
+        if reply.cmd() == "challenge" && proof.is_none() {
+            return Err(PmiError::SecretRequired);
+        }
+        let reply = check_reply(CMD, CMD, reply)?;
         check_rc(CMD, &reply)?;
         let (mut rank, mut size, mut debug) = (None, None, None);
         while rank.is_none() || size.is_none() || debug.is_none() {

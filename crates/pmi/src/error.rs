@@ -75,6 +75,13 @@ pub enum PmiError {
         /// The retry window, [`PORT_RETRY_WINDOW`](crate::client::PORT_RETRY_WINDOW).
         window: Duration,
     },
+    /// The server opened with `cmd=challenge`: it requires the job secret,
+    /// which this client was not given.
+    #[error(
+        "PMI initack: the PMI server requires the job secret, but UDBTL_PMI_SECRET is not set \
+         for this rank"
+    )]
+    SecretRequired,
     /// Reading or writing the PMI connection failed.
     #[error("PMI {cmd}: I/O error: {source}")]
     Io {
