@@ -28,6 +28,43 @@
 //! }
 //! # Ok::<(), udbtl_pmi::PmiError>(())
 //! ```
+//!
+//! # Port mode and the job secret
+//!
+//! With `PMI_PORT` the client connects over TCP. Without a secret
+//! ([`PmiClient::connect_port`]) it speaks first, as with hydra:
+//!
+//! ```text
+//! > cmd=initack pmiid=1
+//! < cmd=initack
+//! < cmd=set size=4
+//! < cmd=set rank=1
+//! < cmd=set debug=0
+//! ```
+//!
+//! With the job secret ([`SECRET_ENV`], `UDBTL_PMI_SECRET`, in the
+//! environment; or [`PmiClient::connect_port_authenticated`]) it waits for
+//! the server's challenge and answers with a proof that it holds the secret
+//! ([`JobSecret::proof`]):
+//!
+//! ```text
+//! < cmd=challenge nonce=<64 hex digits>
+//! > cmd=initack pmiid=1 proof=<64 hex digits>
+//! < cmd=initack
+//! < cmd=set size=4
+//! < cmd=set rank=1
+//! < cmd=set debug=0
+//! ```
+//!
+//! Mismatches fail clearly: a client with a secret facing a server without
+//! one gets no challenge and fails after [`CHALLENGE_TIMEOUT`] with
+//! [`PmiError::NoChallenge`]; a client without one facing a server that
+//! requires it fails at once with [`PmiError::SecretRequired`]; a wrong
+//! secret gets [`PmiError::Failed`] with `msg` `authentication_failed`. A
+//! server whose handshake slots are full closes new connections at once;
+//! the authenticated client then reconnects for up to
+//! [`PORT_RETRY_WINDOW`]. See the [server docs](crate::server) for the
+//! server's side and what the secret does and does not protect.
 
 use std::collections::HashMap;
 use std::fmt;

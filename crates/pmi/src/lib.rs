@@ -32,6 +32,7 @@
 //! | --- | --- |
 //! | `PMI_FD`, `PMI_RANK`, `PMI_SIZE` | an inherited, connected socket (hydra's default, Slurm, udrun) |
 //! | `PMI_PORT=host:port`, `PMI_ID` | connect over TCP and send `cmd=initack pmiid=<PMI_ID>`; rank and size come back in `cmd=set` lines (`mpiexec.hydra -pmi-port`) |
+//! | `PMI_PORT`, `PMI_ID`, `UDBTL_PMI_SECRET` | the same, after proving knowledge of the job secret in answer to the server's challenge (udrun's authenticated port mode; see [`server`]) |
 //! | `PMIX_RANK`, `PMIX_VERSION`, `PRTE_LAUNCHED` | a PMIx launcher: refused with [`PmiError::PmixLauncher`] |
 //! | none of these | singleton |
 //!
