@@ -886,6 +886,7 @@ struct Shared {
 #[derive(Debug, Default)]
 struct Counters {
     connections_accepted: AtomicU64,
+    accept_errors: AtomicU64,
     connections_refused_over_cap: AtomicU64,
     handshakes_in_progress: AtomicU64,
     handshakes_completed: AtomicU64,
@@ -910,6 +911,9 @@ pub struct ServerStats {
     /// TCP connections accepted by the port-mode listeners (the server's own
     /// wake-up connection at shutdown excluded).
     pub connections_accepted: u64,
+    /// Failed `accept(2)` calls: out of descriptors, or (`ECONNABORTED`) a
+    /// connection reset by its peer before it could be accepted.
+    pub accept_errors: u64,
     /// Connections closed at once because [`PortOptions::with_max_handshakes`]
     /// others were in their handshake (or no thread could be started).
     pub connections_refused_over_cap: u64,
@@ -1133,6 +1137,7 @@ impl Server {
         let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         ServerStats {
             connections_accepted: get(&c.connections_accepted),
+            accept_errors: get(&c.accept_errors),
             connections_refused_over_cap: get(&c.connections_refused_over_cap),
             handshakes_in_progress: get(&c.handshakes_in_progress),
             handshakes_completed: get(&c.handshakes_completed),
@@ -1299,6 +1304,7 @@ impl Shared {
             let stream = match stream {
                 Ok(stream) => stream,
                 Err(e) => {
+                    bump(&self.counters.accept_errors);
                     warn!(error = %e, "PMI_PORT accept failed");
                     // Out of descriptors, typically: do not spin.
                     thread::sleep(Duration::from_millis(10));

@@ -33,9 +33,10 @@ fn rss_kib() -> usize {
 
 /// One junk connection of kind `i % 4`: close at once, garbage, an
 /// oversized line, or silence (kept open in `silent`, at most 64 of them).
-fn junk(addr: &str, i: usize, silent: &mut VecDeque<TcpStream>) {
+/// Returns whether it connected.
+fn junk(addr: &str, i: usize, silent: &mut VecDeque<TcpStream>) -> bool {
     let Ok(mut stream) = TcpStream::connect(addr) else {
-        return;
+        return false;
     };
     match i % 4 {
         0 => {}
@@ -52,6 +53,7 @@ fn junk(addr: &str, i: usize, silent: &mut VecDeque<TcpStream>) {
             }
         }
     }
+    true
 }
 
 #[test]
@@ -83,13 +85,16 @@ fn junk_connections_leave_threads_and_memory_bounded() {
         })
     };
 
+    let connected = Arc::new(AtomicUsize::new(0));
     let junkers: Vec<_> = (0..JUNK_THREADS)
         .map(|t| {
-            let addr = addr.clone();
+            let (addr, connected) = (addr.clone(), Arc::clone(&connected));
             thread::spawn(move || {
                 let mut silent = VecDeque::new();
                 for i in (t..JUNK).step_by(JUNK_THREADS) {
-                    junk(&addr, i, &mut silent);
+                    if junk(&addr, i, &mut silent) {
+                        connected.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             })
         })
@@ -127,7 +132,10 @@ fn junk_connections_leave_threads_and_memory_bounded() {
         r.join().unwrap();
     }
 
-    // Every junk connection ends: over the cap, failed, or timed out.
+    // Every junk connection ends: over the cap, failed, or timed out. Wait
+    // for the accept queue to drain too (for at most 5 s: a connection the
+    // kernel dropped from an overflowing listen queue never arrives).
+    let connected = connected.load(Ordering::Relaxed) as u64;
     let start = Instant::now();
     let stats = loop {
         let stats = server.stats();
@@ -135,7 +143,11 @@ fn junk_connections_leave_threads_and_memory_bounded() {
             + stats.handshake_failures
             + stats.claims_refused
             + stats.handshakes_completed;
-        if stats.handshakes_in_progress == 0 && settled == stats.connections_accepted {
+        let arrived = stats.connections_accepted + stats.accept_errors;
+        if stats.handshakes_in_progress == 0
+            && settled == stats.connections_accepted
+            && (arrived >= connected + u64::from(SIZE) || start.elapsed() > Duration::from_secs(5))
+        {
             break stats;
         }
         assert!(start.elapsed() < Duration::from_secs(30), "{stats:?}");
@@ -168,12 +180,25 @@ fn junk_connections_leave_threads_and_memory_bounded() {
         "RSS grew from {rss_before} KiB to {rss_after} KiB"
     );
 
-    assert!(stats.connections_accepted >= JUNK as u64, "{stats:?}");
+    // (Nearly) every junk connection reached the server: accepted, or
+    // reset before its accept (an accept error). A few may be lost when the
+    // listen queue overflows: the client's connect() succeeds but the
+    // server's kernel drops the final ACK.
+    eprintln!("junk connections made: {connected}");
+    assert!(connected > JUNK as u64 * 9 / 10, "{connected}");
+    assert!(
+        stats.connections_accepted + stats.accept_errors >= connected * 95 / 100,
+        "{stats:?}"
+    );
     assert_eq!(stats.handshakes_completed, u64::from(SIZE), "{stats:?}");
     assert_eq!(stats.claims_refused, 0, "{stats:?}");
-    assert!(stats.handshake_failures >= 250, "{stats:?}");
-    assert!(
-        stats.handshake_failures + stats.connections_refused_over_cap >= JUNK as u64,
+    // Any junk connection may be refused over the cap (a refused rank
+    // reconnects, which adds to `connections_accepted`), but both happen.
+    assert!(stats.handshake_failures > 0, "{stats:?}");
+    assert!(stats.connections_refused_over_cap > 0, "{stats:?}");
+    assert_eq!(
+        stats.handshake_failures + stats.connections_refused_over_cap + stats.handshakes_completed,
+        stats.connections_accepted,
         "{stats:?}"
     );
     // Every refusal was reported; the ranks finalized.
