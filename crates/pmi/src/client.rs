@@ -28,6 +28,43 @@
 //! }
 //! # Ok::<(), udbtl_pmi::PmiError>(())
 //! ```
+//!
+//! # Port mode and the job secret
+//!
+//! With `PMI_PORT` the client connects over TCP. Without a secret
+//! ([`PmiClient::connect_port`]) it speaks first, as with hydra:
+//!
+//! ```text
+//! > cmd=initack pmiid=1
+//! < cmd=initack
+//! < cmd=set size=4
+//! < cmd=set rank=1
+//! < cmd=set debug=0
+//! ```
+//!
+//! With the job secret ([`SECRET_ENV`], `UDBTL_PMI_SECRET`, in the
+//! environment; or [`PmiClient::connect_port_authenticated`]) it waits for
+//! the server's challenge and answers with a proof that it holds the secret
+//! ([`JobSecret::proof`]):
+//!
+//! ```text
+//! < cmd=challenge nonce=<64 hex digits>
+//! > cmd=initack pmiid=1 proof=<64 hex digits>
+//! < cmd=initack
+//! < cmd=set size=4
+//! < cmd=set rank=1
+//! < cmd=set debug=0
+//! ```
+//!
+//! Mismatches fail clearly: a client with a secret facing a server without
+//! one gets no challenge and fails after [`CHALLENGE_TIMEOUT`] with
+//! [`PmiError::NoChallenge`]; a client without one facing a server that
+//! requires it fails at once with [`PmiError::SecretRequired`]; a wrong
+//! secret gets [`PmiError::Failed`] with `msg` `authentication_failed`. A
+//! server whose handshake slots are full closes new connections at once;
+//! the authenticated client then reconnects for up to
+//! [`PORT_RETRY_WINDOW`]. See the [server docs](crate::server) for the
+//! server's side and what the secret does and does not protect.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -35,9 +72,12 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::mem;
 use std::net::TcpStream;
 use std::os::fd::AsFd;
+use std::thread;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, trace};
 
+use crate::auth::{self, JobSecret, NONCE_LEN, SECRET_ENV};
 use crate::error::PmiError;
 use crate::sys;
 use crate::wire::{self, Message, ReadError, WireError};
@@ -48,6 +88,24 @@ pub const RESERVED_PREFIX: &str = "PMI_";
 /// Separator between a [`put_long`](PmiClient::put_long) key and its chunk
 /// index.
 pub const LONG_SEP: char = '#';
+
+/// How long an authenticated client
+/// ([`connect_port_authenticated`](PmiClient::connect_port_authenticated))
+/// waits for the server's challenge, and then for the rest of the
+/// handshake. A server without a secret waits for the client's `initack`
+/// and sends nothing, so against one the client fails after this long
+/// with [`PmiError::NoChallenge`]. Below the server's
+/// [`DEFAULT_HANDSHAKE_TIMEOUT`](crate::server::DEFAULT_HANDSHAKE_TIMEOUT).
+pub const CHALLENGE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long an authenticated client keeps reconnecting when the server
+/// closes the connection before sending anything, which is what a server
+/// does when [`PortOptions::with_max_handshakes`] connections are already
+/// in their handshake (a flood of junk connections, say). Attempts are
+/// spaced 10 ms apart at first, doubling up to 500 ms.
+///
+/// [`PortOptions::with_max_handshakes`]: crate::server::PortOptions::with_max_handshakes
+pub const PORT_RETRY_WINDOW: Duration = Duration::from_secs(30);
 
 /// The server's limits, from `get_maxes`. Each counts a C string's
 /// terminating NUL, as MPICH does: the longest usable key is `key - 1`
@@ -168,7 +226,9 @@ impl PmiClient {
     ///    per process; it is made close-on-exec) with rank `PMI_RANK` and
     ///    size `PMI_SIZE` (both required);
     /// 2. else `PMI_PORT=host:port` and `PMI_ID` set:
-    ///    [`connect_port`](Self::connect_port);
+    ///    [`connect_port_authenticated`](Self::connect_port_authenticated)
+    ///    if [`SECRET_ENV`] (`UDBTL_PMI_SECRET`) holds the job secret (64 hex
+    ///    digits), else [`connect_port`](Self::connect_port);
     /// 3. else `PMIX_RANK`, `PMIX_VERSION` or `PRTE_LAUNCHED` set: a PMIx
     ///    launcher, which is refused;
     /// 4. else [`singleton`](Self::singleton).
@@ -178,10 +238,12 @@ impl PmiClient {
     ///
     /// # Errors
     ///
-    /// [`PmiError::Env`] for a missing or invalid variable,
+    /// [`PmiError::Env`] for a missing or invalid variable (an invalid
+    /// secret is not quoted),
     /// [`PmiError::InheritedFd`] if `PMI_FD` is not an open socket (or was
     /// already taken), [`PmiError::PmixLauncher`], and the errors of
-    /// [`connect_port`](Self::connect_port).
+    /// [`connect_port`](Self::connect_port) or
+    /// [`connect_port_authenticated`](Self::connect_port_authenticated).
     pub fn from_env_with(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, PmiError> {
         if let Some(fd) = lookup("PMI_FD") {
             let fd = parse_env::<i32>("PMI_FD", &fd)?;
@@ -202,7 +264,16 @@ impl PmiClient {
                     reason: "not set (PMI_PORT is)".into(),
                 });
             };
-            return Self::connect_port(&port, &id);
+            return match lookup(SECRET_ENV) {
+                Some(hex) => {
+                    let secret = JobSecret::from_hex(&hex).map_err(|e| PmiError::Env {
+                        var: SECRET_ENV,
+                        reason: e.to_string(),
+                    })?;
+                    Self::connect_port_authenticated(&port, &id, &secret)
+                }
+                None => Self::connect_port(&port, &id),
+            };
         }
         for var in ["PMIX_RANK", "PMIX_VERSION", "PRTE_LAUNCHED"] {
             if lookup(var).is_some() {
@@ -296,9 +367,106 @@ impl PmiClient {
         stream.set_nodelay(true).map_err(connect_err)?;
         let socket: Box<dyn Socket> = Box::new(stream);
         let mut conn = Conn::new(Io::Socket(BufReader::new(socket)));
-        let (rank, size) = conn.initack(pmiid)?;
+        let (rank, size) = conn.initack(pmiid, None)?;
         check_rank("PMI_ID", rank, size)?;
         debug!(addr, pmiid, rank, size, "PMI client on PMI_PORT");
+        Ok(Self::with_link(Link::Remote(conn), Mode::Port, rank, size))
+    }
+
+    /// Connects to a PMI server that requires the job secret (see the
+    /// [server docs](crate::server#authenticated-port-mode)): reads the
+    /// server's `cmd=challenge nonce=<hex>`, sends `cmd=initack
+    /// pmiid=<pmiid> proof=<hex>` with [`JobSecret::proof`], then reads the
+    /// replies as [`connect_port`](Self::connect_port) does.
+    ///
+    /// The whole handshake must be done within [`CHALLENGE_TIMEOUT`]. If the
+    /// server closes the connection before sending anything (it does so
+    /// while its handshake slots are full), the client connects again, for
+    /// up to [`PORT_RETRY_WINDOW`].
+    ///
+    /// # Errors
+    ///
+    /// As [`connect_port`](Self::connect_port), and
+    /// [`PmiError::NoChallenge`] if no challenge came in time (the server
+    /// does not require a secret), [`PmiError::ClosedBeforeChallenge`] if
+    /// the server kept closing the connection, or [`PmiError::Failed`]
+    /// (`cmd` `"initack"`, `msg=authentication_failed`) if the server
+    /// refused the proof (the secret is not this job's).
+    pub fn connect_port_authenticated(
+        addr: &str,
+        pmiid: &str,
+        secret: &JobSecret,
+    ) -> Result<Self, PmiError> {
+        const CMD: &str = "initack";
+        let (host, port) = split_host_port(addr)?;
+        let connect_err = |source| PmiError::Connect {
+            addr: addr.to_owned(),
+            source,
+        };
+        let start = Instant::now();
+        let mut pause = Duration::from_millis(10);
+        let mut attempts = 0u32;
+        let (mut conn, stream, challenge) = loop {
+            attempts += 1;
+            let stream = TcpStream::connect((host, port)).map_err(connect_err)?;
+            stream
+                .set_nodelay(true)
+                .and_then(|()| stream.set_read_timeout(Some(CHALLENGE_TIMEOUT)))
+                .and_then(|()| stream.set_write_timeout(Some(CHALLENGE_TIMEOUT)))
+                .map_err(connect_err)?;
+            // Shares the socket, to lift the timeouts after the handshake.
+            let handle = stream.try_clone().map_err(connect_err)?;
+            let socket: Box<dyn Socket> = Box::new(stream);
+            let mut conn = Conn::new(Io::Socket(BufReader::new(socket)));
+            match conn.recv(CMD) {
+                Ok(challenge) => break (conn, handle, challenge),
+                Err(PmiError::Io { source, .. })
+                    if matches!(
+                        source.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(PmiError::NoChallenge {
+                        addr: addr.to_owned(),
+                        waited: CHALLENGE_TIMEOUT,
+                    });
+                }
+                Err(e) if closed_early(&e) => {
+                    if start.elapsed() + pause > PORT_RETRY_WINDOW {
+                        return Err(PmiError::ClosedBeforeChallenge {
+                            addr: addr.to_owned(),
+                            attempts,
+                            window: PORT_RETRY_WINDOW,
+                        });
+                    }
+                    debug!(
+                        addr,
+                        attempts, "PMI server closed before its challenge; retrying"
+                    );
+                    thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let challenge = check_reply(CMD, "challenge", challenge)?;
+        let nonce_hex = required_field(CMD, &challenge, "nonce")?;
+        let nonce = auth::decode_hex::<NONCE_LEN>(nonce_hex).ok_or_else(|| PmiError::BadField {
+            cmd: CMD,
+            field: "nonce",
+            value: wire::snippet(nonce_hex),
+        })?;
+        let proof = auth::encode_hex(&secret.proof(&nonce, pmiid));
+        let (rank, size) = conn.initack(pmiid, Some(&proof))?;
+        check_rank("PMI_ID", rank, size)?;
+        stream
+            .set_read_timeout(None)
+            .and_then(|()| stream.set_write_timeout(None))
+            .map_err(|source| PmiError::Io { cmd: CMD, source })?;
+        debug!(
+            addr,
+            pmiid, rank, size, attempts, "PMI client on PMI_PORT, authenticated"
+        );
         Ok(Self::with_link(Link::Remote(conn), Mode::Port, rank, size))
     }
 
@@ -820,10 +988,20 @@ impl Conn {
         check_reply(cmd, expected, reply)
     }
 
-    /// The `PMI_PORT` handshake; returns `(rank, size)`.
-    fn initack(&mut self, pmiid: &str) -> Result<(u32, u32), PmiError> {
+    /// The `PMI_PORT` handshake, with the proof of authenticated mode;
+    /// returns `(rank, size)`.
+    fn initack(&mut self, pmiid: &str, proof: Option<&str>) -> Result<(u32, u32), PmiError> {
         const CMD: &str = "initack";
-        let reply = self.call(CMD, &Message::new(CMD).with("pmiid", pmiid), CMD)?;
+        let mut req = Message::new(CMD).with("pmiid", pmiid);
+        if let Some(proof) = proof {
+            req = req.with("proof", proof);
+        }
+        self.send(CMD, &req)?;
+        let reply = self.recv(CMD)?;
+        if reply.cmd() == "challenge" && proof.is_none() {
+            return Err(PmiError::SecretRequired);
+        }
+        let reply = check_reply(CMD, CMD, reply)?;
         check_rc(CMD, &reply)?;
         let (mut rank, mut size, mut debug) = (None, None, None);
         while rank.is_none() || size.is_none() || debug.is_none() {
@@ -931,6 +1109,22 @@ fn decode(
         }
         Err(ReadError::Io(source)) => Err(PmiError::Io { cmd, source }),
         Err(ReadError::Malformed(source)) => Err(PmiError::Malformed { cmd, source }),
+    }
+}
+
+/// Whether `e` says the server closed the connection without a word (an
+/// end of stream or a reset before the first line).
+fn closed_early(e: &PmiError) -> bool {
+    match e {
+        PmiError::Eof { .. } => true,
+        PmiError::Io { source, .. } => matches!(
+            source.kind(),
+            io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::BrokenPipe
+                | io::ErrorKind::UnexpectedEof
+        ),
+        _ => false,
     }
 }
 

@@ -1,6 +1,7 @@
 //! Errors of the PMI client.
 
 use std::io;
+use std::time::Duration;
 
 use crate::wire::WireError;
 
@@ -45,6 +46,42 @@ pub enum PmiError {
         #[source]
         source: io::Error,
     },
+    /// An authenticated client got no `cmd=challenge` from the server in
+    /// time: the server does not require the job secret (it waits for the
+    /// client's `initack`), or is not udbtl's.
+    #[error(
+        "the PMI server at {addr} sent no challenge within {waited:?}: the job secret is set \
+         (UDBTL_PMI_SECRET) but the server does not ask for it; launcher and ranks disagree \
+         on authenticated PMI"
+    )]
+    NoChallenge {
+        /// The `host:port` from `PMI_PORT`.
+        addr: String,
+        /// How long the client waited.
+        waited: Duration,
+    },
+    /// An authenticated client's connections kept being closed before the
+    /// server's challenge, for the whole retry window.
+    #[error(
+        "the PMI server at {addr} closed the connection before its challenge {attempts} times \
+         over {window:?}: its handshake slots stay full (a flood of connections?), or it is not \
+         a PMI server"
+    )]
+    ClosedBeforeChallenge {
+        /// The `host:port` from `PMI_PORT`.
+        addr: String,
+        /// How many connections were tried.
+        attempts: u32,
+        /// The retry window, [`PORT_RETRY_WINDOW`](crate::client::PORT_RETRY_WINDOW).
+        window: Duration,
+    },
+    /// The server opened with `cmd=challenge`: it requires the job secret,
+    /// which this client was not given.
+    #[error(
+        "PMI initack: the PMI server requires the job secret, but UDBTL_PMI_SECRET is not set \
+         for this rank"
+    )]
+    SecretRequired,
     /// Reading or writing the PMI connection failed.
     #[error("PMI {cmd}: I/O error: {source}")]
     Io {

@@ -32,6 +32,7 @@
 //! | --- | --- |
 //! | `PMI_FD`, `PMI_RANK`, `PMI_SIZE` | an inherited, connected socket (hydra's default, Slurm, udrun) |
 //! | `PMI_PORT=host:port`, `PMI_ID` | connect over TCP and send `cmd=initack pmiid=<PMI_ID>`; rank and size come back in `cmd=set` lines (`mpiexec.hydra -pmi-port`) |
+//! | `PMI_PORT`, `PMI_ID`, `UDBTL_PMI_SECRET` | the same, after proving knowledge of the job secret in answer to the server's challenge (udrun's authenticated port mode; see [`server`]) |
 //! | `PMIX_RANK`, `PMIX_VERSION`, `PRTE_LAUNCHED` | a PMIx launcher: refused with [`PmiError::PmixLauncher`] |
 //! | none of these | singleton |
 //!
@@ -57,13 +58,18 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod auth;
 pub mod client;
 mod error;
 pub mod server;
 mod sys;
 pub mod wire;
 
+pub use auth::{JobSecret, SECRET_ENV, SecretError};
 pub use client::{Maxes, Mode, PmiClient};
 pub use error::PmiError;
-pub use server::{Action, Handshake, Server, ServerCore, ServerError, ServerEvent};
+pub use server::{
+    Action, Handshake, KvsLimits, PortOptions, Refusal, Server, ServerCore, ServerError,
+    ServerEvent, ServerStats,
+};
 pub use wire::{Message, WireError};

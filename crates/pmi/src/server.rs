@@ -30,18 +30,117 @@
 //! hangs for the other ranks. A launcher that wants to know when barriers
 //! complete (udrun's `--report-startup` times the first one) asks for
 //! [`ServerEvent::BarrierReleased`] with [`Server::report_barriers`].
+//!
+//! # Port mode
+//!
+//! Local ranks get one end of a socketpair as `PMI_FD` ([`Server::serve`])
+//! and need no handshake. Remote ranks connect over TCP to the listener of
+//! [`Server::listen_tcp_with`] (`PMI_PORT=host:port`, `PMI_ID=<rank>`).
+//! Without a secret the handshake is hydra's (`>` is the client, `<` the
+//! server):
+//!
+//! ```text
+//! > cmd=initack pmiid=1
+//! < cmd=initack
+//! < cmd=set size=4
+//! < cmd=set rank=1
+//! < cmd=set debug=0
+//! ```
+//!
+//! and whoever can reach the port can claim any rank that has not connected
+//! yet.
+//!
+//! # Authenticated port mode
+//!
+//! With [`PortOptions::with_secret`] (or [`Server::listen_tcp_authenticated`])
+//! the server speaks first, with a fresh 32-byte nonce per connection, and
+//! the `initack` must carry `proof`, the BLAKE3 MAC of the nonce and the
+//! `pmiid` under a key derived from the job's [`JobSecret`] (see
+//! [`crate::auth`]; the hex values below are illustrative):
+//!
+//! ```text
+//! < cmd=challenge nonce=9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
+//! > cmd=initack pmiid=1 proof=5d41402abc4b2a76b9719d911017c592e8d4d8a1f3c0a7ee2c5b3b0a2e6c1f44
+//! < cmd=initack
+//! < cmd=set size=4
+//! < cmd=set rank=1
+//! < cmd=set debug=0
+//! ```
+//!
+//! A missing, malformed or wrong proof gets `cmd=initack rc=-1
+//! msg=authentication_failed`; the proof is checked (in constant time)
+//! before the rank is looked at, so a replayed `initack` fails as a wrong
+//! proof whatever rank it names. A rank is claimed once: a second `initack`
+//! for a rank that has (or had) a connection gets `cmd=initack rc=-1
+//! msg=pmiid_refused`, proof or not. The client side is
+//! [`PmiClient::connect_port_authenticated`](crate::PmiClient::connect_port_authenticated),
+//! which [`PmiClient::from_env`](crate::PmiClient::from_env) uses when
+//! [`SECRET_ENV`](crate::auth::SECRET_ENV) (`UDBTL_PMI_SECRET`) is set.
+//!
+//! What this protects: the handshake. The rest of the connection is plain
+//! text, so an on-path attacker who can inject into or hijack the TCP
+//! stream after the handshake is not stopped; an off-path host that can
+//! only connect to the port can no longer claim a rank, read or write the
+//! key-value space, or abort the job. The secret must reach remote ranks
+//! where no other local user can read it: on the launcher's standard input
+//! or in the environment of the rank (`/proc/PID/environ` is readable by the
+//! same user and root only), never on a command line (`/proc/PID/cmdline`
+//! is world-readable) or in a world-readable file.
+//!
+//! # Bounds
+//!
+//! * At most [`PortOptions::with_max_handshakes`] connections per listener
+//!   are in their handshake at once (default [`DEFAULT_MAX_HANDSHAKES`]);
+//!   one more is closed as soon as it is accepted. Each connection in its
+//!   handshake has a thread; a connection that completes it keeps that
+//!   thread as its rank's. So a listener runs at most `cap + size` threads,
+//!   plus its accept thread.
+//! * A handshake must be over within [`PortOptions::with_handshake_timeout`]
+//!   (default [`DEFAULT_HANDSHAKE_TIMEOUT`]) from the accept: a deadline for
+//!   the whole exchange, so a peer that sends a byte at a time is cut off
+//!   too.
+//! * A line is read up to [`wire::MAX_LINE`] bytes and never buffered
+//!   beyond: a longer one closes the connection with `PMI line longer than
+//!   65536 bytes` (before the handshake, and from a rank).
+//! * Each rank may hold [`KvsLimits`] of the key-value space (default 1 MiB
+//!   of keys plus values and 4096 keys); a `put` beyond gets `cmd=put_result
+//!   rc=-1 msg=kvs_quota_exceeded` and the rank's connection is closed,
+//!   reported as [`ServerEvent::ProtocolError`] with its rank.
+//!
+//! Every refused or failed port-mode connection is closed, counted in
+//! [`Server::stats`], named with its peer address in a `tracing` warning,
+//! and reported as [`ServerEvent::ProtocolError`] with `rank: None`: such a
+//! connection is no rank of the job, so a launcher reports it and carries
+//! on (udrun prints `ignored a PMI_PORT connection: ...`).
+//!
+//! # What a launcher does
+//!
+//! 1. [`JobSecret::generate`] once per job.
+//! 2. `server.listen_tcp_authenticated((addr, 0), secret.clone())` on the
+//!    address the remote ranks are told to use (not `0.0.0.0`), or
+//!    [`Server::listen_tcp_with`] to change the bounds.
+//! 3. Give each remote rank `PMI_PORT`, `PMI_ID` and
+//!    `UDBTL_PMI_SECRET=<secret.to_hex()>` through the remote launcher's
+//!    standard input (e.g. a line the remote shell reads and exports before
+//!    it execs the rank), never on its command line.
+//! 4. Treat [`ServerEvent::ProtocolError`] with `rank: None` as a warning,
+//!    and [`Server::stats`] as the count to report at the end.
+//! 5. Time the start-up itself: a rank that never connects simply never
+//!    shows up; the server does not know which ranks a launcher expects
+//!    when.
 
 use std::collections::HashMap;
 use std::io::{self, BufReader, Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, trace, warn};
 
+use crate::auth::{self, JobSecret, NONCE_LEN};
 use crate::client::RESERVED_PREFIX;
 use crate::wire::{self, Message, ReadError, WireError};
 
@@ -52,8 +151,47 @@ pub const KEYLEN_MAX: usize = 64;
 /// `vallen_max` advertised by `get_maxes`; `put` refuses longer values.
 pub const VALLEN_MAX: usize = 1024;
 
-/// How long a port-mode connection may take to send its `initack`.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default of [`PortOptions::with_handshake_timeout`]: how long a
+/// port-mode connection may take, from its accept to the end of the
+/// server's handshake replies.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Default of [`PortOptions::with_max_handshakes`]: how many port-mode
+/// connections may be in their handshake at once, per listener.
+pub const DEFAULT_MAX_HANDSHAKES: usize = 64;
+
+/// Default [`KvsLimits::bytes`]: keys plus values one rank may hold.
+pub const KVS_BYTES_PER_RANK: usize = 1 << 20;
+
+/// Default [`KvsLimits::keys`]: keys one rank may hold.
+pub const KVS_KEYS_PER_RANK: usize = 4096;
+
+/// How much of the key-value space each rank may hold. An entry counts
+/// against the rank that last `put` it, for `key.len() + value.len()` bytes
+/// and one key. A `put` that would take a rank over either limit gets
+/// `cmd=put_result rc=-1 msg=kvs_quota_exceeded` and its connection is
+/// closed ([`Action::Close`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvsLimits {
+    /// Bytes of keys plus values.
+    pub bytes: usize,
+    /// Number of keys.
+    pub keys: usize,
+}
+
+impl KvsLimits {
+    /// [`KVS_BYTES_PER_RANK`] and [`KVS_KEYS_PER_RANK`].
+    pub const DEFAULT: Self = Self {
+        bytes: KVS_BYTES_PER_RANK,
+        keys: KVS_KEYS_PER_RANK,
+    };
+}
+
+impl Default for KvsLimits {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
 
 /// What a driver must do after [`ServerCore::handle`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,7 +257,28 @@ pub enum Handshake {
         reply: Message,
         /// Why, for the launcher.
         detail: String,
+        /// Which kind of refusal, for counting.
+        reason: Refusal,
     },
+}
+
+/// Why [`ServerCore::handle_initack`] (or
+/// [`handle_proved_initack`](ServerCore::handle_proved_initack)) refused a
+/// connection, with the `msg` of its `cmd=initack rc=-1` reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The first message was not `cmd=initack` (`msg=expected_initack`).
+    NotInitack,
+    /// `pmiid` is missing, not a number, or not a rank of the job
+    /// (`msg=invalid_pmiid`, or `msg=pmiid_refused` when out of range).
+    InvalidPmiid,
+    /// The listener requires the job secret and the `proof` is missing,
+    /// malformed or wrong (`msg=authentication_failed`).
+    Unauthenticated,
+    /// The rank already has a connection: a rank is claimed once
+    /// (`msg=pmiid_refused`).
+    RankClaimed,
 }
 
 /// A failure to set up the server or a connection.
@@ -220,6 +379,17 @@ struct RankState {
     attached: bool,
     in_barrier: bool,
     finalized: bool,
+    /// Bytes of keys plus values this rank owns in the KVS.
+    kvs_bytes: usize,
+    /// Keys this rank owns in the KVS.
+    kvs_keys: usize,
+}
+
+/// A KVS value and the rank whose quota it counts against.
+#[derive(Debug, Clone)]
+struct Entry {
+    value: String,
+    owner: u32,
 }
 
 /// The sans-IO PMI-1 server: the job's key-value space and barrier. See the
@@ -229,7 +399,8 @@ pub struct ServerCore {
     size: u32,
     kvsname: String,
     appnum: u32,
-    kvs: HashMap<String, String>,
+    kvs: HashMap<String, Entry>,
+    kvs_limits: KvsLimits,
     ranks: Vec<RankState>,
     barrier_count: u32,
     barrier_epoch: u64,
@@ -266,6 +437,7 @@ impl ServerCore {
             kvsname,
             appnum: 0,
             kvs: HashMap::new(),
+            kvs_limits: KvsLimits::DEFAULT,
             ranks: vec![RankState::default(); size as usize],
             barrier_count: 0,
             barrier_epoch: 0,
@@ -280,6 +452,17 @@ impl ServerCore {
     /// The key-value space name.
     pub fn kvsname(&self) -> &str {
         &self.kvsname
+    }
+
+    /// Sets how much of the key-value space each rank may hold (default
+    /// [`KvsLimits::DEFAULT`]). Applies to later `put`s.
+    pub fn set_kvs_limits(&mut self, limits: KvsLimits) {
+        self.kvs_limits = limits;
+    }
+
+    /// The per-rank key-value space limits.
+    pub fn kvs_limits(&self) -> KvsLimits {
+        self.kvs_limits
     }
 
     /// How many barriers have completed; it changes exactly when a call
@@ -314,32 +497,84 @@ impl ServerCore {
         }
     }
 
-    /// Handles the first message of a port-mode connection, `cmd=initack
-    /// pmiid=<rank>`, and attaches that rank.
+    /// Handles the first message of a port-mode connection without the job
+    /// secret, `cmd=initack pmiid=<rank>`, and attaches that rank. A rank
+    /// that already has a connection is refused ([`Refusal::RankClaimed`]).
     pub fn handle_initack(&mut self, msg: &Message) -> Handshake {
-        let reject = |msg: &str, detail: String| Handshake::Rejected {
+        self.initack(msg, None)
+    }
+
+    /// Handles the first message of an authenticated port-mode connection,
+    /// to which the server sent `cmd=challenge nonce=<hex of nonce>`: it must
+    /// be `cmd=initack pmiid=<rank> proof=<hex>` with the proof of
+    /// [`JobSecret::proof`]`(nonce, pmiid)`, checked in constant time before
+    /// the rank is looked at. Then as [`handle_initack`](Self::handle_initack).
+    pub fn handle_proved_initack(
+        &mut self,
+        msg: &Message,
+        secret: &JobSecret,
+        nonce: &[u8; NONCE_LEN],
+    ) -> Handshake {
+        self.initack(msg, Some((secret, nonce)))
+    }
+
+    fn initack(
+        &mut self,
+        msg: &Message,
+        auth: Option<(&JobSecret, &[u8; NONCE_LEN])>,
+    ) -> Handshake {
+        let reject = |reason: Refusal, msg: &str, detail: String| Handshake::Rejected {
             reply: Message::new("initack").with("rc", "-1").with("msg", msg),
             detail,
+            reason,
         };
         if msg.cmd() != "initack" || msg.is_multiline() {
             return reject(
+                Refusal::NotInitack,
                 "expected_initack",
                 format!("expected cmd=initack, got cmd={}", wire::snippet(msg.cmd())),
             );
         }
-        let Some(rank) = msg.get("pmiid").and_then(|id| id.parse::<u32>().ok()) else {
+        let pmiid = msg.get("pmiid");
+        if let Some((secret, nonce)) = auth {
+            let proved = match (pmiid, msg.get("proof")) {
+                (Some(pmiid), Some(proof)) => secret
+                    .verify(nonce, pmiid, proof)
+                    .then_some(())
+                    .ok_or("a wrong proof"),
+                (_, None) => Err("no proof (this server requires the job secret)"),
+                (None, Some(_)) => Err("a proof but no pmiid"),
+            };
+            if let Err(what) = proved {
+                return reject(
+                    Refusal::Unauthenticated,
+                    "authentication_failed",
+                    format!(
+                        "initack for pmiid {:?} with {what}",
+                        pmiid.map(wire::snippet).unwrap_or_default()
+                    ),
+                );
+            }
+        }
+        let Some(rank) = pmiid.and_then(|id| id.parse::<u32>().ok()) else {
             return reject(
+                Refusal::InvalidPmiid,
                 "invalid_pmiid",
-                format!(
-                    "initack with pmiid {:?}",
-                    msg.get("pmiid").map(wire::snippet)
-                ),
+                format!("initack with pmiid {:?}", pmiid.map(wire::snippet)),
             );
         };
-        if let Err(e) = self.attach(rank) {
-            return reject("pmiid_refused", e.to_string());
+        match self.attach(rank) {
+            Ok(()) => {}
+            Err(e @ ServerError::AlreadyConnected { .. }) => {
+                return reject(
+                    Refusal::RankClaimed,
+                    "pmiid_refused",
+                    format!("second claim of rank {rank} refused: {e}"),
+                );
+            }
+            Err(e) => return reject(Refusal::InvalidPmiid, "pmiid_refused", e.to_string()),
         }
-        debug!(rank, "PMI_PORT handshake");
+        debug!(rank, authenticated = auth.is_some(), "PMI_PORT handshake");
         Handshake::Accepted {
             rank,
             replies: vec![
@@ -410,7 +645,7 @@ impl ServerCore {
                     .with("kvsname", self.kvsname.as_str())
                     .with("rc", "0"),
             ),
-            "put" => Action::Reply(self.put(msg)),
+            "put" => self.put(rank, msg),
             "get" => Action::Reply(self.get(msg)),
             "barrier_in" => self.barrier_in(rank),
             "finalize" => {
@@ -466,8 +701,9 @@ impl ServerCore {
         }
     }
 
-    fn put(&mut self, msg: &Message) -> Message {
-        let fail = |why: &str| Message::new("put_result").with("rc", "-1").with("msg", why);
+    fn put(&mut self, rank: u32, msg: &Message) -> Action {
+        let fail =
+            |why: &str| Action::Reply(Message::new("put_result").with("rc", "-1").with("msg", why));
         if msg.get("kvsname").is_some_and(|k| k != self.kvsname) {
             return fail("unknown_kvsname");
         }
@@ -486,10 +722,59 @@ impl ServerCore {
         if !wire::is_valid_key(key) || !wire::is_valid_value(value) {
             return fail("invalid_key_or_value");
         }
-        self.kvs.insert(key.to_owned(), value.to_owned());
-        Message::new("put_result")
-            .with("rc", "0")
-            .with("msg", "success")
+        // What the rank would own afterwards: a key it already owns is
+        // replaced, one owned by another rank changes hands.
+        let state = self.ranks[rank as usize];
+        let (mut bytes, mut keys) = (state.kvs_bytes, state.kvs_keys);
+        let old = self
+            .kvs
+            .get(key)
+            .map(|e| (e.owner, key.len() + e.value.len()));
+        if let Some((owner, size)) = old {
+            if owner == rank {
+                bytes -= size;
+                keys -= 1;
+            }
+        }
+        bytes += key.len() + value.len();
+        keys += 1;
+        let limits = self.kvs_limits;
+        if bytes > limits.bytes || keys > limits.keys {
+            return Action::Close {
+                reply: Some(
+                    Message::new("put_result")
+                        .with("rc", "-1")
+                        .with("msg", "kvs_quota_exceeded"),
+                ),
+                detail: format!(
+                    "rank {rank}: put of key {:?} would make it hold {bytes} bytes in {keys} keys \
+                     of the key-value space, over its quota of {} bytes and {} keys",
+                    wire::snippet(key),
+                    limits.bytes,
+                    limits.keys
+                ),
+            };
+        }
+        if let Some((owner, size)) = old {
+            if owner != rank {
+                let previous = &mut self.ranks[owner as usize];
+                previous.kvs_bytes -= size;
+                previous.kvs_keys -= 1;
+            }
+        }
+        let state = &mut self.ranks[rank as usize];
+        state.kvs_bytes = bytes;
+        state.kvs_keys = keys;
+        let entry = Entry {
+            value: value.to_owned(),
+            owner: rank,
+        };
+        self.kvs.insert(key.to_owned(), entry);
+        Action::Reply(
+            Message::new("put_result")
+                .with("rc", "0")
+                .with("msg", "success"),
+        )
     }
 
     fn get(&self, msg: &Message) -> Message {
@@ -502,7 +787,7 @@ impl ServerCore {
         };
         let value = match key {
             "PMI_process_mapping" => Some(format!("(vector,(0,1,{}))", self.size)),
-            _ => self.kvs.get(key).cloned(),
+            _ => self.kvs.get(key).map(|e| e.value.clone()),
         };
         match value {
             Some(value) => reply
@@ -594,6 +879,122 @@ struct Shared {
     events: Sender<ServerEvent>,
     /// Whether to send [`ServerEvent::BarrierReleased`].
     barrier_events: AtomicBool,
+    counters: Counters,
+}
+
+/// The atomics behind [`ServerStats`].
+#[derive(Debug, Default)]
+struct Counters {
+    connections_accepted: AtomicU64,
+    accept_errors: AtomicU64,
+    connections_refused_over_cap: AtomicU64,
+    handshakes_in_progress: AtomicU64,
+    handshakes_completed: AtomicU64,
+    handshake_failures: AtomicU64,
+    claims_refused: AtomicU64,
+    protocol_errors: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// What the threaded [`Server`] has seen so far ([`Server::stats`]).
+///
+/// Of the port-mode connections accepted, each is eventually counted in
+/// exactly one of `connections_refused_over_cap`, `handshakes_completed`,
+/// `handshake_failures` and `claims_refused`; until then it is in
+/// `handshakes_in_progress`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServerStats {
+    /// TCP connections accepted by the port-mode listeners (the server's own
+    /// wake-up connection at shutdown excluded).
+    pub connections_accepted: u64,
+    /// Failed `accept(2)` calls: out of descriptors, or (`ECONNABORTED`) a
+    /// connection reset by its peer before it could be accepted.
+    pub accept_errors: u64,
+    /// Connections closed at once because [`PortOptions::with_max_handshakes`]
+    /// others were in their handshake (or no thread could be started).
+    pub connections_refused_over_cap: u64,
+    /// Connections in their handshake right now.
+    pub handshakes_in_progress: u64,
+    /// Handshakes that gave a connection its rank.
+    pub handshakes_completed: u64,
+    /// Handshakes that failed: closed early, timed out, oversized or
+    /// malformed line, not an `initack`, bad `pmiid`, missing or wrong
+    /// proof.
+    pub handshake_failures: u64,
+    /// Handshakes refused because their rank already had a connection (with
+    /// or without a valid proof).
+    pub claims_refused: u64,
+    /// Established rank connections (socketpair or port mode) closed for
+    /// breaking the protocol, a key-value space quota included.
+    pub protocol_errors: u64,
+}
+
+/// How [`Server::listen_tcp_with`] serves port-mode connections. Build it
+/// with [`PortOptions::new`] (or `default()`) and the `with_*` methods.
+#[derive(Debug, Clone)]
+pub struct PortOptions {
+    secret: Option<JobSecret>,
+    handshake_timeout: Duration,
+    max_handshakes: usize,
+}
+
+impl Default for PortOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PortOptions {
+    /// No secret (the plain `initack` handshake), a handshake time of
+    /// [`DEFAULT_HANDSHAKE_TIMEOUT`] and at most [`DEFAULT_MAX_HANDSHAKES`]
+    /// connections in their handshake at once.
+    pub fn new() -> Self {
+        Self {
+            secret: None,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            max_handshakes: DEFAULT_MAX_HANDSHAKES,
+        }
+    }
+
+    /// Requires every connection to prove it holds `secret` (see
+    /// [authenticated port mode](self#authenticated-port-mode)).
+    #[must_use]
+    pub fn with_secret(mut self, secret: JobSecret) -> Self {
+        self.secret = Some(secret);
+        self
+    }
+
+    /// How long a connection may take from its accept to the end of the
+    /// handshake (a whole-handshake deadline, not a per-read timeout, so a
+    /// peer that dribbles bytes is cut off too). Keep it above the client's
+    /// [`CHALLENGE_TIMEOUT`](crate::client::CHALLENGE_TIMEOUT), so that a
+    /// client holding a secret facing a server without one times out first
+    /// and says so.
+    #[must_use]
+    pub fn with_handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.handshake_timeout = timeout;
+        self
+    }
+
+    /// How many connections of this listener may be in their handshake at
+    /// once (at least 1); a connection accepted beyond that is closed at
+    /// once, counted in [`ServerStats::connections_refused_over_cap`] and
+    /// reported. The listener thus runs at most this many handshake threads
+    /// plus one thread per connected rank.
+    #[must_use]
+    pub fn with_max_handshakes(mut self, max: usize) -> Self {
+        self.max_handshakes = max.max(1);
+        self
+    }
+
+    /// Whether connections must prove they hold the job secret.
+    pub fn requires_secret(&self) -> bool {
+        self.secret.is_some()
+    }
 }
 
 #[derive(Debug)]
@@ -626,6 +1027,7 @@ impl Server {
             released: Condvar::new(),
             events,
             barrier_events: AtomicBool::new(false),
+            counters: Counters::default(),
         };
         Ok(Self {
             shared: Arc::new(shared),
@@ -657,21 +1059,61 @@ impl Server {
             })
     }
 
+    /// Listens for port-mode connections with the default
+    /// [`PortOptions`]: no secret, so the plain `initack` handshake as
+    /// before, but with the default bounds on handshakes.
+    ///
+    /// Anyone who can connect can claim a rank that has not connected yet
+    /// and then read and write the key-value space: use
+    /// [`listen_tcp_authenticated`](Self::listen_tcp_authenticated) unless
+    /// the address is reachable by trusted hosts only.
+    ///
+    /// # Errors
+    ///
+    /// As [`listen_tcp_with`](Self::listen_tcp_with).
+    pub fn listen_tcp(
+        &self,
+        addr: impl ToSocketAddrs,
+    ) -> Result<(u16, JoinHandle<()>), ServerError> {
+        self.listen_tcp_with(addr, PortOptions::new())
+    }
+
+    /// Listens for port-mode connections whose clients must prove they hold
+    /// `secret`, with the default bounds: [`listen_tcp_with`](Self::listen_tcp_with)
+    /// and `PortOptions::new().with_secret(secret)`.
+    ///
+    /// # Errors
+    ///
+    /// As [`listen_tcp_with`](Self::listen_tcp_with).
+    pub fn listen_tcp_authenticated(
+        &self,
+        addr: impl ToSocketAddrs,
+        secret: JobSecret,
+    ) -> Result<(u16, JoinHandle<()>), ServerError> {
+        self.listen_tcp_with(addr, PortOptions::new().with_secret(secret))
+    }
+
     /// Listens for port-mode connections (`PMI_PORT=<host>:<port>`,
     /// `PMI_ID=<rank>`) on `addr` and serves each on its own thread once its
-    /// `initack` names a rank that has no connection yet. Returns the bound
-    /// port (useful with port 0) and the accept thread, which runs until
-    /// [`shutdown`](Self::shutdown).
+    /// handshake (see the [module docs](self#port-mode)) names a rank that
+    /// has no connection yet. Returns the bound port (useful with port 0)
+    /// and the accept thread, which runs until [`shutdown`](Self::shutdown).
     ///
-    /// Anyone who can connect can read and write the key-value space: bind
-    /// to a loopback or cluster-private address.
+    /// Bind to the address the ranks are told to use, not to `0.0.0.0`.
+    /// A connection that fails its handshake, is refused over the cap, or
+    /// claims a rank already claimed is closed, counted in
+    /// [`stats`](Self::stats), named with its peer address in a
+    /// `tracing` warning, and reported as [`ServerEvent::ProtocolError`]
+    /// with `rank: None`, which a launcher should only report: it does not
+    /// concern any rank of the job.
     ///
     /// # Errors
     ///
     /// [`ServerError::Listen`], [`ServerError::Spawn`].
-    pub fn listen_tcp(
+    pub fn listen_tcp_with(
         &self,
         addr: impl ToSocketAddrs,
+        options: PortOptions,
     ) -> Result<(u16, JoinHandle<()>), ServerError> {
         let listener = TcpListener::bind(addr).map_err(|source| ServerError::Listen { source })?;
         let local = listener
@@ -680,12 +1122,35 @@ impl Server {
         self.shared.lock().listeners.push(local);
         let shared = Arc::clone(&self.shared);
         let name = format!("pmi-accept-{}", local.port());
+        let authenticated = options.requires_secret();
         let handle = thread::Builder::new()
             .name(name.clone())
-            .spawn(move || shared.accept_loop(&listener))
+            .spawn(move || shared.accept_loop(&listener, &Arc::new(options)))
             .map_err(|source| ServerError::Spawn { name, source })?;
-        debug!(%local, "PMI_PORT listener");
+        debug!(%local, authenticated, "PMI_PORT listener");
         Ok((local.port(), handle))
+    }
+
+    /// The counts of connections, handshakes and protocol errors so far.
+    pub fn stats(&self) -> ServerStats {
+        let c = &self.shared.counters;
+        let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        ServerStats {
+            connections_accepted: get(&c.connections_accepted),
+            accept_errors: get(&c.accept_errors),
+            connections_refused_over_cap: get(&c.connections_refused_over_cap),
+            handshakes_in_progress: get(&c.handshakes_in_progress),
+            handshakes_completed: get(&c.handshakes_completed),
+            handshake_failures: get(&c.handshake_failures),
+            claims_refused: get(&c.claims_refused),
+            protocol_errors: get(&c.protocol_errors),
+        }
+    }
+
+    /// Sets how much of the key-value space each rank may hold (default
+    /// [`KvsLimits::DEFAULT`]); see [`ServerCore::set_kvs_limits`].
+    pub fn set_kvs_limits(&self, limits: KvsLimits) {
+        self.shared.lock().core.set_kvs_limits(limits);
     }
 
     /// From now on, also report every barrier release as
@@ -794,6 +1259,7 @@ impl Shared {
                     send(conn.get_mut(), &reply)
                 }
                 Action::Close { reply, detail } => {
+                    bump(&self.counters.protocol_errors);
                     warn!(rank, detail, "PMI protocol error; closing the connection");
                     if let Some(reply) = reply {
                         let _ = send(conn.get_mut(), &reply);
@@ -829,7 +1295,8 @@ impl Shared {
         }
     }
 
-    fn accept_loop(self: &Arc<Self>, listener: &TcpListener) {
+    fn accept_loop(self: &Arc<Self>, listener: &TcpListener, options: &Arc<PortOptions>) {
+        let in_handshake = Arc::new(AtomicUsize::new(0));
         for stream in listener.incoming() {
             if self.lock().shutdown {
                 return;
@@ -837,64 +1304,233 @@ impl Shared {
             let stream = match stream {
                 Ok(stream) => stream,
                 Err(e) => {
+                    bump(&self.counters.accept_errors);
                     warn!(error = %e, "PMI_PORT accept failed");
                     // Out of descriptors, typically: do not spin.
                     thread::sleep(Duration::from_millis(10));
                     continue;
                 }
             };
+            bump(&self.counters.connections_accepted);
+            let peer = stream
+                .peer_addr()
+                .map_or_else(|_| "an unknown peer".to_owned(), |a| a.to_string());
+            // Only this thread increments, so the check cannot race.
+            if in_handshake.load(Ordering::Acquire) >= options.max_handshakes {
+                drop(stream);
+                self.refuse_over_cap(
+                    &peer,
+                    format!(
+                        "{} connections already in their handshake",
+                        options.max_handshakes
+                    ),
+                );
+                continue;
+            }
+            let slot = HandshakeSlot::take(&in_handshake, self);
             let shared = Arc::clone(self);
+            let options = Arc::clone(options);
+            let conn_peer = peer.clone();
             let spawned = thread::Builder::new()
                 .name("pmi-port-conn".into())
-                .spawn(move || shared.port_connection(stream));
+                .spawn(move || shared.port_connection(stream, &conn_peer, &options, slot));
             if let Err(e) = spawned {
-                warn!(error = %e, "cannot start a PMI_PORT connection thread");
+                // The closure, its stream and its slot were dropped.
+                self.refuse_over_cap(&peer, format!("cannot start a thread: {e}"));
             }
         }
     }
 
-    /// Runs the `initack` handshake on a port-mode connection, then serves
-    /// the rank it names.
-    fn port_connection(&self, stream: TcpStream) {
-        let reject = |detail: String| {
-            warn!(detail, "PMI_PORT handshake failed");
+    fn refuse_over_cap(&self, peer: &str, why: String) {
+        bump(&self.counters.connections_refused_over_cap);
+        let detail = format!("PMI_PORT connection from {peer} refused: {why}");
+        warn!(peer, detail, "PMI_PORT connection refused");
+        self.event(ServerEvent::ProtocolError { rank: None, detail });
+    }
+
+    /// Runs the handshake on a port-mode connection (the challenge first if
+    /// the listener has a secret), then serves the rank it names.
+    fn port_connection(
+        &self,
+        stream: TcpStream,
+        peer: &str,
+        options: &PortOptions,
+        slot: HandshakeSlot,
+    ) {
+        let fail = |counter: &AtomicU64, detail: String| {
+            bump(counter);
+            let detail = format!("PMI_PORT connection from {peer}: {detail}");
+            warn!(peer, detail, "PMI_PORT handshake failed; connection closed");
             self.event(ServerEvent::ProtocolError { rank: None, detail });
         };
-        let setup = stream
-            .set_nodelay(true)
-            .and_then(|()| stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT)));
-        if let Err(e) = setup {
-            return reject(format!("configuring the connection: {e}"));
+        let failed = &self.counters.handshake_failures;
+        if let Err(e) = stream.set_nodelay(true) {
+            return fail(failed, format!("configuring the connection: {e}"));
         }
-        let mut conn = BufReader::new(stream);
+        let timeout = options.handshake_timeout;
+        let mut conn = BufReader::new(PortStream {
+            stream,
+            deadline: Some(Instant::now() + timeout),
+        });
+        let io_detail = |what: &str, e: &io::Error| match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                format!("{what}: handshake not done within {timeout:?}")
+            }
+            _ => format!("{what}: {e}"),
+        };
+        let nonce = match &options.secret {
+            None => None,
+            Some(_) => {
+                let nonce = match auth::new_nonce() {
+                    Ok(nonce) => nonce,
+                    Err(e) => return fail(failed, e.to_string()),
+                };
+                if let Err(e) = send(conn.get_mut(), &challenge_message(&nonce)) {
+                    return fail(failed, io_detail("sending the challenge", &e));
+                }
+                Some(nonce)
+            }
+        };
         let handshake = match wire::read_message(&mut conn) {
-            Ok(Some(msg)) => self.lock().core.handle_initack(&msg),
-            Ok(None) => return reject("connection closed before initack".into()),
-            Err(ReadError::Io(e)) => return reject(format!("reading initack: {e}")),
+            Ok(Some(msg)) => {
+                let mut guarded = self.lock();
+                match (&options.secret, &nonce) {
+                    (Some(secret), Some(nonce)) => {
+                        guarded.core.handle_proved_initack(&msg, secret, nonce)
+                    }
+                    _ => guarded.core.handle_initack(&msg),
+                }
+            }
+            Ok(None) => return fail(failed, "connection closed before initack".into()),
+            Err(ReadError::Io(e)) => return fail(failed, io_detail("reading initack", &e)),
             Err(ReadError::Malformed(e)) => {
                 let _ = send(conn.get_mut(), &Message::new("initack").with("rc", "-1"));
-                return reject(format!("malformed initack: {e}"));
+                return fail(failed, format!("malformed initack: {e}"));
             }
         };
         match handshake {
             Handshake::Accepted { rank, replies } => {
                 let sent = replies
                     .iter()
-                    .try_for_each(|reply| send(conn.get_mut(), reply));
-                let sent = sent.and_then(|()| conn.get_ref().set_read_timeout(None));
+                    .try_for_each(|reply| send(conn.get_mut(), reply))
+                    .and_then(|()| conn.get_mut().end_handshake());
+                drop(slot);
                 match sent {
-                    Ok(()) => self.run(&mut conn, rank),
-                    Err(e) => self.event(ServerEvent::Disconnected {
-                        rank,
-                        error: Some(e),
-                    }),
+                    Ok(()) => {
+                        bump(&self.counters.handshakes_completed);
+                        self.run(&mut conn, rank);
+                    }
+                    Err(e) => {
+                        bump(&self.counters.handshakes_completed);
+                        self.event(ServerEvent::Disconnected {
+                            rank,
+                            error: Some(e),
+                        });
+                    }
                 }
             }
-            Handshake::Rejected { reply, detail } => {
+            Handshake::Rejected {
+                reply,
+                detail,
+                reason,
+            } => {
                 let _ = send(conn.get_mut(), &reply);
-                reject(detail);
+                let counter = match reason {
+                    Refusal::RankClaimed => &self.counters.claims_refused,
+                    _ => failed,
+                };
+                fail(counter, detail);
             }
         }
+    }
+}
+
+/// `cmd=challenge nonce=<hex>`, the first line of an authenticated
+/// port-mode connection.
+pub fn challenge_message(nonce: &[u8; NONCE_LEN]) -> Message {
+    Message::new("challenge").with("nonce", auth::encode_hex(nonce))
+}
+
+/// One of a listener's handshake places, given back when dropped.
+#[derive(Debug)]
+struct HandshakeSlot {
+    in_handshake: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
+}
+
+impl HandshakeSlot {
+    fn take(in_handshake: &Arc<AtomicUsize>, shared: &Arc<Shared>) -> Self {
+        in_handshake.fetch_add(1, Ordering::AcqRel);
+        bump(&shared.counters.handshakes_in_progress);
+        Self {
+            in_handshake: Arc::clone(in_handshake),
+            shared: Arc::clone(shared),
+        }
+    }
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        self.in_handshake.fetch_sub(1, Ordering::AcqRel);
+        self.shared
+            .counters
+            .handshakes_in_progress
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A port-mode connection under the handshake deadline: every read and
+/// write gets at most the time left.
+#[derive(Debug)]
+struct PortStream {
+    stream: TcpStream,
+    /// `None` once the handshake is over.
+    deadline: Option<Instant>,
+}
+
+impl PortStream {
+    /// The time left, as a socket timeout; an error once it is up.
+    fn time_left(&self) -> io::Result<Option<Duration>> {
+        match self.deadline {
+            None => Ok(None),
+            Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+                Some(left) if !left.is_zero() => Ok(Some(left)),
+                _ => Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the handshake deadline has passed",
+                )),
+            },
+        }
+    }
+
+    /// Lifts the deadline: the connection now belongs to a rank, which may
+    /// stay silent as long as it likes (in a barrier, say).
+    fn end_handshake(&mut self) -> io::Result<()> {
+        self.deadline = None;
+        self.stream.set_read_timeout(None)?;
+        self.stream.set_write_timeout(None)
+    }
+}
+
+impl Read for PortStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(left) = self.time_left()? {
+            self.stream.set_read_timeout(Some(left))?;
+        }
+        self.stream.read(buf)
+    }
+}
+
+impl Write for PortStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if let Some(left) = self.time_left()? {
+            self.stream.set_write_timeout(Some(left))?;
+        }
+        self.stream.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
     }
 }
 
@@ -1157,6 +1793,116 @@ mod tests {
             c.handle(0, &msg("cmd=initack pmiid=0")),
             Action::Close { .. }
         ));
+    }
+
+    fn refusal(h: Handshake) -> (Refusal, Message) {
+        match h {
+            Handshake::Rejected { reason, reply, .. } => (reason, reply),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn proved_initack() {
+        let secret = JobSecret::from_bytes([9; 32]);
+        let nonce = [3; NONCE_LEN];
+        let proof = |pmiid: &str| auth::encode_hex(&secret.proof(&nonce, pmiid));
+        let mut c = core(3);
+        // No proof, a wrong one, one for another rank or nonce, or another
+        // secret's: refused before the rank is looked at.
+        let other_nonce = auth::encode_hex(&secret.proof(&[4; NONCE_LEN], "0"));
+        let other_secret = auth::encode_hex(&JobSecret::from_bytes([1; 32]).proof(&nonce, "0"));
+        for bad in [
+            "cmd=initack pmiid=0".to_owned(),
+            format!("cmd=initack pmiid=0 proof={}", "0".repeat(64)),
+            format!("cmd=initack pmiid=0 proof={}", proof("1")),
+            format!("cmd=initack pmiid=0 proof={other_nonce}"),
+            format!("cmd=initack pmiid=0 proof={other_secret}"),
+            format!("cmd=initack pmiid=0 proof={}", &proof("0")[..63]),
+            format!("cmd=initack proof={}", proof("0")),
+        ] {
+            let (reason, reply) = refusal(c.handle_proved_initack(&msg(&bad), &secret, &nonce));
+            assert_eq!(reason, Refusal::Unauthenticated, "{bad}");
+            assert_eq!(
+                reply.to_line().unwrap(),
+                "cmd=initack rc=-1 msg=authentication_failed\n"
+            );
+        }
+        // Nothing was attached by the refusals.
+        let good = msg(&format!("cmd=initack pmiid=0 proof={}", proof("0")));
+        assert!(matches!(
+            c.handle_proved_initack(&good, &secret, &nonce),
+            Handshake::Accepted { rank: 0, .. }
+        ));
+        // A second claim, proved or not, is refused.
+        let (reason, _) = refusal(c.handle_proved_initack(&good, &secret, &nonce));
+        assert_eq!(reason, Refusal::RankClaimed);
+        let (reason, _) = refusal(c.handle_initack(&msg("cmd=initack pmiid=0")));
+        assert_eq!(reason, Refusal::RankClaimed);
+        // A proved pmiid out of range or not a number.
+        for id in ["3", "x"] {
+            let line = format!("cmd=initack pmiid={id} proof={}", proof(id));
+            let (reason, _) = refusal(c.handle_proved_initack(&msg(&line), &secret, &nonce));
+            assert_eq!(reason, Refusal::InvalidPmiid, "{id}");
+        }
+        let (reason, _) = refusal(c.handle_proved_initack(&msg("cmd=init"), &secret, &nonce));
+        assert_eq!(reason, Refusal::NotInitack);
+        assert_eq!(
+            challenge_message(&nonce).to_line().unwrap(),
+            format!("cmd=challenge nonce={}\n", "03".repeat(NONCE_LEN))
+        );
+    }
+
+    #[test]
+    fn kvs_quota_per_rank() {
+        let mut c = core(2);
+        c.set_kvs_limits(KvsLimits { bytes: 40, keys: 3 });
+        let put = |c: &mut ServerCore, rank: u32, key: &str, value: &str| {
+            c.handle(rank, &msg(&format!("cmd=put key={key} value={value}")))
+        };
+        let ok = |a: Action| assert_eq!(reply(a).get("rc"), Some("0"));
+        // Rank 0: three keys of 2 + 8 bytes.
+        for key in ["k0", "k1", "k2"] {
+            ok(put(&mut c, 0, key, "12345678"));
+        }
+        // Replacing its own key does not count twice.
+        ok(put(&mut c, 0, "k2", "1234567890"));
+        // A fourth key is over the key count: refused and closed.
+        match put(&mut c, 0, "k3", "v") {
+            Action::Close {
+                reply: Some(reply),
+                detail,
+            } => {
+                assert_eq!(
+                    reply.to_line().unwrap(),
+                    "cmd=put_result rc=-1 msg=kvs_quota_exceeded\n"
+                );
+                assert!(
+                    detail.contains("rank 0") && detail.contains("quota"),
+                    "{detail}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            reply(c.handle(1, &msg("cmd=get key=k3"))).get("rc"),
+            Some("-1")
+        );
+        // Rank 1 has its own quota, in bytes: 2 + 30 fits, 9 more do not.
+        ok(put(&mut c, 1, "m0", &"v".repeat(30)));
+        assert!(matches!(
+            put(&mut c, 1, "m1", "1234567"),
+            Action::Close { .. }
+        ));
+        // Taking over rank 0's key moves it to rank 1's account, which is
+        // full; rank 0's then has room again.
+        ok(put(&mut c, 1, "m0", "v"));
+        ok(put(&mut c, 1, "k0", "v"));
+        ok(put(&mut c, 0, "k3", "v"));
+        assert_eq!(
+            reply(c.handle(0, &msg("cmd=get key=k0"))).get("value"),
+            Some("v")
+        );
     }
 
     #[test]
