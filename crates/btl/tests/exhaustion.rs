@@ -23,6 +23,9 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+use common::host::{have, is_root, run};
+
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -93,35 +96,6 @@ fn user_fragments_run_out_as_back_pressure_and_the_cache_limit_is_soft() {
     for ctx in btl.finalize().unwrap() {
         assert!(udbtl_fabric::Context::resources(&ctx).is_empty());
     }
-}
-
-fn have(tool: &str, arg: &str) -> bool {
-    Command::new(tool)
-        .arg(arg)
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
-}
-
-fn run(cmd: &str) {
-    assert!(
-        Command::new("sh")
-            .args(["-c", cmd])
-            .status()
-            .unwrap()
-            .success(),
-        "{cmd}"
-    );
 }
 
 #[test]

@@ -9,6 +9,9 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+use common::host::{have, is_root, run};
+
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -16,38 +19,9 @@ use std::time::{Duration, Instant};
 use udbtl_btl::*;
 use udbtl_fabric::udp::UdpProvider;
 
-fn have(tool: &str) -> bool {
-    Command::new(tool)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
-}
-
-fn run(cmd: &str) {
-    assert!(
-        Command::new("sh")
-            .args(["-c", cmd])
-            .status()
-            .unwrap()
-            .success(),
-        "{cmd}"
-    );
-}
-
 #[test]
 fn reliable_delivery_through_nftables_drops() {
-    if !(is_root() && have("nft") && have("unshare")) {
+    if !(is_root() && have("nft", "--version") && have("unshare", "--version")) {
         eprintln!("SKIPPED: needs root, nft and unshare (CI has them)");
         return;
     }

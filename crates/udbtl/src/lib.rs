@@ -25,4 +25,4 @@ mod world;
 
 pub use udbtl_btl as btl;
 pub use udbtl_btl::{EndpointId, Tag};
-pub use world::{InitError, ModexMode, World, init};
+pub use world::{InitError, ModexMode, World, init, log_to_stderr};

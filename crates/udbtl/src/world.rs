@@ -210,7 +210,7 @@ impl World {
     /// As [`init`].
     pub fn init_with(config: BtlConfig) -> Result<Self, InitError> {
         let started = Instant::now();
-        install_log();
+        log_to_stderr();
         let mut pmi = PmiClient::from_env()?;
         pmi.init()?;
         let (rank, size) = (pmi.rank(), pmi.size());
@@ -677,7 +677,8 @@ impl World {
 /// Sends log records to stderr: `RUST_LOG` when set (an invalid one is
 /// reported and replaced), `warn` otherwise, so that the library's warnings
 /// reach the user. A program that installed its own subscriber keeps it.
-fn install_log() {
+/// [`init`] calls it; tools that do not call `init` may too.
+pub fn log_to_stderr() {
     use tracing_subscriber::EnvFilter;
     use tracing_subscriber::filter::LevelFilter;
     let filter = EnvFilter::builder()

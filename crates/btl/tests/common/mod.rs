@@ -10,6 +10,8 @@
 // Each test crate uses part of this module.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub(crate) mod host;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

@@ -50,13 +50,11 @@
 
 use std::error::Error;
 use std::fmt::{self, Display};
-use std::io::{self, BufWriter, IsTerminal, Write};
+use std::io::{self, BufWriter, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
-use tracing_subscriber::EnvFilter;
-use tracing_subscriber::filter::LevelFilter;
 use udbtl_btl::params::env::{self, OTHER_VARS, VarUse};
 use udbtl_btl::params::{ParamError, ParamInfo, Source};
 use udbtl_btl::{BtlConfig, Component, Limits, NUM_QP, Params, check_udp_settings, udp_config};
@@ -115,7 +113,9 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(err) => return usage(&err),
     };
-    init_tracing();
+    // Warnings at least (a port skipped while building modules), or what
+    // RUST_LOG asks for.
+    udbtl::log_to_stderr();
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Param(err)) => {
@@ -220,28 +220,6 @@ fn usage(err: &clap::Error) -> ExitCode {
     };
     complain(format_args!("{first}{hint}{help}"));
     ExitCode::from(2)
-}
-
-/// Logs to stderr at the level `RUST_LOG` asks for, `warn` by default, so
-/// that a port skipped while building modules is reported.
-fn init_tracing() {
-    let filter = EnvFilter::builder()
-        .with_default_directive(LevelFilter::WARN.into())
-        .from_env();
-    let (filter, rejected) = match filter {
-        Ok(filter) => (filter, None),
-        Err(err) => (EnvFilter::new("warn"), Some(err)),
-    };
-    // Fails only if a subscriber is already installed, which nothing does.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(io::stderr)
-        .without_time()
-        .with_ansi(io::stderr().is_terminal())
-        .try_init();
-    if let Some(err) = rejected {
-        complain(format_args!("ignoring RUST_LOG: {err}"));
-    }
 }
 
 /// Writes one `udinfo: ...` line to stderr. A failure to write it is
