@@ -24,9 +24,8 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
-use common::host::{have, is_root, run};
+use common::host::{have, is_root, run, run_in_new_netns};
 
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -104,19 +103,7 @@ fn a_full_socket_send_buffer_is_a_counted_loss_that_reliability_repairs() {
         eprintln!("SKIPPED: needs root, tc and unshare");
         return;
     }
-    let status = Command::new("unshare")
-        .arg("-n")
-        .arg(std::env::current_exe().unwrap())
-        .args([
-            "full_send_buffer_in_namespace",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    run_in_new_netns("full_send_buffer_in_namespace");
 }
 
 type Btl = Component<UdpProvider>;

@@ -54,6 +54,50 @@ fn component_with(auth: bool) -> Component<UdpProvider> {
     Component::init(UdpProvider::new(udp_config(&params)), params).unwrap()
 }
 
+/// A sender A and a receiver B connected to each other over UDP loopback;
+/// B's callback records what it hears on [`Tag::PML`].
+struct Pair {
+    a: Component<UdpProvider>,
+    b: Component<UdpProvider>,
+    ab: EndpointId,
+    ba: EndpointId,
+    heard: Heard,
+}
+
+impl Pair {
+    fn new(auth: bool) -> Self {
+        let (mut a, mut b) = (component_with(auth), component_with(auth));
+        let (ab, ba, heard) = Self::connect(&mut a, &mut b);
+        Self {
+            a,
+            b,
+            ab,
+            ba,
+            heard,
+        }
+    }
+
+    /// Connects `a` and `b` both ways and records what `b` hears.
+    fn connect(
+        a: &mut Component<UdpProvider>,
+        b: &mut Component<UdpProvider>,
+    ) -> (EndpointId, EndpointId, Heard) {
+        let ab = a.add_procs(&[Some(&b.modex())]).unwrap()[0].endpoints[0].unwrap();
+        let ba = b.add_procs(&[Some(&a.modex())]).unwrap()[0].endpoints[0].unwrap();
+        let heard: Heard = Arc::default();
+        let sink = heard.clone();
+        b.modules_mut()[0].register(
+            Tag::PML,
+            Box::new(move |ev: &RecvEvent<'_>| {
+                sink.lock()
+                    .unwrap()
+                    .push((ev.endpoint, ev.payload.to_vec()));
+            }),
+        );
+        (ab, ba, heard)
+    }
+}
+
 /// Message `i` of the real traffic: its index, then bytes derived from it.
 fn message(i: u32) -> Vec<u8> {
     let mut bytes = i.to_le_bytes().to_vec();
@@ -163,20 +207,13 @@ fn drops<P: Provider>(btl: &Component<P>) -> [u64; 9] {
 
 #[test]
 fn hostile_datagrams_are_dropped_and_counted_while_real_traffic_flows() {
-    let mut a = component();
-    let mut b = component();
-    let ab = a.add_procs(&[Some(&b.modex())]).unwrap()[0].endpoints[0].unwrap();
-    let ba = b.add_procs(&[Some(&a.modex())]).unwrap()[0].endpoints[0].unwrap();
-    let heard: Heard = Arc::default();
-    let sink = heard.clone();
-    b.modules_mut()[0].register(
-        Tag::PML,
-        Box::new(move |ev: &RecvEvent<'_>| {
-            sink.lock()
-                .unwrap()
-                .push((ev.endpoint, ev.payload.to_vec()));
-        }),
-    );
+    let Pair {
+        mut a,
+        mut b,
+        ab,
+        ba,
+        heard,
+    } = Pair::new(false);
 
     // The attacker: a plain socket that A is made to send to.
     let attacker = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -379,18 +416,7 @@ fn with_auth_a_stranger_can_neither_inject_nor_replay() {
     );
     plain.finalize().unwrap();
 
-    let ab = a.add_procs(&[Some(&b.modex())]).unwrap()[0].endpoints[0].unwrap();
-    let ba = b.add_procs(&[Some(&a.modex())]).unwrap()[0].endpoints[0].unwrap();
-    let heard: Heard = Arc::default();
-    let sink = heard.clone();
-    b.modules_mut()[0].register(
-        Tag::PML,
-        Box::new(move |ev: &RecvEvent<'_>| {
-            sink.lock()
-                .unwrap()
-                .push((ev.endpoint, ev.payload.to_vec()));
-        }),
-    );
+    let (ab, ba, heard) = Pair::connect(&mut a, &mut b);
 
     // What an on-path observer captures of A→B: A sends the first messages
     // of the real stream to a tap that published B's key and process id, so

@@ -10,7 +10,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
-use common::host::{have, is_root, run};
+use common::host::{have, is_root, run, run_in_new_netns};
 
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -25,19 +25,7 @@ fn reliable_delivery_through_nftables_drops() {
         eprintln!("SKIPPED: needs root, nft and unshare (CI has them)");
         return;
     }
-    let status = Command::new("unshare")
-        .arg("-n")
-        .arg(std::env::current_exe().unwrap())
-        .args([
-            "in_namespace",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    run_in_new_netns("in_namespace");
 }
 
 #[test]

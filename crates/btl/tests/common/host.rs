@@ -31,3 +31,22 @@ pub(crate) fn run(cmd: &str) {
         .is_ok_and(|s| s.success());
     assert!(ok, "{cmd}");
 }
+
+/// Runs this test binary's ignored test `test` again inside a new network
+/// namespace (`unshare -n`), where it may change the network freely;
+/// panics if it fails. The caller checked [`is_root`] and `unshare`.
+pub(crate) fn run_in_new_netns(test: &str) {
+    let status = Command::new("unshare")
+        .arg("-n")
+        .arg(std::env::current_exe().expect("the test binary's path"))
+        .args([
+            test,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .status()
+        .expect("unshare runs");
+    assert!(status.success(), "{test} failed in its namespace");
+}
