@@ -341,6 +341,14 @@ pub enum ServerEvent {
         /// Its message.
         message: String,
     },
+    /// A port-mode connection completed its handshake and is now rank
+    /// `rank`'s (sent before any other event of that connection). Local
+    /// ranks served with [`Server::serve`] get none: they are connected
+    /// from the start.
+    Connected {
+        /// The rank.
+        rank: u32,
+    },
     /// A rank finalized.
     Finalized {
         /// The rank.
@@ -1415,13 +1423,11 @@ impl Shared {
                     .try_for_each(|reply| send(conn.get_mut(), reply))
                     .and_then(|()| conn.get_mut().end_handshake());
                 drop(slot);
+                bump(&self.counters.handshakes_completed);
+                self.event(ServerEvent::Connected { rank });
                 match sent {
-                    Ok(()) => {
-                        bump(&self.counters.handshakes_completed);
-                        self.run(&mut conn, rank);
-                    }
+                    Ok(()) => self.run(&mut conn, rank),
                     Err(e) => {
-                        bump(&self.counters.handshakes_completed);
                         self.event(ServerEvent::Disconnected {
                             rank,
                             error: Some(e),

@@ -16,8 +16,15 @@ use udbtl_pmi::{
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The next event other than [`ServerEvent::Connected`] (which every
+/// port-mode rank sends first).
 fn next_event(events: &Receiver<ServerEvent>) -> ServerEvent {
-    events.recv_timeout(TIMEOUT).expect("no server event")
+    loop {
+        match events.recv_timeout(TIMEOUT).expect("no server event") {
+            ServerEvent::Connected { .. } => {}
+            event => return event,
+        }
+    }
 }
 
 /// The next event, which must be a refusal of a connection that is no rank;
