@@ -152,7 +152,12 @@ if [ -n "${{PMI_FD:-}}" ]; then
     fd=$PMI_FD rank=$PMI_RANK size=$PMI_SIZE
 else
     exec {{fd}}<>"/dev/tcp/${{PMI_PORT%:*}}/${{PMI_PORT##*:}}" || die "cannot connect to $PMI_PORT"
-    echo "cmd=initack pmiid=$PMI_ID" >&$fd
+    IFS= read -r -t 10 line <&$fd || die "no challenge"
+    case $line in "cmd=challenge nonce="*) ;; *) die "challenge: $line" ;; esac
+    proof=$(UDRUN_TEST_NONCE=${{line#cmd=challenge nonce=}} {proof})
+    [ -n "$proof" ] || die "no proof"
+    hello="cmd=initack pmiid=$PMI_ID proof=$proof"
+    echo "$hello" >&$fd
     for _ in 1 2 3 4; do
         IFS= read -r -t 10 line <&$fd || die "no initack"
         case $line in
@@ -176,8 +181,38 @@ done
 echo "rank $rank saw $size"
 {after}
 req "cmd=finalize"
-"#
+"#,
+        proof = proof_command(),
     )
+}
+
+/// A shell pipeline that prints the PMI_PORT proof for the nonce (hex) in
+/// `UDRUN_TEST_NONCE`, from `UDBTL_PMI_SECRET` and `PMI_ID` in its
+/// environment: this test binary, running [`proof_helper`] alone.
+fn proof_command() -> String {
+    let exe = std::env::current_exe().unwrap();
+    format!(
+        "'{}' --exact proof_helper --nocapture 2>/dev/null | sed -n 's/^PROOF //p'",
+        exe.display()
+    )
+}
+
+/// Not a test: the helper of [`proof_command`] (it does nothing unless
+/// `UDRUN_TEST_NONCE` is set).
+#[test]
+fn proof_helper() {
+    let Ok(nonce_hex) = std::env::var("UDRUN_TEST_NONCE") else {
+        return;
+    };
+    let mut nonce = [0u8; udbtl_pmi::auth::NONCE_LEN];
+    for (i, byte) in nonce.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&nonce_hex[2 * i..2 * i + 2], 16).unwrap();
+    }
+    let secret =
+        udbtl_pmi::JobSecret::from_hex(&std::env::var(udbtl_pmi::SECRET_ENV).unwrap()).unwrap();
+    let proof = secret.proof(&nonce, &std::env::var("PMI_ID").unwrap());
+    let hex: String = proof.iter().map(|b| format!("{b:02x}")).collect();
+    println!("PROOF {hex}");
 }
 
 /// `udrun <udrun_args> bash -c <script>`.

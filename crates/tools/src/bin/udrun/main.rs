@@ -122,6 +122,9 @@ pub(crate) enum Error {
     /// Remote ranks need this host's name for `PMI_PORT`.
     #[error("cannot tell this host's name, which remote ranks need to reach udrun")]
     NoHostname,
+    /// The job's PMI secret could not be made.
+    #[error("making the job's PMI secret: {0}")]
+    Secret(#[from] udbtl_pmi::SecretError),
     /// The PMI server could not start.
     #[error("starting the PMI server: {0}")]
     Pmi(#[from] udbtl_pmi::ServerError),
