@@ -1349,3 +1349,79 @@ fn a_remote_rank_that_never_connects_ends_the_job_at_the_startup_timeout() {
     assert!(run.elapsed < Duration::from_secs(6), "{run:#?}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn stdin_goes_to_local_rank_0_and_the_secrets_line_to_remote_ranks_only() {
+    let dir = scratch("stdin-remote");
+    let ssh = script_file(&dir, "fake-ssh", FAKE_SSH);
+    // Rank 0 here reads udrun's stdin; the remote ranks read /dev/null
+    // (their launcher's stdin, after the secrets line, is the watcher's).
+    let mut cmd = udrun(&[
+        "-n",
+        "3",
+        "--host",
+        "localhost,node:2",
+        "--launcher-exec",
+        ssh.to_str().unwrap(),
+        "sh",
+        "-c",
+        r#"r=${PMI_RANK:-r$PMI_ID}; while read -r l; do echo "$r:$l"; done; echo "$r:eof:${#UDBTL_PMI_SECRET}""#,
+    ]);
+    cmd.stdin(Stdio::piped());
+    let mut udrun = Udrun::start(cmd);
+    let mut stdin = udrun.child.stdin.take().unwrap();
+    std::io::Write::write_all(&mut stdin, b"a\nb\n").unwrap();
+    drop(stdin);
+    let stdout = collect(udrun.child.stdout.take().unwrap());
+    let stderr = collect(udrun.child.stderr.take().unwrap());
+    let (code, _) = udrun.wait();
+    let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());
+    assert_eq!(code, Some(0), "{stderr}");
+    let mut lines: Vec<&str> = stdout.lines().collect();
+    lines.sort_unstable();
+    // Local rank 0 has no secret (it needs none); the remote ones have all
+    // 64 hex digits of it.
+    assert_eq!(
+        lines,
+        ["0:a", "0:b", "0:eof:0", "r1:eof:64", "r2:eof:64"],
+        "{stdout}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn pmi_is_served_on_the_advertised_address_unless_pmi_listen_any() {
+    let dir = scratch("listen");
+    let ssh = script_file(&dir, "fake-ssh", FAKE_SSH);
+    // The remote rank finds udrun's listening socket in /proc/net/tcp.
+    let script = r#"p=$(printf '%04X' "${PMI_PORT##*:}")
+awk -v p=":$p" '$4 == "0A" && substr($2, length($2) - 4) == p { print "listen " $2 }' /proc/net/tcp"#;
+    let this_host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let advertised = std::net::ToSocketAddrs::to_socket_addrs(&(this_host.trim(), 0))
+        .unwrap()
+        .find(std::net::SocketAddr::is_ipv4);
+    for (any, expected) in [(false, advertised), (true, Some(([0, 0, 0, 0], 0).into()))] {
+        let mut args = vec!["-n", "1", "--host", "node", "--launcher-exec"];
+        args.push(ssh.to_str().unwrap());
+        if any {
+            args.push("--pmi-listen-any");
+        }
+        args.extend(["bash", "-c", script]);
+        let run = launch(&args);
+        assert_eq!(run.code, Some(0), "{run:#?}");
+        let Some(std::net::SocketAddr::V4(expected)) = expected else {
+            // This host's name resolves to IPv6 only: not checked here.
+            continue;
+        };
+        // /proc/net/tcp shows the address as a little-endian u32 in hex.
+        let hex = format!("{:08X}:", u32::from_le_bytes(expected.ip().octets()));
+        let listen: Vec<&str> = run
+            .stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("listen "))
+            .collect();
+        assert_eq!(listen.len(), 1, "{run:#?}");
+        assert!(listen[0].starts_with(&hex), "{hex}: {run:#?}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
