@@ -439,3 +439,27 @@ fn kvs_quota_closes_the_rank() {
     ));
     server.shutdown();
 }
+
+#[test]
+fn a_completed_handshake_is_announced_before_anything_else_of_its_rank() {
+    let secret = JobSecret::generate().unwrap();
+    let (server, events, addr) = job(2, PortOptions::new().with_secret(secret.clone()));
+    // A refused connection announces nothing but its refusal.
+    assert!(from_env(&addr, 1, None).is_err());
+    match events.recv_timeout(TIMEOUT).unwrap() {
+        ServerEvent::ProtocolError { rank: None, .. } => {}
+        other => panic!("expected the refusal, got {other:?}"),
+    }
+    let mut pmi = from_env(&addr, 1, Some(&secret)).unwrap();
+    match events.recv_timeout(TIMEOUT).unwrap() {
+        ServerEvent::Connected { rank: 1 } => {}
+        other => panic!("expected Connected for rank 1, got {other:?}"),
+    }
+    pmi.init().unwrap();
+    pmi.finalize().unwrap();
+    match events.recv_timeout(TIMEOUT).unwrap() {
+        ServerEvent::Finalized { rank: 1 } => {}
+        other => panic!("expected Finalized, got {other:?}"),
+    }
+    server.shutdown();
+}
