@@ -234,6 +234,7 @@ mod tests {
             "UDBTL_JOB_KEY",
             "UDBTL_DUMP",
             "UDBTL_MODEX",
+            "UDBTL_PMI_SECRET",
             "UDBTL_FAULT_SEED",
             "UDBTL_TEST_PEER_MODEX",
             "UDBTL_OMPI_MPICC",
