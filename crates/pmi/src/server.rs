@@ -127,7 +127,8 @@
 //!    and [`Server::stats`] as the count to report at the end.
 //! 5. Time the start-up itself: a rank that never connects simply never
 //!    shows up; the server does not know which ranks a launcher expects
-//!    when.
+//!    when. [`ServerEvent::Connected`] tells when each port-mode rank
+//!    completed its handshake (udrun's `--startup-timeout` uses it).
 
 use std::collections::HashMap;
 use std::io::{self, BufReader, Read, Write};
