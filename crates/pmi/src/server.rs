@@ -127,7 +127,8 @@
 //!    and [`Server::stats`] as the count to report at the end.
 //! 5. Time the start-up itself: a rank that never connects simply never
 //!    shows up; the server does not know which ranks a launcher expects
-//!    when.
+//!    when. [`ServerEvent::Connected`] tells when each port-mode rank
+//!    completed its handshake (udrun's `--startup-timeout` uses it).
 
 use std::collections::HashMap;
 use std::io::{self, BufReader, Read, Write};
@@ -340,6 +341,14 @@ pub enum ServerEvent {
         code: i32,
         /// Its message.
         message: String,
+    },
+    /// A port-mode connection completed its handshake and is now rank
+    /// `rank`'s (sent before any other event of that connection). Local
+    /// ranks served with [`Server::serve`] get none: they are connected
+    /// from the start.
+    Connected {
+        /// The rank.
+        rank: u32,
     },
     /// A rank finalized.
     Finalized {
@@ -1415,13 +1424,11 @@ impl Shared {
                     .try_for_each(|reply| send(conn.get_mut(), reply))
                     .and_then(|()| conn.get_mut().end_handshake());
                 drop(slot);
+                bump(&self.counters.handshakes_completed);
+                self.event(ServerEvent::Connected { rank });
                 match sent {
-                    Ok(()) => {
-                        bump(&self.counters.handshakes_completed);
-                        self.run(&mut conn, rank);
-                    }
+                    Ok(()) => self.run(&mut conn, rank),
                     Err(e) => {
-                        bump(&self.counters.handshakes_completed);
                         self.event(ServerEvent::Disconnected {
                             rank,
                             error: Some(e),

@@ -16,8 +16,15 @@ use udbtl_pmi::{
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The next event other than [`ServerEvent::Connected`] (which every
+/// port-mode rank sends first).
 fn next_event(events: &Receiver<ServerEvent>) -> ServerEvent {
-    events.recv_timeout(TIMEOUT).expect("no server event")
+    loop {
+        match events.recv_timeout(TIMEOUT).expect("no server event") {
+            ServerEvent::Connected { .. } => {}
+            event => return event,
+        }
+    }
 }
 
 /// The next event, which must be a refusal of a connection that is no rank;
@@ -430,5 +437,29 @@ fn kvs_quota_closes_the_rank() {
         next_event(&events),
         ServerEvent::ProtocolError { rank: Some(0), .. }
     ));
+    server.shutdown();
+}
+
+#[test]
+fn a_completed_handshake_is_announced_before_anything_else_of_its_rank() {
+    let secret = JobSecret::generate().unwrap();
+    let (server, events, addr) = job(2, PortOptions::new().with_secret(secret.clone()));
+    // A refused connection announces nothing but its refusal.
+    assert!(from_env(&addr, 1, None).is_err());
+    match events.recv_timeout(TIMEOUT).unwrap() {
+        ServerEvent::ProtocolError { rank: None, .. } => {}
+        other => panic!("expected the refusal, got {other:?}"),
+    }
+    let mut pmi = from_env(&addr, 1, Some(&secret)).unwrap();
+    match events.recv_timeout(TIMEOUT).unwrap() {
+        ServerEvent::Connected { rank: 1 } => {}
+        other => panic!("expected Connected for rank 1, got {other:?}"),
+    }
+    pmi.init().unwrap();
+    pmi.finalize().unwrap();
+    match events.recv_timeout(TIMEOUT).unwrap() {
+        ServerEvent::Finalized { rank: 1 } => {}
+        other => panic!("expected Finalized, got {other:?}"),
+    }
     server.shutdown();
 }

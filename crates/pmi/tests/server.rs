@@ -49,8 +49,15 @@ fn connect_raw(server: &Server, rank: u32) -> (BufReader<UnixStream>, thread::Jo
     (BufReader::new(ours), handle)
 }
 
+/// The next event other than [`ServerEvent::Connected`] (which every
+/// port-mode rank sends first).
 fn next_event(events: &Receiver<ServerEvent>) -> ServerEvent {
-    events.recv_timeout(TIMEOUT).expect("no server event")
+    loop {
+        match events.recv_timeout(TIMEOUT).expect("no server event") {
+            ServerEvent::Connected { .. } => {}
+            event => return event,
+        }
+    }
 }
 
 fn hex(bytes: impl IntoIterator<Item = u8>) -> String {

@@ -152,7 +152,12 @@ if [ -n "${{PMI_FD:-}}" ]; then
     fd=$PMI_FD rank=$PMI_RANK size=$PMI_SIZE
 else
     exec {{fd}}<>"/dev/tcp/${{PMI_PORT%:*}}/${{PMI_PORT##*:}}" || die "cannot connect to $PMI_PORT"
-    echo "cmd=initack pmiid=$PMI_ID" >&$fd
+    IFS= read -r -t 10 line <&$fd || die "no challenge"
+    case $line in "cmd=challenge nonce="*) ;; *) die "challenge: $line" ;; esac
+    proof=$(UDRUN_TEST_NONCE=${{line#cmd=challenge nonce=}} {proof})
+    [ -n "$proof" ] || die "no proof"
+    hello="cmd=initack pmiid=$PMI_ID proof=$proof"
+    echo "$hello" >&$fd
     for _ in 1 2 3 4; do
         IFS= read -r -t 10 line <&$fd || die "no initack"
         case $line in
@@ -176,8 +181,38 @@ done
 echo "rank $rank saw $size"
 {after}
 req "cmd=finalize"
-"#
+"#,
+        proof = proof_command(),
     )
+}
+
+/// A shell pipeline that prints the PMI_PORT proof for the nonce (hex) in
+/// `UDRUN_TEST_NONCE`, from `UDBTL_PMI_SECRET` and `PMI_ID` in its
+/// environment: this test binary, running [`proof_helper`] alone.
+fn proof_command() -> String {
+    let exe = std::env::current_exe().unwrap();
+    format!(
+        "'{}' --exact proof_helper --nocapture 2>/dev/null | sed -n 's/^PROOF //p'",
+        exe.display()
+    )
+}
+
+/// Not a test: the helper of [`proof_command`] (it does nothing unless
+/// `UDRUN_TEST_NONCE` is set).
+#[test]
+fn proof_helper() {
+    let Ok(nonce_hex) = std::env::var("UDRUN_TEST_NONCE") else {
+        return;
+    };
+    let mut nonce = [0u8; udbtl_pmi::auth::NONCE_LEN];
+    for (i, byte) in nonce.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&nonce_hex[2 * i..2 * i + 2], 16).unwrap();
+    }
+    let secret =
+        udbtl_pmi::JobSecret::from_hex(&std::env::var(udbtl_pmi::SECRET_ENV).unwrap()).unwrap();
+    let proof = secret.proof(&nonce, &std::env::var("PMI_ID").unwrap());
+    let hex: String = proof.iter().map(|b| format!("{b:02x}")).collect();
+    println!("PROOF {hex}");
 }
 
 /// `udrun <udrun_args> bash -c <script>`.
@@ -950,4 +985,443 @@ fn an_error_every_rank_prints_is_printed_once() {
         let line = format!("[{rank}] error: bad input");
         assert!(run.stderr.lines().any(|l| l == line), "{line}: {run:#?}");
     }
+}
+
+// Authenticated PMI_PORT (issue 15): remote ranks prove the job secret,
+// which reaches them on the launcher's stdin, never on a command line.
+
+/// A fake ssh that, before it runs COMMAND, connects to the PMI port named
+/// on COMMAND as an intruder: it claims the same rank without a proof, and
+/// prints what it was told on stderr.
+const INTRUDER_SSH: &str = r#"#!/bin/bash
+while [ $# -gt 2 ]; do shift; done
+port=$(printf '%s' "$2" | sed -n "s/.*'PMI_PORT=\([^']*\)'.*/\1/p")
+id=$(printf '%s' "$2" | sed -n "s/.*'PMI_ID=\([^']*\)'.*/\1/p")
+if [ -n "$port" ] && exec {fd}<>"/dev/tcp/${port%:*}/${port##*:}"; then
+    IFS= read -r -t 5 line <&$fd
+    echo "intruder got: $line" >&2
+    echo "cmd=initack pmiid=$id" >&$fd
+    IFS= read -r -t 5 line <&$fd
+    echo "intruder got: $line" >&2
+    exec {fd}>&-
+fi
+exec env -i PATH="$PATH" HOME="$HOME" setsid -w sh -c "$2"
+"#;
+
+/// The lines of udrun's stderr that name a refused connection.
+fn refusal_lines(run: &Run) -> Vec<&str> {
+    run.stderr
+        .lines()
+        .filter(|l| l.starts_with("udrun: ignored a PMI_PORT connection: "))
+        .collect()
+}
+
+/// udrun's summary of refused connections.
+fn refusal_summary(run: &Run) -> &str {
+    let lines: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("udrun: refused "))
+        .collect();
+    assert_eq!(lines.len(), 1, "{run:#?}");
+    lines[0]
+}
+
+#[test]
+fn an_intruder_without_the_secret_is_refused_and_the_real_ranks_join() {
+    let dir = scratch("intruder");
+    let ssh = script_file(&dir, "intruder-ssh", INTRUDER_SSH);
+    let run = run_script(
+        &[
+            "-n",
+            "3",
+            "--host",
+            "localhost,node:2",
+            "--launcher-exec",
+            ssh.to_str().unwrap(),
+        ],
+        &pmi_rank("", ""),
+    );
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert_all_saw(&run, 3);
+    // Each of the two intruders (one per remote rank, claiming its id) was
+    // challenged and refused before the real rank connected.
+    let got: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter_map(|l| l.split_once("intruder got: ").map(|(_, got)| got))
+        .collect();
+    assert_eq!(got.len(), 4, "{run:#?}");
+    assert_eq!(
+        got.iter()
+            .filter(|l| l.starts_with("cmd=challenge nonce="))
+            .count(),
+        2,
+        "{run:#?}"
+    );
+    assert_eq!(
+        got.iter()
+            .filter(|l| **l == "cmd=initack rc=-1 msg=authentication_failed")
+            .count(),
+        2,
+        "{run:#?}"
+    );
+    let refusals = refusal_lines(&run);
+    assert_eq!(refusals.len(), 2, "{run:#?}");
+    assert!(
+        refusals.iter().all(|l| l.contains("127.0.0.1:")),
+        "{run:#?}"
+    );
+    assert_eq!(
+        refusal_summary(&run),
+        "udrun: refused 2 PMI_PORT connections: 2 failed the handshake",
+        "{run:#?}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_replayed_handshake_and_a_second_claim_are_refused() {
+    let dir = scratch("replay");
+    let ssh = script_file(&dir, "fake-ssh", FAKE_SSH);
+    // After the barrier, the remote rank replays its own initack on a new
+    // connection, then claims its rank again with a valid proof.
+    let after = format!(
+        r#"if [ -n "${{PMI_PORT:-}}" ]; then
+    exec {{r}}<>"/dev/tcp/${{PMI_PORT%:*}}/${{PMI_PORT##*:}}" || die "replay connect"
+    IFS= read -r -t 5 l <&$r
+    echo "$hello" >&$r
+    IFS= read -r -t 5 l <&$r
+    echo "replay: $l"
+    exec {{r}}>&-
+    exec {{c}}<>"/dev/tcp/${{PMI_PORT%:*}}/${{PMI_PORT##*:}}" || die "claim connect"
+    IFS= read -r -t 5 l <&$c
+    p=$(UDRUN_TEST_NONCE=${{l#cmd=challenge nonce=}} {proof})
+    echo "cmd=initack pmiid=$PMI_ID proof=$p" >&$c
+    IFS= read -r -t 5 l <&$c
+    echo "claim: $l"
+    exec {{c}}>&-
+fi"#,
+        proof = proof_command()
+    );
+    let run = run_script(
+        &[
+            "-n",
+            "2",
+            "--host",
+            "localhost,node",
+            "--launcher-exec",
+            ssh.to_str().unwrap(),
+        ],
+        &pmi_rank("", &after),
+    );
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert_all_saw(&run, 2);
+    for line in [
+        "replay: cmd=initack rc=-1 msg=authentication_failed",
+        "claim: cmd=initack rc=-1 msg=pmiid_refused",
+    ] {
+        assert!(run.stdout.lines().any(|l| l == line), "{line}: {run:#?}");
+    }
+    assert_eq!(refusal_lines(&run).len(), 2, "{run:#?}");
+    assert_eq!(
+        refusal_summary(&run),
+        "udrun: refused 2 PMI_PORT connections: 1 failed the handshake, \
+         1 claimed a rank already connected",
+        "{run:#?}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `Threads` and `VmRSS` (KiB) of process `pid`.
+fn threads_and_rss(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    (field("Threads:"), field("VmRSS:"))
+}
+
+/// Every process's command line, as (pid, bytes).
+fn command_lines() -> Vec<(u32, Vec<u8>)> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| Some((pid, std::fs::read(format!("/proc/{pid}/cmdline")).ok()?)))
+        .collect()
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn no_secret_on_any_command_line_and_junk_connections_leave_udrun_bounded() {
+    let dir = scratch("flood");
+    let ssh = script_file(&dir, "fake-ssh", FAKE_SSH);
+    let flag = dir.join("go");
+    // The remote rank tells where it is and what it holds, then waits
+    // (outside the barrier) for the flood to be over.
+    let before = format!(
+        r#"if [ -n "${{PMI_PORT:-}}" ]; then
+    echo "remote $$ $PMI_PORT $UDBTL_PMI_SECRET $UDBTL_JOB_KEY"
+    while [ ! -e '{}' ]; do sleep 0.05; done
+fi"#,
+        flag.display()
+    );
+    let mut cmd = udrun(&[
+        "-n",
+        "2",
+        "--host",
+        "localhost,node",
+        "--launcher-exec",
+        ssh.to_str().unwrap(),
+    ]);
+    cmd.args(["bash", "-c", &pmi_rank(&before, "")]);
+    let mut udrun = Udrun::start(cmd);
+    let udrun_pid = udrun.child.id();
+    let stderr = collect(udrun.child.stderr.take().unwrap());
+    let (lines_tx, lines) = mpsc::channel();
+    let stdout = BufReader::new(udrun.child.stdout.take().unwrap());
+    thread::spawn(move || {
+        for line in stdout.lines() {
+            let _ = lines_tx.send(line.unwrap());
+        }
+    });
+    let remote = loop {
+        let line = lines
+            .recv_timeout(LIMIT)
+            .expect("no line from the remote rank");
+        if let Some(rest) = line.strip_prefix("remote ") {
+            break rest.to_owned();
+        }
+    };
+    let words: Vec<&str> = remote.split(' ').collect();
+    let [rank_pid, port, secret, key] = words[..] else {
+        panic!("{remote}");
+    };
+    let rank_pid: u32 = rank_pid.parse().unwrap();
+    assert_eq!(secret.len(), 64, "{remote}");
+    assert!(key.parse::<u32>().is_ok_and(|k| k != 0), "{remote}");
+
+    // The secret is in the rank's environment, and on no command line: not
+    // the launcher's, not the remote shell's, not the rank's.
+    let environ = std::fs::read(format!("/proc/{rank_pid}/environ")).unwrap();
+    assert!(
+        contains(&environ, format!("UDBTL_PMI_SECRET={secret}").as_bytes()),
+        "the rank's environment lacks the secret"
+    );
+    let lines_now = command_lines();
+    // The fake launcher has become `setsid -w sh -c COMMAND` and the shell
+    // that runs COMMAND (ssh and the remote login shell).
+    let remote_command = format!("PMI_PORT={port}");
+    let launchers: Vec<&(u32, Vec<u8>)> = lines_now
+        .iter()
+        .filter(|(_, line)| contains(line, remote_command.as_bytes()))
+        .collect();
+    assert!(
+        launchers.len() >= 2,
+        "the remote command's processes not found"
+    );
+    for (pid, line) in launchers {
+        assert!(
+            !contains(line, format!("JOB_KEY={key}").as_bytes()),
+            "job key on {pid}'s command line"
+        );
+        assert!(contains(line, b"read -r UDBTL_PMI_SECRET"));
+    }
+    assert!(lines_now.iter().any(|(pid, _)| *pid == rank_pid));
+    for (pid, line) in &lines_now {
+        assert!(
+            !contains(line, secret.as_bytes()),
+            "process {pid} has the secret on its command line"
+        );
+    }
+
+    // 1000 junk connections: oversized lines, garbage, nothing, 100 at a
+    // time held open together.
+    let (threads_before, rss_before) = threads_and_rss(udrun_pid);
+    let addr = port.replacen(&port[..port.rfind(':').unwrap()], "127.0.0.1", 1);
+    let big = vec![b'x'; 100 * 1024];
+    let mut connected = 0;
+    let (mut threads_max, mut rss_max) = (threads_before, rss_before);
+    for batch in 0..10 {
+        let mut held = Vec::new();
+        for i in 0..100 {
+            let Ok(mut conn) = std::net::TcpStream::connect(&addr) else {
+                continue;
+            };
+            connected += 1;
+            conn.set_write_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+            let _ = match (batch + i) % 3 {
+                0 => std::io::Write::write_all(&mut conn, &big),
+                1 => std::io::Write::write_all(&mut conn, b"GET / HTTP/1.0\r\n\r\n"),
+                _ => Ok(()),
+            };
+            held.push(conn);
+        }
+        let (threads, rss) = threads_and_rss(udrun_pid);
+        threads_max = threads_max.max(threads);
+        rss_max = rss_max.max(rss);
+        drop(held);
+    }
+    eprintln!(
+        "{connected} junk connections: udrun's threads {threads_before} -> at most \
+         {threads_max}, RSS {rss_before} -> at most {rss_max} KiB"
+    );
+    assert!(connected >= 500, "only {connected} connections made it");
+    let cap = 64; // udbtl_pmi::server::DEFAULT_MAX_HANDSHAKES
+    assert!(
+        threads_max <= threads_before + cap + 4,
+        "udrun went from {threads_before} to {threads_max} threads"
+    );
+    assert!(
+        rss_max <= rss_before + 64 * 1024,
+        "udrun's RSS went from {rss_before} to {rss_max} KiB"
+    );
+
+    std::fs::write(&flag, b"").unwrap();
+    let (code, _) = udrun.wait();
+    let stderr = stderr.join().unwrap();
+    let stdout: Vec<String> = lines.try_iter().collect();
+    let run = Run {
+        code,
+        stdout: stdout.join("\n"),
+        stderr,
+        elapsed: Duration::ZERO,
+    };
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert!(
+        run.stdout.lines().any(|l| l == "rank 0 saw 2") && remote.len() > 64,
+        "{run:#?}"
+    );
+    // A few are named, the rest counted.
+    assert_eq!(refusal_lines(&run).len(), 3, "{run:#?}");
+    let summary = refusal_summary(&run);
+    assert!(summary.contains("not shown above"), "{run:#?}");
+    let total: u64 = summary
+        .strip_prefix("udrun: refused ")
+        .and_then(|s| s.split(' ').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(total >= 500, "{run:#?}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_remote_rank_that_never_connects_ends_the_job_at_the_startup_timeout() {
+    let dir = scratch("startup");
+    let ssh = script_file(&dir, "fake-ssh", FAKE_SSH);
+    let script = format!(
+        "[ -n \"${{PMI_PORT:-}}\" ] && exec sleep 100\n{}",
+        pmi_rank("", "")
+    );
+    let run = run_script(
+        &[
+            "-n",
+            "3",
+            "--host",
+            "localhost,node:2",
+            "--startup-timeout",
+            "1",
+            "--launcher-exec",
+            ssh.to_str().unwrap(),
+        ],
+        &script,
+    );
+    assert_fails(
+        &run,
+        1,
+        &[
+            "rank 1 (host node, fake-ssh pid ",
+            "did not connect to PMI within --startup-timeout 1 s (nor did 1 other rank); \
+             killing the job",
+        ],
+    );
+    assert!(run.elapsed < Duration::from_secs(6), "{run:#?}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn stdin_goes_to_local_rank_0_and_the_secrets_line_to_remote_ranks_only() {
+    let dir = scratch("stdin-remote");
+    let ssh = script_file(&dir, "fake-ssh", FAKE_SSH);
+    // Rank 0 here reads udrun's stdin; the remote ranks read /dev/null
+    // (their launcher's stdin, after the secrets line, is the watcher's).
+    let mut cmd = udrun(&[
+        "-n",
+        "3",
+        "--host",
+        "localhost,node:2",
+        "--launcher-exec",
+        ssh.to_str().unwrap(),
+        "sh",
+        "-c",
+        r#"r=${PMI_RANK:-r$PMI_ID}; while read -r l; do echo "$r:$l"; done; echo "$r:eof:${#UDBTL_PMI_SECRET}""#,
+    ]);
+    cmd.stdin(Stdio::piped());
+    let mut udrun = Udrun::start(cmd);
+    let mut stdin = udrun.child.stdin.take().unwrap();
+    std::io::Write::write_all(&mut stdin, b"a\nb\n").unwrap();
+    drop(stdin);
+    let stdout = collect(udrun.child.stdout.take().unwrap());
+    let stderr = collect(udrun.child.stderr.take().unwrap());
+    let (code, _) = udrun.wait();
+    let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());
+    assert_eq!(code, Some(0), "{stderr}");
+    let mut lines: Vec<&str> = stdout.lines().collect();
+    lines.sort_unstable();
+    // Local rank 0 has no secret (it needs none); the remote ones have all
+    // 64 hex digits of it.
+    assert_eq!(
+        lines,
+        ["0:a", "0:b", "0:eof:0", "r1:eof:64", "r2:eof:64"],
+        "{stdout}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn pmi_is_served_on_the_advertised_address_unless_pmi_listen_any() {
+    let dir = scratch("listen");
+    let ssh = script_file(&dir, "fake-ssh", FAKE_SSH);
+    // The remote rank finds udrun's listening socket in /proc/net/tcp.
+    let script = r#"p=$(printf '%04X' "${PMI_PORT##*:}")
+awk -v p=":$p" '$4 == "0A" && substr($2, length($2) - 4) == p { print "listen " $2 }' /proc/net/tcp"#;
+    let this_host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let advertised = std::net::ToSocketAddrs::to_socket_addrs(&(this_host.trim(), 0))
+        .unwrap()
+        .find(std::net::SocketAddr::is_ipv4);
+    for (any, expected) in [(false, advertised), (true, Some(([0, 0, 0, 0], 0).into()))] {
+        let mut args = vec!["-n", "1", "--host", "node", "--launcher-exec"];
+        args.push(ssh.to_str().unwrap());
+        if any {
+            args.push("--pmi-listen-any");
+        }
+        args.extend(["bash", "-c", script]);
+        let run = launch(&args);
+        assert_eq!(run.code, Some(0), "{run:#?}");
+        let Some(std::net::SocketAddr::V4(expected)) = expected else {
+            // This host's name resolves to IPv6 only: not checked here.
+            continue;
+        };
+        // /proc/net/tcp shows the address as a little-endian u32 in hex.
+        let hex = format!("{:08X}:", u32::from_le_bytes(expected.ip().octets()));
+        let listen: Vec<&str> = run
+            .stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("listen "))
+            .collect();
+        assert_eq!(listen.len(), 1, "{run:#?}");
+        assert!(listen[0].starts_with(&hex), "{hex}: {run:#?}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
 }

@@ -44,6 +44,13 @@ pub const OTHER_VARS: &[OtherVar] = &[
                (on first use); unset: bulk up to 256 ranks, lazy above [bulk|lazy]",
     },
     OtherVar {
+        name: "UDBTL_PMI_SECRET",
+        used: VarUse::Runtime,
+        help: "The job's PMI secret, which udrun gives remote ranks (on the launcher's \
+               stdin, never a command line) and PMI_PORT connections must prove \
+               [64 hex digits; set by the launcher]",
+    },
+    OtherVar {
         name: faulty::ENV_DROP,
         used: VarUse::Runtime,
         help: "Fault injection, for testing: fraction of datagrams dropped [0.0..=1.0]",
@@ -227,6 +234,7 @@ mod tests {
             "UDBTL_JOB_KEY",
             "UDBTL_DUMP",
             "UDBTL_MODEX",
+            "UDBTL_PMI_SECRET",
             "UDBTL_FAULT_SEED",
             "UDBTL_TEST_PEER_MODEX",
             "UDBTL_OMPI_MPICC",

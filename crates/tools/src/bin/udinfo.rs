@@ -638,8 +638,11 @@ fn parameters(out: &mut Listing<'_>, infos: &[ParamInfo], in_force: &[InForce]) 
 /// The `UDBTL_*` variables that are not parameters, with their values.
 fn other_variables(out: &mut Listing<'_>) -> io::Result<()> {
     let runtime = OTHER_VARS.iter().filter(|var| var.used == VarUse::Runtime);
-    let value = |name: &str| {
-        std::env::var_os(name).map_or_else(|| "unset".to_owned(), |v| v.to_string_lossy().into())
+    let value = |name: &str| match std::env::var_os(name) {
+        None => "unset".to_owned(),
+        // A secret is never printed: only whether it is there.
+        Some(_) if name == udbtl_pmi::auth::SECRET_ENV => "set (not shown)".to_owned(),
+        Some(v) => v.to_string_lossy().into(),
     };
     if out.parsable {
         for var in runtime {

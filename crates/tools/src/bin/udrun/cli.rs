@@ -20,7 +20,11 @@ use crate::hosts::HostSpec;
                   remote host), UDBTL_JOB_KEY and UDRUN_JOB_KEY (the job's random key), \
                   UDRUN_LOCAL_RANK and UDRUN_LOCAL_SIZE. When a rank exits non-zero, dies \
                   of a signal or calls PMI abort, the other ranks are killed at once and \
-                  udrun exits with that rank's code (128+N for signal N)."
+                  udrun exits with that rank's code (128+N for signal N).\n\n\
+                  Remote ranks connect back to udrun's PMI port and must prove they hold \
+                  the job's random secret (UDBTL_PMI_SECRET), which udrun writes, with \
+                  the job key, into the launcher's standard input: neither is on any \
+                  command line. Other connections are refused and counted."
 )]
 pub(crate) struct Cli {
     /// Number of ranks ("-np N" works too).
@@ -70,6 +74,25 @@ pub(crate) struct Cli {
     /// Print the time from the first spawn to the first barrier's release.
     #[arg(long)]
     pub(crate) report_startup: bool,
+
+    /// End the job when a rank has not connected to PMI SECONDS after the
+    /// launch (checked once some rank of the job uses PMI: a job that never
+    /// does is left alone).
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        value_parser = parse_timeout,
+        default_value = "60"
+    )]
+    pub(crate) startup_timeout: Duration,
+
+    /// Serve remote ranks' PMI on every address of this host (0.0.0.0), as
+    /// before, instead of only on the address this host's name resolves
+    /// to, which is what the ranks are told to connect to. For multi-homed
+    /// hosts whose name resolves differently on the compute nodes.
+    /// Connections still must prove they hold the job's secret.
+    #[arg(long)]
+    pub(crate) pmi_listen_any: bool,
 
     /// Program used to reach remote hosts, called as
     /// "PROG -o BatchMode=yes -o ConnectTimeout=5 HOST COMMAND".
@@ -131,7 +154,7 @@ fn parse_timeout(text: &str) -> Result<Duration, String> {
 
 /// Options that take a value, as [`mpirun_args`] must know them to tell
 /// where PROGRAM starts.
-const VALUE_OPTIONS: [&str; 9] = [
+const VALUE_OPTIONS: [&str; 10] = [
     "-n",
     "-np",
     "-H",
@@ -141,6 +164,7 @@ const VALUE_OPTIONS: [&str; 9] = [
     "-x",
     "--launcher-exec",
     "--timeout",
+    "--startup-timeout",
 ];
 
 /// Rewrites mpirun's `-np N` (and `-npN`) to `-n N` among udrun's own

@@ -42,12 +42,12 @@ use rustix::io::Errno;
 use rustix::process::{Signal, WaitOptions, getpid};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
 use signal_hook::iterator::Signals;
-use udbtl_pmi::{Server, ServerEvent};
+use udbtl_pmi::{JobSecret, Server, ServerEvent, ServerStats};
 
 use crate::cli::{BindTo, Cli};
 use crate::hosts::{self, Placement};
 use crate::output::{self, Errors, Sink};
-use crate::spawn::{self, Binder, JobSpec};
+use crate::spawn::{self, Binder, JobSpec, PortMode};
 use crate::{Error, remote, say};
 
 /// How long the ranks get between SIGTERM and SIGKILL.
@@ -59,6 +59,9 @@ const PMI_WAIT: Duration = Duration::from_secs(1);
 /// How long, once every rank is gone, udrun waits for the rest of their
 /// output and for their left-over descendants to be reaped.
 const DRAIN: Duration = Duration::from_secs(1);
+/// How many refused PMI_PORT connections are named one by one; the rest
+/// are counted in the summary at the end.
+const REFUSALS_SHOWN: u64 = 3;
 /// udrun's exit status when `--timeout` ends the job (as timeout(1)).
 pub(crate) const TIMEOUT_EXIT: u8 = 124;
 
@@ -146,10 +149,28 @@ pub(crate) fn run(cli: &Cli) -> Result<u8, Error> {
         server.report_barriers();
     }
     forward_pmi_events(pmi_rx, tx.clone())?;
-    let pmi_addr = match &pmi_host {
+    // Port mode: a secret for this job, and a listener on the address the
+    // remote ranks are told to use (every address with --pmi-listen-any).
+    let port_mode = match &pmi_host {
         Some(host) => {
-            let (port, _accepting) = server.listen_tcp("0.0.0.0:0")?;
-            Some(format!("{host}:{port}"))
+            let secret = JobSecret::generate()?;
+            let secret_hex = secret.to_hex();
+            let listening = if cli.pmi_listen_any {
+                server.listen_tcp_authenticated((std::net::Ipv4Addr::UNSPECIFIED, 0), secret)
+            } else {
+                server.listen_tcp_authenticated((host.as_str(), 0), secret)
+            };
+            let (port, _accepting) = listening.map_err(|e| {
+                if cli.pmi_listen_any {
+                    Error::Pmi(e)
+                } else {
+                    Error::Refused(format!(
+                        "cannot serve PMI on {host}, this host's name, which remote ranks are \
+                         told to connect to ({e}); --pmi-listen-any serves it on every address"
+                    ))
+                }
+            })?;
+            Some((format!("{host}:{port}"), secret_hex))
         }
         None => None,
     };
@@ -213,7 +234,10 @@ pub(crate) fn run(cli: &Cli) -> Result<u8, Error> {
                 place,
                 host,
                 &cli.launcher_exec,
-                pmi_addr.as_deref().unwrap_or_default(),
+                &PortMode {
+                    addr: port_mode.as_ref().map_or("", |p| p.0.as_str()),
+                    secret_hex: port_mode.as_ref().map_or("", |p| p.1.as_str()),
+                },
                 dir.as_deref(),
             )
             .map(|child| (child, None)),
@@ -287,7 +311,7 @@ pub(crate) fn run(cli: &Cli) -> Result<u8, Error> {
     if let Some(errors) = &errors {
         errors.flush();
     }
-    Ok(job.finish())
+    Ok(job.finish(&server.stats()))
 }
 
 /// `-x VAR` (without a value) needs VAR set here, as in mpirun.
@@ -470,6 +494,8 @@ struct Rank {
     /// A local rank's PMI connection has not ended yet (as far as the main
     /// loop knows).
     pmi_open: bool,
+    /// A remote rank completed its PMI handshake.
+    connected: bool,
     finalized: bool,
     disconnected: bool,
     /// Its exit waits for the end of its PMI connection before it is judged.
@@ -481,6 +507,15 @@ impl Rank {
         self.spoke
             .as_ref()
             .is_none_or(|spoke| spoke.load(Ordering::Relaxed))
+    }
+
+    /// Whether it reached PMI: a local rank sent something on its socket,
+    /// a remote one completed the handshake.
+    fn reached_pmi(&self) -> bool {
+        match &self.spoke {
+            Some(spoke) => spoke.load(Ordering::Relaxed),
+            None => self.connected,
+        }
     }
 
     /// "pid 123" or "host h, ssh pid 123" (the launcher's name).
@@ -533,6 +568,11 @@ struct Job {
     joined: Option<u32>,
     /// `--timeout`: when, and the option's value.
     deadline: Option<(Instant, Duration)>,
+    /// `--startup-timeout`: when, and the option's value; `None` once
+    /// checked.
+    startup_check: Option<(Instant, Duration)>,
+    /// PMI_PORT connections refused so far (events seen).
+    refused: u64,
     /// `--launcher-exec`.
     launcher: OsString,
 }
@@ -555,6 +595,8 @@ impl Job {
             reported: false,
             joined: None,
             deadline: cli.timeout.map(|t| (Instant::now() + t, t)),
+            startup_check: Some((Instant::now() + cli.startup_timeout, cli.startup_timeout)),
+            refused: 0,
             launcher: cli.launcher_exec.clone(),
         }
     }
@@ -570,6 +612,7 @@ impl Job {
             pid,
             host: place.host.clone(),
             pmi_open: spoke.is_some(),
+            connected: false,
             spoke,
             stdin,
             launcher: place.host.as_ref().map(|_| self.launcher.clone()),
@@ -611,6 +654,10 @@ impl Job {
             self.deadline
                 .filter(|_| self.ending.is_none())
                 .map(|(at, _)| at),
+            // Once passed, it is checked again when a rank first uses PMI.
+            self.startup_check
+                .map(|(at, _)| at)
+                .filter(|&at| self.ending.is_none() && at > Instant::now()),
             until,
         ]
         .into_iter()
@@ -710,6 +757,12 @@ impl Job {
         let spawned = self.ranks.len();
         let rank_of = |rank: u32| ((rank as usize) < spawned).then_some(rank);
         match event {
+            ServerEvent::Connected { rank } => {
+                if let Some(r) = rank_of(rank) {
+                    self.ranks[r as usize].connected = true;
+                    self.joined_pmi(r);
+                }
+            }
             ServerEvent::Finalized { rank } => {
                 if let Some(r) = rank_of(rank) {
                     self.joined_pmi(r);
@@ -758,7 +811,12 @@ impl Job {
                 }
             }
             ServerEvent::ProtocolError { rank: None, detail } => {
-                say(format_args!("ignored a PMI_PORT connection: {detail}"));
+                // Anyone who can reach the port can cause these: name a
+                // few, count the rest (see finish).
+                self.refused += 1;
+                if self.refused <= REFUSALS_SHOWN {
+                    say(format_args!("ignored a PMI_PORT connection: {detail}"));
+                }
             }
             ServerEvent::BarrierReleased { epoch: 1 } => {
                 if let Some(start) = self.startup {
@@ -835,6 +893,12 @@ impl Job {
                 );
             }
         }
+        if let Some((at, limit)) = self.startup_check {
+            if at <= now && self.joined.is_some() {
+                self.startup_check = None;
+                self.check_startup(limit);
+            }
+        }
         while let Some(&(at, r)) = self.waits.front() {
             if at > now {
                 break;
@@ -847,6 +911,34 @@ impl Job {
                 self.fail_rank(r, 1, "closed its PMI connection without finalize");
             }
         }
+    }
+
+    /// Once `--startup-timeout` has passed in a job that uses PMI: fails
+    /// the job, in one line, if a rank still running has not reached PMI.
+    fn check_startup(&mut self, limit: Duration) {
+        if self.ending.is_some() {
+            return;
+        }
+        let mut missing = (0..)
+            .zip(&self.ranks)
+            .filter(|(_, rank)| rank.exit.is_none() && !rank.reached_pmi())
+            .map(|(r, _)| r);
+        let Some(first) = missing.next() else {
+            return;
+        };
+        let others = match missing.count() {
+            0 => String::new(),
+            1 => " (nor did 1 other rank)".to_owned(),
+            n => format!(" (nor did {n} other ranks)"),
+        };
+        self.fail_rank(
+            first,
+            1,
+            &format!(
+                "did not connect to PMI within --startup-timeout {} s{others}",
+                limit.as_secs_f64()
+            ),
+        );
     }
 
     /// Fails the job because of rank `r` (unless it already ends).
@@ -901,8 +993,12 @@ impl Job {
         }
     }
 
-    /// Prints the last words and returns udrun's exit status.
-    fn finish(&self) -> u8 {
+    /// Prints the last words and returns udrun's exit status; `stats` are
+    /// the PMI server's, for the count of refused connections.
+    fn finish(&self, stats: &ServerStats) -> u8 {
+        if let Some(line) = refusals_summary(stats, self.refused) {
+            say(format_args!("{line}"));
+        }
         if self.startup.is_some() && !self.reported {
             say(format_args!("{} ranks, no barrier", self.size));
         }
@@ -918,6 +1014,39 @@ impl Job {
             }
         }
     }
+}
+
+/// The summary of refused PMI_PORT connections, if there were any: the
+/// server's counts, and how many of them `shown` named one by one.
+fn refusals_summary(stats: &ServerStats, seen: u64) -> Option<String> {
+    let parts = [
+        (stats.handshake_failures, "failed the handshake"),
+        (stats.claims_refused, "claimed a rank already connected"),
+        (
+            stats.connections_refused_over_cap,
+            "came over the cap of handshakes at once",
+        ),
+    ];
+    let total: u64 = parts.iter().map(|p| p.0).sum();
+    if total == 0 {
+        return None;
+    }
+    let detail: Vec<String> = parts
+        .iter()
+        .filter(|p| p.0 > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect();
+    let shown = seen.min(REFUSALS_SHOWN);
+    let not_shown = if total > shown {
+        format!("; {} not shown above", total - shown)
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "refused {total} PMI_PORT connection{}: {}{not_shown}",
+        if total == 1 { "" } else { "s" },
+        detail.join(", ")
+    ))
 }
 
 /// 128 + `signal`, as a shell reports a death by signal.

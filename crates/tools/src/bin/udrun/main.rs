@@ -3,7 +3,8 @@
 //! ```text
 //! udrun -n N [-H|--host H[:SLOTS],... | --hostfile FILE] [--oversubscribe]
 //!       [--bind-to core|none] [-x VAR[=VALUE]]... [--tag-output] [--timeout SECONDS]
-//!       [--report-startup] [--] PROGRAM [ARGS...]
+//!       [--startup-timeout SECONDS] [--report-startup] [--pmi-listen-any]
+//!       [--] PROGRAM [ARGS...]
 //! ```
 //!
 //! It starts N ranks of PROGRAM, serves them PMI-1 (the protocol lives in
@@ -18,7 +19,8 @@
 //! | --- | --- |
 //! | `PMI_FD`, `PMI_RANK`, `PMI_SIZE` | local ranks: an inherited socket to udrun's PMI server (hydra's default) |
 //! | `PMI_PORT`, `PMI_ID` | remote ranks: `<udrun's host>:<port>` and the rank (hydra's `-pmi-port` mode) |
-//! | `UDBTL_JOB_KEY`, `UDRUN_JOB_KEY` | the job key, a random non-zero `u32` in decimal, new for every launch (the BTL's `job_key` parameter reads the first) |
+//! | `UDBTL_JOB_KEY`, `UDRUN_JOB_KEY` | the job key, a random non-zero `u32` in decimal, new for every launch (the BTL's `job_key` parameter reads the first); remote ranks get it on their launcher's stdin, not its command line |
+//! | `UDBTL_PMI_SECRET` | remote ranks: the job's PMI secret (64 hex digits, new for every launch), which their `PMI_PORT` handshake proves; on the launcher's stdin, never a command line (see [`remote`]) |
 //! | `UDRUN_LOCAL_RANK`, `UDRUN_LOCAL_SIZE` | the rank's index among the ranks of its host, and their number |
 //! | `-x VAR=VALUE` | set; `-x VAR` passes udrun's value to remote ranks (local ones inherit udrun's environment); VAR unset in udrun's environment is an error |
 //!
@@ -48,6 +50,7 @@
 //! | a rank that used PMI exits 0 without PMI finalize (as hydra) | `rank 1 (pid 6) exited without calling PMI finalize` | 1 |
 //! | once a rank has used PMI, a rank exits 0 without PMI init (as Open MPI) | `rank 1 (pid 6) exited without calling PMI init, which rank 0 did; killing the job` | 1 |
 //! | `--timeout S` passes | `the job ran longer than --timeout S s; killing the job` | 124 (as timeout(1)) |
+//! | once a rank uses PMI, a running rank has not reached it `--startup-timeout S` after the launch (60 s by default) | `rank 2 (host h, ssh pid 7) did not connect to PMI within --startup-timeout 60 s (nor did 1 other rank); killing the job` | 1 |
 //! | a rank breaks the PMI protocol | `rank 1 (pid 6) broke the PMI protocol (<detail>); killing the job` | 1 |
 //! | PROGRAM cannot be started | `cannot start <prog>: No such file or directory` | 127 (126 if not executable) |
 //! | a rank cannot be started (out of processes, descriptors, memory) | `cannot start rank 3 (<prog>): Too many open files` | 1 |
@@ -82,6 +85,19 @@
 //! fails the launch with `cannot reach host H: <ssh's reason>`, exit 1),
 //! then run their ranks over ssh (`--launcher-exec` names another
 //! ssh-compatible program).
+//!
+//! Remote ranks reach udrun's PMI server over TCP, in authenticated port
+//! mode ([`udbtl_pmi::server`]): each connection must prove it holds the
+//! job's secret. udrun listens on the address this host's name resolves
+//! to, the one in `PMI_PORT` (`--pmi-listen-any`: every address). A
+//! refused connection (no or a wrong proof, a replay, a second claim of a
+//! rank, one over the cap of handshakes at once) is no failure of the job:
+//! the first three are named (`ignored a PMI_PORT connection: ...`) and,
+//! at the end, one line counts them all (`refused 1000 PMI_PORT
+//! connections: 990 failed the handshake, 10 came over the cap of
+//! handshakes at once; 997 not shown above`). The job key is not derived
+//! from the secret: it is in the clear in every datagram, so it is kept
+//! the separate random number it was.
 //!
 //! # Options that shape the ranks
 //!
@@ -122,6 +138,9 @@ pub(crate) enum Error {
     /// Remote ranks need this host's name for `PMI_PORT`.
     #[error("cannot tell this host's name, which remote ranks need to reach udrun")]
     NoHostname,
+    /// The job's PMI secret could not be made.
+    #[error("making the job's PMI secret: {0}")]
+    Secret(#[from] udbtl_pmi::SecretError),
     /// The PMI server could not start.
     #[error("starting the PMI server: {0}")]
     Pmi(#[from] udbtl_pmi::ServerError),

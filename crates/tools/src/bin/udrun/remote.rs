@@ -6,6 +6,22 @@
 //! PMI-1 port mode: the rank connects back over TCP), the job variables and
 //! the `-x` exports. It expects a POSIX shell as the remote login shell.
 //!
+//! # Secrets
+//!
+//! The job's PMI secret (see [`udbtl_pmi::auth`]) and the job key are not
+//! on COMMAND, which every user of the remote host can read in
+//! `/proc/PID/cmdline` of the remote shell and of the rank. udrun writes
+//! them as one line, `<secret hex> <job key>`, into the launcher's standard
+//! input right after starting it ([`secrets_line`]); COMMAND first reads
+//! that line with the shell's `read` builtin (no process has it in its
+//! arguments), exports `UDBTL_PMI_SECRET`, `UDBTL_JOB_KEY` and
+//! `UDRUN_JOB_KEY`, and only then runs the rank, whose environment
+//! (`/proc/PID/environ`: its user and root only) holds them. `read` takes
+//! no byte beyond the newline from a pipe, so the rest of standard input is
+//! the watcher's, as below. A launcher whose standard input ends before the
+//! line (udrun died) makes COMMAND exit 1 with `udrun (remote side): no job
+//! secret on standard input`, before the rank starts.
+//!
 //! There is no proxy on the remote side. So that a remote rank does not
 //! outlive its job, COMMAND also watches its standard input, a pipe that
 //! udrun holds open and never writes: when it closes (udrun kills the job,
@@ -45,8 +61,16 @@ pub(crate) fn launcher(program: &OsStr, host: &str, command: &OsStr) -> Command 
     cmd
 }
 
-/// The shell command that runs `argv` in `dir` with `env` on a remote host
-/// and kills it when its standard input closes (see the
+/// The line udrun writes into a remote launcher's standard input, which
+/// [`command`] reads before it starts the rank (see the
+/// [module docs](self#secrets)).
+pub(crate) fn secrets_line(secret_hex: &str, job_key: u32) -> String {
+    format!("{secret_hex} {job_key}\n")
+}
+
+/// The shell command that reads the [`secrets_line`] from its standard
+/// input, then runs `argv` in `dir` with `env` (and the secrets) on a
+/// remote host and kills it when its standard input closes (see the
 /// [module docs](self)).
 pub(crate) fn command(dir: Option<&Path>, env: &[(String, String)], argv: &[OsString]) -> OsString {
     let mut script = Vec::new();
@@ -55,6 +79,12 @@ pub(crate) fn command(dir: Option<&Path>, env: &[(String, String)], argv: &[OsSt
         quote_into(&mut script, dir.as_os_str().as_bytes());
         script.extend_from_slice(b" || exit; ");
     }
+    // The secrets, from the first line of stdin (a builtin: in no argv).
+    script.extend_from_slice(
+        b"IFS=' ' read -r UDBTL_PMI_SECRET UDBTL_JOB_KEY && [ -n \"$UDBTL_JOB_KEY\" ] || \
+          { echo 'udrun (remote side): no job secret on standard input' >&2; exit 1; }; \
+          UDRUN_JOB_KEY=$UDBTL_JOB_KEY; export UDBTL_PMI_SECRET UDBTL_JOB_KEY UDRUN_JOB_KEY; ",
+    );
     // Keep the launcher's stdin as fd 3 for the watcher; the rank gets
     // /dev/null.
     script.extend_from_slice(b"exec 3<&0 </dev/null; env");
@@ -201,10 +231,18 @@ mod tests {
         assert_eq!(out, b"'it'\\''s $HOME `x` \\ \"q\"'");
     }
 
+    const SECRET: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
     /// Runs `script` with `sh -c` in its own process group (the watcher's
     /// `kill 0` must not reach the test harness), its stdin a pipe that
-    /// stays open unless `close_stdin`.
+    /// gets the secrets line (the job key 42) and stays open unless
+    /// `close_stdin`.
     fn sh(script: &OsStr, close_stdin: bool) -> std::process::Output {
+        sh_with(script, Some(&secrets_line(SECRET, 42)), close_stdin)
+    }
+
+    fn sh_with(script: &OsStr, line: Option<&str>, close_stdin: bool) -> std::process::Output {
+        use std::io::Write;
         let mut child = Command::new("sh")
             .arg("-c")
             .arg(script)
@@ -214,7 +252,10 @@ mod tests {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let stdin = child.stdin.take();
+        let mut stdin = child.stdin.take();
+        if let (Some(line), Some(pipe)) = (line, stdin.as_mut()) {
+            pipe.write_all(line.as_bytes()).unwrap();
+        }
         if close_stdin {
             drop(stdin);
             child.wait_with_output().unwrap()
@@ -240,6 +281,40 @@ mod tests {
         let out = sh(&command(Some(Path::new("/")), &env, &argv), false);
         assert_eq!(out.status.code(), Some(3));
         assert_eq!(String::from_utf8_lossy(&out.stdout), "1\n/\n");
+    }
+
+    #[test]
+    fn the_secrets_come_from_stdin_and_reach_the_rank_environment_only() {
+        let argv = words(&[
+            "sh",
+            "-c",
+            "echo \"$UDBTL_PMI_SECRET $UDBTL_JOB_KEY $UDRUN_JOB_KEY\"",
+        ]);
+        let script = command(None, &[], &argv);
+        assert!(
+            !script
+                .as_bytes()
+                .windows(8)
+                .any(|w| w == &SECRET.as_bytes()[..8])
+        );
+        let out = sh(&script, false);
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            format!("{SECRET} 42 42\n")
+        );
+        // No line (udrun gone before writing it): a clear failure, at once,
+        // and the rank does not run.
+        let started = Instant::now();
+        let argv = words(&["echo", "ran"]);
+        let out = sh_with(&command(None, &[], &argv), None, true);
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        assert!(out.stdout.is_empty(), "{out:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            "udrun (remote side): no job secret on standard input\n"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
     }
 
     #[test]

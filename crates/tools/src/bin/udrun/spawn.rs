@@ -67,14 +67,19 @@ pub(crate) struct JobSpec<'a> {
 }
 
 impl JobSpec<'_> {
-    /// The job's variables for one rank, `-x VAR=VALUE` exports last.
-    fn common_env(&self, place: &Placement) -> Vec<(String, String)> {
-        let mut env = vec![
-            ("UDBTL_JOB_KEY".to_owned(), self.key.to_string()),
-            ("UDRUN_JOB_KEY".to_owned(), self.key.to_string()),
+    /// The job's variables for one rank, `-x VAR=VALUE` exports last; the
+    /// job key (`UDBTL_JOB_KEY`, `UDRUN_JOB_KEY`) only when `with_key`
+    /// (remote ranks get it on their launcher's stdin instead).
+    fn common_env(&self, place: &Placement, with_key: bool) -> Vec<(String, String)> {
+        let mut env = Vec::new();
+        if with_key {
+            env.push(("UDBTL_JOB_KEY".to_owned(), self.key.to_string()));
+            env.push(("UDRUN_JOB_KEY".to_owned(), self.key.to_string()));
+        }
+        env.extend([
             ("UDRUN_LOCAL_RANK".to_owned(), place.local_rank.to_string()),
             ("UDRUN_LOCAL_SIZE".to_owned(), place.local_size.to_string()),
-        ];
+        ]);
         env.extend(self.exports.iter().filter_map(|export| {
             let value = export.value.clone();
             value.map(|value| (export.name.clone(), value))
@@ -318,10 +323,11 @@ pub(crate) fn local(
     cmd.args(&job.argv[1..])
         .env_remove("PMI_PORT")
         .env_remove("PMI_ID")
+        .env_remove(udbtl_pmi::auth::SECRET_ENV)
         .env("PMI_FD", theirs.as_raw_fd().to_string())
         .env("PMI_RANK", rank.to_string())
         .env("PMI_SIZE", job.size.to_string())
-        .envs(job.common_env(place))
+        .envs(job.common_env(place, true))
         .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -366,24 +372,34 @@ fn die_with_udrun(cmd: &mut Command) {
     }
 }
 
+/// Where a remote rank's PMI connection goes, and what it must prove.
+#[derive(Debug)]
+pub(crate) struct PortMode<'a> {
+    /// `host:port`, the rank's `PMI_PORT`.
+    pub(crate) addr: &'a str,
+    /// The job secret in hex, for `UDBTL_PMI_SECRET`.
+    pub(crate) secret_hex: &'a str,
+}
+
 /// Spawns remote rank `rank` through `launcher` (ssh): its PMI connection
-/// comes back to `pmi_port` on `pmi_host`. stdin, stdout and stderr are
-/// pipes; stdin must stay open for as long as the rank may run (see
-/// [`remote`](crate::remote)).
+/// comes back to `pmi.addr`. stdin, stdout and stderr are pipes; the job
+/// secret and key are written into stdin at once (see
+/// [`remote`](crate::remote#secrets)), and stdin must then stay open for
+/// as long as the rank may run.
 pub(crate) fn remote(
     job: &JobSpec<'_>,
     rank: u32,
     place: &Placement,
     host: &str,
     launcher: &std::ffi::OsStr,
-    pmi_addr: &str,
+    pmi: &PortMode<'_>,
     dir: Option<&std::path::Path>,
 ) -> Result<Child, SpawnError> {
     let mut env = vec![
-        ("PMI_PORT".to_owned(), pmi_addr.to_owned()),
+        ("PMI_PORT".to_owned(), pmi.addr.to_owned()),
         ("PMI_ID".to_owned(), rank.to_string()),
     ];
-    env.extend(job.common_env(place));
+    env.extend(job.common_env(place, false));
     // `-x VAR` without a value sends udrun's own value (if it has one).
     env.extend(
         job.exports
@@ -396,12 +412,19 @@ pub(crate) fn remote(
             }),
     );
     let command = crate::remote::command(dir, &env, job.argv);
-    crate::remote::launcher(launcher, host, &command)
+    let mut child = crate::remote::launcher(launcher, host, &command)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|source| SpawnError::starting(rank, launcher, source))
+        .map_err(|source| SpawnError::starting(rank, launcher, source))?;
+    if let Some(stdin) = child.stdin.as_mut() {
+        // Far less than a pipe's buffer: this does not block. It fails only
+        // when the launcher is gone already (EPIPE), whose exit udrun
+        // reports; the remote side, without the line, exits 1 saying so.
+        let _ = stdin.write_all(crate::remote::secrets_line(pmi.secret_hex, job.key).as_bytes());
+    }
+    Ok(child)
 }
 
 #[cfg(test)]
