@@ -1027,6 +1027,27 @@ fn refusal_summary(run: &Run) -> &str {
     lines[0]
 }
 
+/// How many ranks wrote `line`: those of its "[ranks 0-1,3] " prefix when
+/// udrun merged the same line from several ranks, else one.
+fn ranks_of_line(line: &str) -> usize {
+    let Some(list) = line
+        .strip_prefix("[ranks ")
+        .and_then(|rest| rest.split_once(']'))
+        .map(|(list, _)| list)
+    else {
+        return 1;
+    };
+    list.split(',')
+        .map(|part| match part.split_once('-') {
+            Some((lo, hi)) => match (lo.parse::<usize>(), hi.parse::<usize>()) {
+                (Ok(lo), Ok(hi)) if hi >= lo => hi - lo + 1,
+                _ => 1,
+            },
+            None => 1,
+        })
+        .sum()
+}
+
 #[test]
 fn an_intruder_without_the_secret_is_refused_and_the_real_ranks_join() {
     let dir = scratch("intruder");
@@ -1046,10 +1067,15 @@ fn an_intruder_without_the_secret_is_refused_and_the_real_ranks_join() {
     assert_all_saw(&run, 3);
     // Each of the two intruders (one per remote rank, claiming its id) was
     // challenged and refused before the real rank connected.
+    // udrun prints a line that several ranks wrote at once as one
+    // "[ranks 1-2] ..." line: count it once per rank.
     let got: Vec<&str> = run
         .stderr
         .lines()
-        .filter_map(|l| l.split_once("intruder got: ").map(|(_, got)| got))
+        .flat_map(|l| {
+            let got = l.split_once("intruder got: ").map(|(_, got)| got);
+            std::iter::repeat_n(got, ranks_of_line(l)).flatten()
+        })
         .collect();
     assert_eq!(got.len(), 4, "{run:#?}");
     assert_eq!(
