@@ -88,6 +88,9 @@ pub struct Net {
     pub now: Instant,
     pub nodes: Vec<Node>,
     links: HashMap<(usize, usize), Faults>,
+    /// Links with a bottleneck: the time one datagram takes to leave, and
+    /// when the link is free again.
+    bottlenecks: HashMap<(usize, usize), (Duration, Instant)>,
     pub latency: Duration,
     in_flight: BTreeMap<(Instant, u64), Datagram>,
     counter: u64,
@@ -133,6 +136,7 @@ impl Net {
             now: Instant::ZERO,
             nodes,
             links: HashMap::new(),
+            bottlenecks: HashMap::new(),
             latency: Duration::from_micros(5),
             in_flight: BTreeMap::new(),
             counter: 0,
@@ -145,6 +149,14 @@ impl Net {
 
     pub fn set_faults(&mut self, from: usize, to: usize, faults: Faults) {
         self.links.insert((from, to), faults);
+    }
+
+    /// Gives the link `from` → `to` a bottleneck that sends one datagram
+    /// every `per_datagram`, whatever its size, behind an unbounded FIFO
+    /// queue. Faults apply after the queue, so a lost datagram used the link.
+    pub fn set_bottleneck(&mut self, from: usize, to: usize, per_datagram: Duration) {
+        self.bottlenecks
+            .insert((from, to), (per_datagram, Instant::ZERO));
     }
 
     /// Queues `payload` from `from` to `to`.
@@ -206,6 +218,13 @@ impl Net {
             .get(&(datagram.from, datagram.to))
             .cloned()
             .unwrap_or_default();
+        let mut departure = self.now;
+        if let Some((per_datagram, free_at)) =
+            self.bottlenecks.get_mut(&(datagram.from, datagram.to))
+        {
+            departure = departure.max(*free_at) + *per_datagram;
+            *free_at = departure;
+        }
         let since_start = self.now - Instant::ZERO;
         if faults
             .outage
@@ -237,7 +256,7 @@ impl Net {
                 datagram.payload[at] ^= 1 << self.rng.u32(0..8);
             }
         }
-        let mut arrival = self.now + self.latency;
+        let mut arrival = departure + self.latency;
         if self.rng.f64() < faults.reorder {
             arrival = arrival + faults.reorder_delay.mul_f64(self.rng.f64() + 0.5);
         }
