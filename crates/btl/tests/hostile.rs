@@ -42,7 +42,13 @@ fn component() -> Component<UdpProvider> {
 
 /// A component on UDP loopback, authenticating its datagrams if `auth`.
 fn component_with(auth: bool) -> Component<UdpProvider> {
-    let params = Params::load_from(
+    component_keyed(auth, None)
+}
+
+/// A component on UDP loopback, authenticating its datagrams if `auth`, with
+/// keys derived from `job_secret` if given.
+fn component_keyed(auth: bool, job_secret: Option<[u8; 32]>) -> Component<UdpProvider> {
+    let mut params = Params::load_from(
         &BtlConfig {
             rd_num: Some(256),
             sd_num: Some(64),
@@ -51,6 +57,7 @@ fn component_with(auth: bool) -> Component<UdpProvider> {
         |name| (auth && name == "UDBTL_AUTH").then(|| "1".to_string()),
     )
     .unwrap();
+    params.auth_secret = job_secret.map(datagram::AuthKey);
     Component::init(UdpProvider::new(udp_config(&params)), params).unwrap()
 }
 
@@ -399,7 +406,9 @@ fn with_auth_a_stranger_can_neither_inject_nor_replay() {
     let mut b = component_with(true);
     let a_published = modex::parse_blob(&a.modex()).unwrap();
     let b_published = modex::parse_blob(&b.modex()).unwrap();
-    let (Some(a_key), Some(b_key)) = (a_published[0].auth_key, b_published[0].auth_key) else {
+    let (modex::Auth::Key(a_key), modex::Auth::Key(b_key)) =
+        (a_published[0].auth, b_published[0].auth)
+    else {
         panic!("modules with auth publish their keys");
     };
     assert_ne!(a_key, b_key, "every module draws its own key");
@@ -537,4 +546,108 @@ fn with_auth_a_stranger_can_neither_inject_nor_replay() {
     drop(heard);
     a.finalize().unwrap();
     b.finalize().unwrap();
+}
+
+/// With a job secret, every module's key derives from it and the module's
+/// address: the published blob (version 3) holds no key, the job's modules
+/// talk, and a process that read the blobs but holds another secret can pair
+/// but cannot inject: everything it sends is refused as unauthenticated.
+/// Modules that derive keys and modules that publish them do not pair.
+#[test]
+fn with_a_job_secret_no_key_is_published_and_a_stranger_cannot_inject() {
+    const JOB: [u8; 32] = [0x17; 32];
+    let (mut a, mut b) = (
+        component_keyed(true, Some(JOB)),
+        component_keyed(true, Some(JOB)),
+    );
+    let blob = b.modex();
+    assert_eq!(blob[2], modex::VERSION_DERIVED_KEY);
+    assert_eq!(
+        blob.len(),
+        modex::PREAMBLE_LEN + modex::ENTRY_LEN,
+        "no key bytes"
+    );
+    assert_eq!(
+        modex::parse_blob(&blob).unwrap()[0].auth,
+        modex::Auth::Derived
+    );
+
+    // Published keys and derived keys do not mix, in either direction.
+    let mut published = component_with(true);
+    assert_eq!(
+        published.add_procs(&[Some(&blob)]).unwrap()[0].endpoints[0],
+        None
+    );
+    assert_eq!(
+        b.add_procs(&[Some(&published.modex())]).unwrap()[0].endpoints[0],
+        None
+    );
+    published.finalize().unwrap();
+
+    let (ab, ba, heard) = Pair::connect(&mut a, &mut b);
+    let mut stranger = component_keyed(true, Some([0x18; 32]));
+    let to_b = stranger.add_procs(&[Some(&blob)]).unwrap()[0].endpoints[0]
+        .expect("a stranger with the blob pairs: the MAC is what stops it");
+    let before = drops(&b);
+    let n = 500u32;
+    let (mut sent, mut forged) = (0u32, 0u32);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while heard.lock().unwrap().len() < n as usize {
+        assert!(Instant::now() < deadline, "timed out");
+        if sent < n
+            && a.modules_mut()[0]
+                .send_message(ab, Tag::PML, &message(sent))
+                .is_ok()
+        {
+            sent += 1;
+        }
+        if forged < n
+            && stranger.modules_mut()[0]
+                .send_message(to_b, Tag::PML, &message(forged))
+                .is_ok()
+        {
+            forged += 1;
+        }
+        a.progress();
+        b.progress();
+        stranger.progress();
+    }
+    let settle = Instant::now() + Duration::from_millis(200);
+    while Instant::now() < settle {
+        a.progress();
+        b.progress();
+        stranger.progress();
+    }
+    // The stranger falls silent, and B takes in what it sent last.
+    let drain = Instant::now() + Duration::from_millis(50);
+    while Instant::now() < drain {
+        a.progress();
+        b.progress();
+    }
+    let heard = heard.lock().unwrap();
+    assert_eq!(heard.len(), n as usize, "only the job's messages arrive");
+    for (i, (from, bytes)) in heard.iter().enumerate() {
+        assert_eq!(*from, Some(ba), "message {i}");
+        assert_eq!(bytes, &message(i as u32), "message {i}");
+    }
+    let delta: Vec<u64> = drops(&b).iter().zip(before).map(|(x, y)| x - y).collect();
+    // Unacknowledged, the stranger sends its first window and then repeats
+    // itself on timeouts: every datagram it sent went to B.
+    let stranger_datagrams = stranger.modules()[0]
+        .with_context(|c| c.stats())
+        .tx_datagrams;
+    println!(
+        "derived keys: the stranger queued {forged} messages in {stranger_datagrams} datagrams; \
+         B counted {delta:?}"
+    );
+    assert!(stranger_datagrams > 0);
+    assert_eq!(
+        delta[8], stranger_datagrams,
+        "every stranger datagram refused"
+    );
+    assert_eq!(delta[3], 0, "no checksum is checked where a MAC is due");
+    drop(heard);
+    for btl in [a, b, stranger] {
+        btl.finalize().unwrap();
+    }
 }

@@ -9,7 +9,8 @@ use udbtl_btl::{
     BtlConfig, BtlError, DesFlags, EndpointId, ErrorEvent, NO_ORDER, Params, RecvEvent, SendEvent,
     Tag, UdpComponent, UdpComponentError,
 };
-use udbtl_pmi::{PmiClient, PmiError};
+use udbtl_pmi::{JobSecret, PmiClient, PmiError, SECRET_ENV};
+use udbtl_wire::datagram::AuthKey;
 
 /// Runs `$body` with `$btl` bound to whichever component is in use.
 macro_rules! with_btl {
@@ -55,6 +56,10 @@ pub enum InitError {
         /// Why.
         reason: String,
     },
+    /// `UDBTL_PMI_SECRET` is set (so authenticated datagrams would key from
+    /// it) but is not a job secret. The value is never quoted.
+    #[error("UDBTL_PMI_SECRET: {0}")]
+    BadJobSecret(#[source] udbtl_pmi::SecretError),
     /// `UDBTL_MODEX` held something other than `bulk` or `lazy`.
     #[error("UDBTL_MODEX={0:?}: expected bulk or lazy")]
     BadModexMode(String),
@@ -197,9 +202,26 @@ fn job_key_from(name: &str) -> u32 {
 ///
 /// # Errors
 /// A PMI failure, a transport that cannot open (including `provider=sim`
-/// and interfaces the host lacks), or a bad `UDBTL_MODEX` or `UDBTL_DUMP`.
+/// and interfaces the host lacks), or a bad `UDBTL_MODEX`, `UDBTL_DUMP` or
+/// (with `UDBTL_AUTH`) `UDBTL_PMI_SECRET`.
 pub fn init() -> Result<World, InitError> {
     World::init_with(BtlConfig::default())
+}
+
+/// The context under which the datagram secret derives from the job secret:
+/// no other use of the job secret may share it.
+const DATAGRAM_SECRET_CONTEXT: &str = "udbtl 2026-12 authenticated datagrams v1";
+
+/// The job's datagram secret, derived from the job secret its launcher
+/// handed it (`UDBTL_PMI_SECRET`: udrun gives it to every rank, local or
+/// remote, never on a command line), or `None` under a launcher that gives
+/// none: then each module publishes a random key through PMI instead.
+fn datagram_secret() -> Result<Option<AuthKey>, InitError> {
+    let Some(hex) = std::env::var_os(SECRET_ENV) else {
+        return Ok(None);
+    };
+    let secret = JobSecret::from_hex(&hex.to_string_lossy()).map_err(InitError::BadJobSecret)?;
+    Ok(Some(AuthKey(secret.derive_key(DATAGRAM_SECRET_CONTEXT))))
 }
 
 impl World {
@@ -222,6 +244,9 @@ impl World {
         }
         let dump = dump_requested()?;
         let mut params = Params::load(&config).map_err(BtlError::from)?;
+        if params.auth {
+            params.auth_secret = datagram_secret()?;
+        }
         if params.source("job_key") == Some(Source::Default) {
             if let Some(name) = pmi.kvsname() {
                 params.job_key = job_key_from(name);

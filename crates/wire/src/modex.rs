@@ -15,8 +15,13 @@
 //!
 //! Version 1 is what a process without authentication publishes. An entry's
 //! key in version 2 is the one its peers must authenticate their datagrams
-//! to that module with ([`crate::datagram::fill_mac`]); it reaches only the
-//! processes that can read the job's key-value space.
+//! to that module with ([`crate::datagram::fill_mac`]); it reaches every
+//! process that can read the job's key-value space. Version 3 has version
+//! 1's layout and says that each module's receive key is derived from a
+//! secret the whole job holds and the entry itself
+//! ([`derive_receive_key`]), so no key is published: a launcher that hands
+//! its ranks a job secret over a private channel keeps the keys off the
+//! key-value space.
 //!
 //! The first QPN receives. The module sends from all four (striping), and a
 //! receiver recognises a sender by whichever of them a datagram came from,
@@ -42,8 +47,10 @@ pub const QPNS: usize = 4;
 pub const MAGIC: u16 = 0x5541;
 /// The version of a blob without a key.
 pub const VERSION: u8 = 1;
-/// The version of a blob that ends with a receive key.
+/// The version of a blob whose entries are each followed by a receive key.
 pub const VERSION_WITH_KEY: u8 = 2;
+/// The version of a blob whose receive keys derive from the job secret.
+pub const VERSION_DERIVED_KEY: u8 = 3;
 /// Length of the key after each entry of a [`VERSION_WITH_KEY`] blob.
 pub const KEY_LEN: usize = 32;
 /// Most entries one blob can carry.
@@ -238,9 +245,46 @@ pub struct Address {
     pub max_msg_size: u32,
     /// The network the port is attached to.
     pub network: u64,
-    /// The module's receive key, if it authenticates datagrams: its peers
-    /// MAC what they send it with this key.
-    pub auth_key: Option<AuthKey>,
+    /// Whether the module authenticates datagrams, and with what key.
+    pub auth: Auth,
+}
+
+/// How a module authenticates the datagrams it receives: the key its peers
+/// MAC what they send it with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Auth {
+    /// It does not: datagrams carry a checksum or nothing.
+    Off,
+    /// Under this key, published with the address (version 2).
+    Key(AuthKey),
+    /// Under the key [`derive_receive_key`] gives from the job's secret and
+    /// the address (version 3).
+    Derived,
+}
+
+/// The context string of [`derive_receive_key`]'s hash: no other use of a
+/// job secret may use it.
+pub const RECEIVE_KEY_CONTEXT: &[u8] = b"udbtl 2026-12 module receive key v1";
+
+/// The receive key of the module at `address` in a job whose datagram
+/// secret is `job`: keyed BLAKE3 under `job` of a context string and the
+/// address's entry with its process id zeroed (the one field a module may
+/// change after it publishes). Every entry differs, so a datagram MACed for
+/// one module fails at every other, and the key is the same whoever
+/// computes it: the module itself, or a peer from the published entry.
+#[must_use]
+pub fn derive_receive_key(job: &AuthKey, address: &Address) -> AuthKey {
+    let canonical = Address {
+        proc_id: 0,
+        auth: Auth::Off,
+        ..*address
+    };
+    let mut entry = [0u8; ENTRY_LEN];
+    canonical.emit(&mut Entry::new_unchecked(&mut entry[..]));
+    let mut hasher = blake3::Hasher::new_keyed(&job.0);
+    hasher.update(RECEIVE_KEY_CONTEXT);
+    hasher.update(&entry);
+    AuthKey(*hasher.finalize().as_bytes())
 }
 
 impl Address {
@@ -274,7 +318,7 @@ impl Address {
             proc_id: entry.proc_id(),
             max_msg_size: entry.max_msg_size(),
             network: entry.network(),
-            auth_key: None,
+            auth: Auth::Off,
         })
     }
 
@@ -288,23 +332,24 @@ impl Address {
     }
 }
 
-/// Serializes a process's addresses into one blob: version 1, or version 2
-/// with each entry followed by its key when they carry keys.
+/// Serializes a process's addresses into one blob: version 1 without
+/// authentication, version 2 with each entry followed by its key, version 3
+/// with derived keys.
 ///
 /// # Errors
-/// [`Error`] if there are more than [`MAX_ENTRIES`] addresses, or if some
-/// carry a key and others do not.
+/// [`Error`] if there are more than [`MAX_ENTRIES`] addresses, or if they do
+/// not all authenticate the same way (all off, all keyed or all derived).
 pub fn emit_blob(addresses: &[Address]) -> Result<Vec<u8>> {
     let count = u8::try_from(addresses.len()).map_err(|_| Error)?;
-    let keyed = addresses.first().is_some_and(|a| a.auth_key.is_some());
-    if addresses.iter().any(|a| a.auth_key.is_some() != keyed) {
+    let version = match addresses.first().map(|a| a.auth) {
+        None | Some(Auth::Off) => VERSION,
+        Some(Auth::Key(_)) => VERSION_WITH_KEY,
+        Some(Auth::Derived) => VERSION_DERIVED_KEY,
+    };
+    if addresses.iter().any(|a| version_of(a.auth) != version) {
         return Err(Error);
     }
-    let (version, stride) = if keyed {
-        (VERSION_WITH_KEY, ENTRY_LEN + KEY_LEN)
-    } else {
-        (VERSION, ENTRY_LEN)
-    };
+    let stride = stride_of(version);
     let mut blob = vec![0u8; PREAMBLE_LEN + stride * addresses.len()];
     blob[..2].copy_from_slice(&MAGIC.to_be_bytes());
     blob[2] = version;
@@ -315,14 +360,31 @@ pub fn emit_blob(addresses: &[Address]) -> Result<Vec<u8>> {
     {
         let (entry, key) = chunk.split_at_mut(ENTRY_LEN);
         address.emit(&mut Entry::new_unchecked(entry));
-        if let Some(auth_key) = address.auth_key {
+        if let Auth::Key(auth_key) = address.auth {
             key.copy_from_slice(&auth_key.0);
         }
     }
     Ok(blob)
 }
 
-/// Parses a blob into its addresses, with their keys in a version 2 blob.
+const fn version_of(auth: Auth) -> u8 {
+    match auth {
+        Auth::Off => VERSION,
+        Auth::Key(_) => VERSION_WITH_KEY,
+        Auth::Derived => VERSION_DERIVED_KEY,
+    }
+}
+
+/// Bytes per entry in a blob of a known `version`.
+const fn stride_of(version: u8) -> usize {
+    if version == VERSION_WITH_KEY {
+        ENTRY_LEN + KEY_LEN
+    } else {
+        ENTRY_LEN
+    }
+}
+
+/// Parses a blob into its addresses, with how each authenticates.
 ///
 /// # Errors
 /// [`Error`] on a wrong magic or version, a length that disagrees with the
@@ -331,11 +393,11 @@ pub fn parse_blob(blob: &[u8]) -> Result<Vec<Address>> {
     if blob.len() < PREAMBLE_LEN || read_u16(blob, 0..2) != MAGIC {
         return Err(Error);
     }
-    let stride = match blob[2] {
-        VERSION => ENTRY_LEN,
-        VERSION_WITH_KEY => ENTRY_LEN + KEY_LEN,
-        _ => return Err(Error),
-    };
+    let version = blob[2];
+    if !matches!(version, VERSION | VERSION_WITH_KEY | VERSION_DERIVED_KEY) {
+        return Err(Error);
+    }
+    let stride = stride_of(version);
     if blob.len() != PREAMBLE_LEN + stride * usize::from(blob[3]) {
         return Err(Error);
     }
@@ -344,10 +406,12 @@ pub fn parse_blob(blob: &[u8]) -> Result<Vec<Address>> {
         .map(|chunk| {
             let (entry, key) = chunk.split_at(ENTRY_LEN);
             let address = Address::parse(&Entry::new_checked(entry)?)?;
-            Ok(Address {
-                auth_key: key.try_into().ok().map(AuthKey),
-                ..address
-            })
+            let auth = match (version, key.try_into()) {
+                (VERSION_WITH_KEY, Ok(key)) => Auth::Key(AuthKey(key)),
+                (VERSION_DERIVED_KEY, _) => Auth::Derived,
+                _ => Auth::Off,
+            };
+            Ok(Address { auth, ..address })
         })
         .collect()
 }
@@ -376,7 +440,7 @@ mod tests {
             proc_id: 42,
             max_msg_size: 65_483,
             network: 0x0102_0304_0506_0708,
-            auth_key: None,
+            auth: Auth::Off,
         }
     }
 
@@ -391,12 +455,12 @@ mod tests {
     fn a_key_makes_version_two_and_reaches_every_address() {
         let keyed = [
             Address {
-                auth_key: Some(AuthKey([0xa5; KEY_LEN])),
+                auth: Auth::Key(AuthKey([0xa5; KEY_LEN])),
                 ..ipv4()
             },
             Address {
                 port: 2,
-                auth_key: Some(AuthKey([0x5a; KEY_LEN])),
+                auth: Auth::Key(AuthKey([0x5a; KEY_LEN])),
                 ..ipv4()
             },
         ];
@@ -420,6 +484,38 @@ mod tests {
         v1_with_key[2] = VERSION;
         assert!(parse_blob(&v1_with_key).is_err());
         assert!(emit_blob(&[keyed[0], ipv4()]).is_err());
+    }
+
+    #[test]
+    fn derived_keys_make_version_three_with_nothing_secret_in_it() {
+        let derived = Address {
+            auth: Auth::Derived,
+            ..ipv4()
+        };
+        let blob = emit_blob(&[derived]).unwrap();
+        assert_eq!(blob[2], VERSION_DERIVED_KEY);
+        assert_eq!(&blob[PREAMBLE_LEN..], &ONE_IPV4[PREAMBLE_LEN..]);
+        assert_eq!(parse_blob(&blob).unwrap(), vec![derived]);
+        assert!(emit_blob(&[derived, ipv4()]).is_err());
+    }
+
+    #[test]
+    fn a_receive_key_depends_on_the_secret_and_the_module_but_not_the_process_id() {
+        let job = AuthKey([3; KEY_LEN]);
+        let key = derive_receive_key(&job, &ipv4());
+        let same_module = Address {
+            proc_id: 7,
+            auth: Auth::Derived,
+            ..ipv4()
+        };
+        assert_eq!(derive_receive_key(&job, &same_module), key);
+        let other_module = Address {
+            qpns: [50_004, 50_001, 50_002, 50_003],
+            ..ipv4()
+        };
+        assert_ne!(derive_receive_key(&job, &other_module), key);
+        assert_ne!(derive_receive_key(&AuthKey([4; KEY_LEN]), &ipv4()), key);
+        assert_ne!(key, job);
     }
 
     #[test]
@@ -459,11 +555,11 @@ mod tests {
         #[test]
         fn emit_then_parse(entries in proptest::collection::vec(
             (location(), any::<u8>(), any::<[u32; QPNS]>(), any::<(u32, u32)>(), any::<u64>()), 0..8),
-            keyed: bool,
+            auth in 0u8..3,
         ) {
             let addresses: Vec<Address> = entries
                 .into_iter()
-                .map(|(location, port, qpns, (max_msg_size, proc_id), network)| Address { location, port, qpns, proc_id, max_msg_size, network, auth_key: keyed.then_some(AuthKey([port; KEY_LEN])) })
+                .map(|(location, port, qpns, (max_msg_size, proc_id), network)| Address { location, port, qpns, proc_id, max_msg_size, network, auth: [Auth::Off, Auth::Key(AuthKey([port; KEY_LEN])), Auth::Derived][usize::from(auth)] })
                 .collect();
             prop_assert_eq!(parse_blob(&emit_blob(&addresses).unwrap()).unwrap(), addresses);
         }

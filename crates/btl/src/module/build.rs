@@ -9,7 +9,7 @@ use udbtl_wire::datagram::AuthKey;
 use udbtl_wire::{btl, modex};
 
 use super::descriptors::{Frags, USER_FRAG_STRIDE};
-use super::endpoints::Endpoints;
+use super::endpoints::{Endpoints, module_address};
 use super::recv::{RecvPool, recv_work_request};
 use super::reliable::{Integrity, Reliable};
 use super::send::{PostBatch, SendQueue};
@@ -172,12 +172,50 @@ impl Partial {
     }
 }
 
+/// How a reliable module on `port` with queue pairs `qps` protects its
+/// datagrams: a MAC with `auth` (under a key derived from the job secret and
+/// the module's address when there is a job secret, else a random one), else
+/// a checksum unless the fabric checks integrity end to end.
+fn integrity_for(params: &Params, port: &PortAttr, qps: &[QpInfo]) -> Result<Integrity, BtlError> {
+    if params.auth {
+        return Ok(match params.auth_secret {
+            Some(job) => {
+                let address = module_address(port, qps, 0, modex::Auth::Derived);
+                Integrity::Mac {
+                    own: modex::derive_receive_key(&job, &address),
+                    job: Some(job),
+                }
+            }
+            None => {
+                let mut key = [0u8; modex::KEY_LEN];
+                getrandom::fill(&mut key).map_err(BtlError::Randomness)?;
+                Integrity::Mac {
+                    own: AuthKey(key),
+                    job: None,
+                }
+            }
+        });
+    }
+    // Only InfiniBand's ICRC covers a datagram end to end. UDP's 16-bit
+    // checksum is weak, optional, and not verified on loopback at all; the
+    // simulator corrupts on purpose.
+    let fabric_checks_integrity = port.link_layer == "infiniband";
+    let checksum = match params.checksum.as_str() {
+        "on" => true,
+        "off" => false,
+        _ => !fabric_checks_integrity,
+    };
+    Ok(if checksum {
+        Integrity::Checksum
+    } else {
+        Integrity::Fabric
+    })
+}
+
 /// What `Engine::build` found out besides the resources.
 struct Built {
     port: PortAttr,
     limits: Limits,
-    /// This module's receive key, with `auth`.
-    auth_key: Option<AuthKey>,
     recv_stride: usize,
     recv_count: usize,
 }
@@ -226,13 +264,6 @@ impl<C: Context> Engine<C> {
             }
         };
         let port = ctx.query_port(port_num).map_err(fail("query port"))?;
-        let auth_key = if params.auth {
-            let mut key = [0u8; modex::KEY_LEN];
-            getrandom::fill(&mut key).map_err(BtlError::Randomness)?;
-            Some(AuthKey(key))
-        } else {
-            None
-        };
         let limits = limits_for(&port, params);
         let pd = ctx.alloc_pd().map_err(fail("allocate protection domain"))?;
         partial.pd = Some(pd);
@@ -320,7 +351,6 @@ impl<C: Context> Engine<C> {
         .map_err(fail("register user fragments"))?;
         Ok(Built {
             port,
-            auth_key,
             limits: Limits {
                 inline_max,
                 recv_buffers: recv_count,
@@ -357,19 +387,20 @@ impl<C: Context> Engine<C> {
         };
         let reliable = match ack_mr {
             Some(ack_mr) => {
-                // Only InfiniBand's ICRC covers a datagram end to end. UDP's
-                // 16-bit checksum is weak, optional, and not verified on
-                // loopback at all; the simulator corrupts on purpose.
-                let fabric_checks_integrity = built.port.link_layer == "infiniband";
-                let checksum = match params.checksum.as_str() {
-                    "on" => true,
-                    "off" => false,
-                    _ => !fabric_checks_integrity,
-                };
-                let integrity = match built.auth_key {
-                    Some(own) => Integrity::Mac { own },
-                    None if checksum => Integrity::Checksum,
-                    None => Integrity::Fabric,
+                let integrity = match integrity_for(params, &built.port, &qps) {
+                    Ok(integrity) => integrity,
+                    Err(err) => {
+                        let partial = Partial {
+                            pd: Some(pd),
+                            cq: Some(cq),
+                            recv_mr: Some(recv_mr),
+                            send_frags: Some(send_frags),
+                            user_frags: Some(user_frags),
+                            ack_mr: Some(ack_mr),
+                            qps,
+                        };
+                        return Err((ctx, partial, err));
+                    }
                 };
                 match Reliable::new(params, built.limits.max_send_size, ack_mr, integrity) {
                     Ok(reliable) => Some(reliable),

@@ -4,12 +4,13 @@
 
 use std::collections::HashMap;
 
-use udbtl_fabric::{AhAttr, AhHandle, Context, FabricError, NodeAddr, QpAddr};
+use udbtl_fabric::{AhAttr, AhHandle, Context, FabricError, NodeAddr, PortAttr, QpAddr, QpInfo};
 use udbtl_reliability::{Instant, PeerId};
 use udbtl_wire::datagram::AuthKey;
 use udbtl_wire::modex;
 
 use super::Engine;
+use super::reliable::Reliable;
 use crate::error::{BtlError, SendFailure};
 use crate::{EndpointId, NUM_QP};
 
@@ -173,25 +174,47 @@ fn node_of(location: modex::Location) -> NodeAddr {
     }
 }
 
+fn describe_auth(auth: modex::Auth) -> &'static str {
+    match auth {
+        modex::Auth::Off => "off",
+        modex::Auth::Key(_) => "on with published keys",
+        modex::Auth::Derived => "on with keys from the job secret",
+    }
+}
+
+/// The address a module on `port` with queue pairs `qps` publishes.
+pub(super) fn module_address(
+    port: &PortAttr,
+    qps: &[QpInfo],
+    proc_id: u32,
+    auth: modex::Auth,
+) -> modex::Address {
+    modex::Address {
+        location: match port.addr {
+            NodeAddr::Ip(std::net::IpAddr::V4(ip)) => modex::Location::Ipv4(ip.octets()),
+            NodeAddr::Ip(std::net::IpAddr::V6(ip)) => modex::Location::Ipv6(ip.octets()),
+            NodeAddr::Sim(id) => modex::Location::Sim(id),
+            NodeAddr::Ib { lid, gid } => modex::Location::Ib { lid, gid },
+            _ => modex::Location::Sim(u32::MAX),
+        },
+        port: port.port_num,
+        qpns: core::array::from_fn(|i| qps.get(i).map_or(0, |qp| qp.qp_num)),
+        proc_id,
+        max_msg_size: u32::try_from(port.max_msg_size).unwrap_or(u32::MAX),
+        network: port.network,
+        auth,
+    }
+}
+
 impl<C: Context> Engine<C> {
     /// The engine's side of `Module::address`, whose documentation is the
     /// contract.
     pub(super) fn address(&self) -> modex::Address {
-        modex::Address {
-            location: match self.port.addr {
-                NodeAddr::Ip(std::net::IpAddr::V4(ip)) => modex::Location::Ipv4(ip.octets()),
-                NodeAddr::Ip(std::net::IpAddr::V6(ip)) => modex::Location::Ipv6(ip.octets()),
-                NodeAddr::Sim(id) => modex::Location::Sim(id),
-                NodeAddr::Ib { lid, gid } => modex::Location::Ib { lid, gid },
-                _ => modex::Location::Sim(u32::MAX),
-            },
-            port: self.port.port_num,
-            qpns: core::array::from_fn(|i| self.qps.get(i).map_or(0, |qp| qp.qp_num)),
-            proc_id: self.proc_id,
-            max_msg_size: u32::try_from(self.port.max_msg_size).unwrap_or(u32::MAX),
-            network: self.port.network,
-            auth_key: self.reliable.as_ref().and_then(|r| r.own_key()),
-        }
+        let auth = self
+            .reliable
+            .as_ref()
+            .map_or(modex::Auth::Off, Reliable::auth);
+        module_address(&self.port, &self.qps, self.proc_id, auth)
     }
 
     /// The engine's side of `Module::add_procs`, whose documentation is the
@@ -204,22 +227,26 @@ impl<C: Context> Engine<C> {
             endpoints: vec![None; peers.len()],
             reachable: vec![false; peers.len()],
         };
-        let authenticating = self.address().auth_key.is_some();
         let mut mismatched = None;
         for (i, peer) in peers.iter().enumerate() {
             let Some(chosen) = peer.and_then(|addrs| self.pick_address(addrs)) else {
                 continue;
             };
-            if chosen.auth_key.is_some() != authenticating {
+            let peer_key = match self.reliable.as_ref() {
+                Some(reliable) => reliable.peer_key(&chosen),
+                None if chosen.auth == modex::Auth::Off => Some(None),
+                None => None,
+            };
+            let Some(peer_key) = peer_key else {
                 // Neither side could read the other's datagrams.
-                mismatched.get_or_insert(i);
+                mismatched.get_or_insert((i, chosen.auth));
                 continue;
-            }
+            };
             let qps = chosen.qpns.map(|qpn| QpAddr {
                 node: node_of(chosen.location),
                 qpn,
             });
-            match self.add_endpoint(qps, chosen.proc_id, chosen.auth_key) {
+            match self.add_endpoint(qps, chosen.proc_id, peer_key) {
                 Ok(id) => {
                     result.endpoints[i] = Some(id);
                     result.reachable[i] = true;
@@ -232,12 +259,19 @@ impl<C: Context> Engine<C> {
                 }
             }
         }
-        if let Some(first) = mismatched {
+        if let Some((first, theirs)) = mismatched {
+            let ours = self.address().auth;
+            let hint = if ours == modex::Auth::Off || theirs == modex::Auth::Off {
+                "set UDBTL_AUTH alike on every process"
+            } else {
+                "only some processes hold the launcher's job secret: start every rank \
+                 with the same launcher"
+            };
             tracing::warn!(
                 first_peer = first,
-                "peers unreachable: auth is {} here and {} there; set it alike on every process",
-                if authenticating { "on" } else { "off" },
-                if authenticating { "off" } else { "on" },
+                "peers unreachable: auth is {} here and {} there; {hint}",
+                describe_auth(ours),
+                describe_auth(theirs),
             );
         }
         Ok(result)

@@ -28,7 +28,7 @@ use udbtl_reliability::{
     Config, ConfigError, Event, Instant, LossReason, PeerId, Receipt, Reliability, Room, SendError,
 };
 use udbtl_wire::datagram::AuthKey;
-use udbtl_wire::{btl, coalesced, datagram, rel};
+use udbtl_wire::{btl, coalesced, datagram, modex, rel};
 
 use super::build::HEADER_MAX;
 use super::events::Callbacks;
@@ -56,8 +56,10 @@ pub(super) enum Integrity {
     /// A CRC-32 of every datagram.
     Checksum,
     /// A MAC of every datagram under its receiver's key; `own` is the key
-    /// this module's peers use.
-    Mac { own: AuthKey },
+    /// this module's peers use. With the job's datagram secret `job`, every
+    /// module's key derives from it and its address, so none is published;
+    /// without, `own` is random and published.
+    Mac { own: AuthKey, job: Option<AuthKey> },
 }
 
 /// What checking a received datagram found.
@@ -126,7 +128,41 @@ impl Reliable {
     /// The key peers authenticate their datagrams to this module with.
     pub(super) const fn own_key(&self) -> Option<AuthKey> {
         match self.integrity {
-            Integrity::Mac { own } => Some(own),
+            Integrity::Mac { own, .. } => Some(own),
+            _ => None,
+        }
+    }
+
+    /// How datagrams are protected, for the dump.
+    pub(super) const fn integrity_name(&self) -> &'static str {
+        match self.integrity {
+            Integrity::Fabric => "fabric",
+            Integrity::Checksum => "crc32",
+            Integrity::Mac { job: Some(_), .. } => "mac (keys from the job secret)",
+            Integrity::Mac { job: None, .. } => "mac (published keys)",
+        }
+    }
+
+    /// How this module's address says it authenticates.
+    pub(super) const fn auth(&self) -> modex::Auth {
+        match self.integrity {
+            Integrity::Mac { job: Some(_), .. } => modex::Auth::Derived,
+            Integrity::Mac { own, job: None } => modex::Auth::Key(own),
+            Integrity::Fabric | Integrity::Checksum => modex::Auth::Off,
+        }
+    }
+
+    /// The key to MAC datagrams to `peer` with (`Some(None)`: none, as
+    /// neither side authenticates), or `None` if the two sides cannot talk:
+    /// one authenticates and the other not, or one derives its keys from a
+    /// job secret and the other publishes them.
+    pub(super) fn peer_key(&self, peer: &modex::Address) -> Option<Option<AuthKey>> {
+        match (self.integrity, peer.auth) {
+            (Integrity::Fabric | Integrity::Checksum, modex::Auth::Off) => Some(None),
+            (Integrity::Mac { job: None, .. }, modex::Auth::Key(key)) => Some(Some(key)),
+            (Integrity::Mac { job: Some(job), .. }, modex::Auth::Derived) => {
+                Some(Some(modex::derive_receive_key(&job, peer)))
+            }
             _ => None,
         }
     }

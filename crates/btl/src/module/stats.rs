@@ -146,8 +146,9 @@ impl<C: Context> fmt::Display for Engine<C> {
             )?;
             writeln!(
                 f,
-                "                     bad checksum {} unauthenticated {} unknown peer {} \
-                 unacknowledged {}",
+                "                     integrity {} bad checksum {} unauthenticated {} \
+                 unknown peer {} unacknowledged {}",
+                reliable.integrity_name(),
                 s.recv_bad_checksum,
                 s.recv_unauthenticated,
                 s.recv_unknown_peer,

@@ -46,9 +46,10 @@ pub const OTHER_VARS: &[OtherVar] = &[
     OtherVar {
         name: "UDBTL_PMI_SECRET",
         used: VarUse::Runtime,
-        help: "The job's PMI secret, which udrun gives remote ranks (on the launcher's \
-               stdin, never a command line) and PMI_PORT connections must prove \
-               [64 hex digits; set by the launcher]",
+        help: "The job's secret, which udrun gives every rank (remote ones on the \
+               launcher's stdin, never a command line): PMI_PORT connections prove it, and \
+               with UDBTL_AUTH the datagram keys derive from it [64 hex digits; set by the \
+               launcher]",
     },
     OtherVar {
         name: faulty::ENV_DROP,

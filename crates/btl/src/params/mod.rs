@@ -46,6 +46,8 @@
 
 use std::fmt;
 
+use udbtl_wire::datagram::AuthKey;
+
 pub mod env;
 mod selector;
 #[cfg(test)]
@@ -196,6 +198,15 @@ macro_rules! parameters {
                 #[doc = $help]
                 pub $name: parameters!(@field $ty, $default),
             )*
+            /// The job's datagram secret. With `auth`, each module derives
+            /// its receive key from it ([`modex::derive_receive_key`]) and
+            /// publishes no key, instead of publishing a random one. Not a
+            /// parameter: a runtime that holds a job secret from its
+            /// launcher sets it; it is never read from the environment nor
+            /// shown by [`describe`](Self::describe).
+            ///
+            /// [`modex::derive_receive_key`]: udbtl_wire::modex::derive_receive_key
+            pub auth_secret: Option<AuthKey>,
             sources: Sources,
         }
 
@@ -208,6 +219,7 @@ macro_rules! parameters {
             fn defaults() -> Self {
                 Self {
                     $($name: parameters!(@default $default),)*
+                    auth_secret: None,
                     sources: Sources { $($name: Source::Default,)* },
                 }
             }

@@ -149,12 +149,14 @@ pub(crate) fn run(cli: &Cli) -> Result<u8, Error> {
         server.report_barriers();
     }
     forward_pmi_events(pmi_rx, tx.clone())?;
-    // Port mode: a secret for this job, and a listener on the address the
-    // remote ranks are told to use (every address with --pmi-listen-any).
+    // The job's secret: remote ranks prove it to the PMI port, and every
+    // rank keys authenticated datagrams from it.
+    let secret = JobSecret::generate()?;
+    let secret_hex = secret.to_hex();
+    // Port mode: a listener on the address the remote ranks are told to use
+    // (every address with --pmi-listen-any).
     let port_mode = match &pmi_host {
         Some(host) => {
-            let secret = JobSecret::generate()?;
-            let secret_hex = secret.to_hex();
             let listening = if cli.pmi_listen_any {
                 server.listen_tcp_authenticated((std::net::Ipv4Addr::UNSPECIFIED, 0), secret)
             } else {
@@ -170,7 +172,7 @@ pub(crate) fn run(cli: &Cli) -> Result<u8, Error> {
                     ))
                 }
             })?;
-            Some((format!("{host}:{port}"), secret_hex))
+            Some(format!("{host}:{port}"))
         }
         None => None,
     };
@@ -208,6 +210,7 @@ pub(crate) fn run(cli: &Cli) -> Result<u8, Error> {
         argv: &cli.command,
         size: cli.ranks,
         key,
+        secret_hex: &secret_hex,
         exports: &cli.export,
     };
 
@@ -235,8 +238,7 @@ pub(crate) fn run(cli: &Cli) -> Result<u8, Error> {
                 host,
                 &cli.launcher_exec,
                 &PortMode {
-                    addr: port_mode.as_ref().map_or("", |p| p.0.as_str()),
-                    secret_hex: port_mode.as_ref().map_or("", |p| p.1.as_str()),
+                    addr: port_mode.as_deref().unwrap_or(""),
                 },
                 dir.as_deref(),
             )

@@ -20,7 +20,7 @@
 //! | `PMI_FD`, `PMI_RANK`, `PMI_SIZE` | local ranks: an inherited socket to udrun's PMI server (hydra's default) |
 //! | `PMI_PORT`, `PMI_ID` | remote ranks: `<udrun's host>:<port>` and the rank (hydra's `-pmi-port` mode) |
 //! | `UDBTL_JOB_KEY`, `UDRUN_JOB_KEY` | the job key, a random non-zero `u32` in decimal, new for every launch (the BTL's `job_key` parameter reads the first); remote ranks get it on their launcher's stdin, not its command line |
-//! | `UDBTL_PMI_SECRET` | remote ranks: the job's PMI secret (64 hex digits, new for every launch), which their `PMI_PORT` handshake proves; on the launcher's stdin, never a command line (see [`remote`]) |
+//! | `UDBTL_PMI_SECRET` | the job's secret (64 hex digits, new for every launch): remote ranks prove it in their `PMI_PORT` handshake, and with `UDBTL_AUTH=1` every rank's datagram keys derive from it; local ranks get it in their environment, remote ranks on the launcher's stdin, never a command line (see [`remote`]) |
 //! | `UDRUN_LOCAL_RANK`, `UDRUN_LOCAL_SIZE` | the rank's index among the ranks of its host, and their number |
 //! | `-x VAR=VALUE` | set; `-x VAR` passes udrun's value to remote ranks (local ones inherit udrun's environment); VAR unset in udrun's environment is an error |
 //!

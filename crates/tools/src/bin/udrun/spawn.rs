@@ -63,18 +63,26 @@ pub(crate) struct JobSpec<'a> {
     pub(crate) argv: &'a [OsString],
     pub(crate) size: u32,
     pub(crate) key: u32,
+    /// The job secret in hex, for `UDBTL_PMI_SECRET`.
+    pub(crate) secret_hex: &'a str,
     pub(crate) exports: &'a [Export],
 }
 
 impl JobSpec<'_> {
     /// The job's variables for one rank, `-x VAR=VALUE` exports last; the
-    /// job key (`UDBTL_JOB_KEY`, `UDRUN_JOB_KEY`) only when `with_key`
-    /// (remote ranks get it on their launcher's stdin instead).
-    fn common_env(&self, place: &Placement, with_key: bool) -> Vec<(String, String)> {
+    /// job key (`UDBTL_JOB_KEY`, `UDRUN_JOB_KEY`) and the job secret
+    /// (`UDBTL_PMI_SECRET`) only when `with_secrets`: remote ranks get them
+    /// on their launcher's stdin instead. A local rank's environment is
+    /// readable by its own user only (`/proc/PID/environ` is mode 0400).
+    fn common_env(&self, place: &Placement, with_secrets: bool) -> Vec<(String, String)> {
         let mut env = Vec::new();
-        if with_key {
+        if with_secrets {
             env.push(("UDBTL_JOB_KEY".to_owned(), self.key.to_string()));
             env.push(("UDRUN_JOB_KEY".to_owned(), self.key.to_string()));
+            env.push((
+                udbtl_pmi::auth::SECRET_ENV.to_owned(),
+                self.secret_hex.to_owned(),
+            ));
         }
         env.extend([
             ("UDRUN_LOCAL_RANK".to_owned(), place.local_rank.to_string()),
@@ -323,7 +331,6 @@ pub(crate) fn local(
     cmd.args(&job.argv[1..])
         .env_remove("PMI_PORT")
         .env_remove("PMI_ID")
-        .env_remove(udbtl_pmi::auth::SECRET_ENV)
         .env("PMI_FD", theirs.as_raw_fd().to_string())
         .env("PMI_RANK", rank.to_string())
         .env("PMI_SIZE", job.size.to_string())
@@ -377,8 +384,6 @@ fn die_with_udrun(cmd: &mut Command) {
 pub(crate) struct PortMode<'a> {
     /// `host:port`, the rank's `PMI_PORT`.
     pub(crate) addr: &'a str,
-    /// The job secret in hex, for `UDBTL_PMI_SECRET`.
-    pub(crate) secret_hex: &'a str,
 }
 
 /// Spawns remote rank `rank` through `launcher` (ssh): its PMI connection
@@ -422,7 +427,7 @@ pub(crate) fn remote(
         // Far less than a pipe's buffer: this does not block. It fails only
         // when the launcher is gone already (EPIPE), whose exit udrun
         // reports; the remote side, without the line, exits 1 saying so.
-        let _ = stdin.write_all(crate::remote::secrets_line(pmi.secret_hex, job.key).as_bytes());
+        let _ = stdin.write_all(crate::remote::secrets_line(job.secret_hex, job.key).as_bytes());
     }
     Ok(child)
 }
