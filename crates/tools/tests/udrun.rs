@@ -1415,7 +1415,7 @@ fn a_remote_rank_that_never_connects_ends_the_job_at_the_startup_timeout() {
 }
 
 #[test]
-fn stdin_goes_to_local_rank_0_and_the_secrets_line_to_remote_ranks_only() {
+fn stdin_goes_to_local_rank_0_and_the_secrets_line_is_not_seen_as_stdin() {
     let dir = scratch("stdin-remote");
     let ssh = script_file(&dir, "fake-ssh", FAKE_SSH);
     // Rank 0 here reads udrun's stdin; the remote ranks read /dev/null
@@ -1443,11 +1443,12 @@ fn stdin_goes_to_local_rank_0_and_the_secrets_line_to_remote_ranks_only() {
     assert_eq!(code, Some(0), "{stderr}");
     let mut lines: Vec<&str> = stdout.lines().collect();
     lines.sort_unstable();
-    // Local rank 0 has no secret (it needs none); the remote ones have all
-    // 64 hex digits of it.
+    // Every rank has all 64 hex digits of the secret (authenticated
+    // datagrams key from it): local rank 0 in its environment, the remote
+    // ones from the secrets line.
     assert_eq!(
         lines,
-        ["0:a", "0:b", "0:eof:0", "r1:eof:64", "r2:eof:64"],
+        ["0:a", "0:b", "0:eof:64", "r1:eof:64", "r2:eof:64"],
         "{stdout}"
     );
     std::fs::remove_dir_all(dir).unwrap();
