@@ -387,22 +387,11 @@ impl<C: Context> Engine<C> {
         };
         let reliable = match ack_mr {
             Some(ack_mr) => {
-                let integrity = match integrity_for(params, &built.port, &qps) {
-                    Ok(integrity) => integrity,
-                    Err(err) => {
-                        let partial = Partial {
-                            pd: Some(pd),
-                            cq: Some(cq),
-                            recv_mr: Some(recv_mr),
-                            send_frags: Some(send_frags),
-                            user_frags: Some(user_frags),
-                            ack_mr: Some(ack_mr),
-                            qps,
-                        };
-                        return Err((ctx, partial, err));
-                    }
-                };
-                match Reliable::new(params, built.limits.max_send_size, ack_mr, integrity) {
+                let made = integrity_for(params, &built.port, &qps).and_then(|integrity| {
+                    Reliable::new(params, built.limits.max_send_size, ack_mr, integrity)
+                        .map_err(BtlError::from)
+                });
+                match made {
                     Ok(reliable) => Some(reliable),
                     Err(err) => {
                         let partial = Partial {
@@ -414,7 +403,7 @@ impl<C: Context> Engine<C> {
                             ack_mr: Some(ack_mr),
                             qps,
                         };
-                        return Err((ctx, partial, err.into()));
+                        return Err((ctx, partial, err));
                     }
                 }
             }
