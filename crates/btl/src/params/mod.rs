@@ -395,9 +395,10 @@ parameters! {
          (ICRC); UDP's 16-bit checksum is weak and loopback does not even verify it";
     auth: bool = (false), BOOL, udbtl,
         "Authenticate every datagram with a MAC (keyed BLAKE3, 64-bit tag) instead of the \
-         checksum: each module draws a random key at start and publishes it only in its \
-         address, through the job's key-value space, so a host outside the job can neither \
-         inject nor replay traffic. Needs reliable; every process of the job must set it";
+         checksum, so a host outside the job can neither inject nor replay traffic: under \
+         udrun the keys derive from the job secret it hands every rank; under other \
+         launchers each module draws a random key and publishes it in its address, through \
+         the job's key-value space. Needs reliable; every process of the job must set it";
     job_key: u32 = (0), int(0, 0xffff_ffff), udbtl,
         "Key carried in every BTL header; datagrams carrying another key are dropped";
     udp_if: String = unset, TEXT, udbtl,
