@@ -1014,6 +1014,13 @@ impl<F: Clone, R> Reliability<F, R> {
         let mut newly_sacked = 0u32;
         let mut spurious = 0u64;
         let mut rtt_sample = None;
+        // The acknowledgement covers a retransmission, so it may answer that
+        // (a timeout's or a probe's resend asks for one at once): the first
+        // transmissions it also covers may have been delivered long before,
+        // their own acknowledgements lost, and would make the round trip
+        // look as long as the timeout. Karn's rule for the whole
+        // acknowledgement: no sample from it.
+        let mut repair_acked = false;
         // Cumulative part: release everything before `ack`.
         while p.head != NIL && self.slots[p.head as usize].seq.is_before(header.ack) {
             let index = p.head;
@@ -1029,6 +1036,9 @@ impl<F: Clone, R> Reliability<F, R> {
             }
             if slot.flags & (RETRANSMITTED | SACKED) == 0 && slot.flags & SENT != 0 {
                 rtt_sample = min_sample(rtt_sample, now - slot.sent_at);
+            }
+            if slot.flags & (RETRANSMITTED | SACKED) == RETRANSMITTED {
+                repair_acked = true;
             }
             if slot.flags & (SACKED | SENT) == SENT {
                 spurious += u64::from(p.rack_delivered(now, slot.sent_at, slot.flags));
@@ -1059,6 +1069,8 @@ impl<F: Clone, R> Reliability<F, R> {
                 newly_sacked += 1;
                 if slot.flags & RETRANSMITTED == 0 {
                     rtt_sample = min_sample(rtt_sample, now - slot.sent_at);
+                } else {
+                    repair_acked = true;
                 }
                 if slot.flags & SENT != 0 {
                     spurious += u64::from(p.rack_delivered(now, slot.sent_at, slot.flags));
@@ -1074,7 +1086,7 @@ impl<F: Clone, R> Reliability<F, R> {
             at = slot.next;
         }
         self.stats.spurious_retransmits += spurious;
-        if let Some(sample) = rtt_sample {
+        if let Some(sample) = rtt_sample.filter(|_| !repair_acked) {
             p.rtt.sample(sample, config.rto_min, config.rto_max);
             let ns = u32::try_from(sample.as_nanos()).unwrap_or(u32::MAX);
             p.min_rtt_ns = p.min_rtt_ns.min(ns.max(1));
@@ -1094,9 +1106,11 @@ impl<F: Clone, R> Reliability<F, R> {
         }
         if newly_acked + newly_sacked > 0 {
             // Something new arrived: the path works, so the retransmission
-            // timer starts again (a hole under repair does not make it
-            // expire while later datagrams keep arriving), and a new probe
+            // timer starts again, without backoff (a hole under repair does
+            // not make it expire while later datagrams keep arriving, and a
+            // lossy path does not keep it at its maximum), and a new probe
             // may go.
+            p.rtt.end_backoff();
             p.probed = false;
             if newly_acked == 0 {
                 p.rto_at = Some(now + p.rtt.rto());

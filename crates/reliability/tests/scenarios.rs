@@ -525,3 +525,50 @@ fn a_spurious_timeout_costs_a_datagram_not_a_burst() {
     assert_eq!(s.retransmitted, 2, "{s:?}");
     assert_eq!(s.spurious_retransmits, 2, "{s:?}");
 }
+
+/// Acknowledgements lost for a while, then one that answers a timeout's
+/// resend and also covers first transmissions delivered long before: it
+/// gives no round-trip sample, so the estimate stays that of the path, not
+/// of the outage; and the backoff ends with it. Before, such a sample made
+/// the smoothed round trip grow by an eighth of the outage each time, and
+/// on a path losing 30 % both ways the timeout climbed to its maximum and
+/// stayed there (a 2-rank job under 30 % kernel loss stalled).
+#[test]
+fn an_ack_that_answers_a_resend_gives_no_round_trip_sample() {
+    let config = Config::default();
+    let mut net = Net::new(2, &config, 51);
+    net.send(0, 1, payload(0, 0, 8));
+    net.run_until_idle(Duration::from_secs(1));
+    let peer = net.nodes[0].node_peer[&1];
+    // A lone message waits out the receiver's acknowledgement delay.
+    let before = net.nodes[0].rel.srtt(peer).unwrap();
+
+    let dark_from = net.now - Instant::ZERO;
+    let outage = Duration::from_millis(20);
+    net.set_faults(
+        1,
+        0,
+        Faults {
+            outage: Some((dark_from, dark_from + outage)),
+            ..Faults::default()
+        },
+    );
+    for i in 1..9 {
+        net.send(0, 1, payload(0, i, 8));
+    }
+    net.run_until_idle(Duration::from_secs(10));
+    assert_eq!(net.nodes[1].delivered[&0].len(), 9);
+    assert_eq!(net.nodes[0].acked.len(), 9);
+    let stats = *net.nodes[0].rel.stats();
+    assert!(
+        stats.timeouts > 0,
+        "the outage made the timer expire: {stats:?}"
+    );
+    let after = net.nodes[0].rel.srtt(peer).unwrap();
+    assert!(
+        after <= before + before / 2,
+        "the outage of {outage:?} leaked into the round trip: {before:?} -> {after:?}"
+    );
+    let rto = net.nodes[0].rel.rto(peer).unwrap();
+    assert!(rto < outage / 4, "the backoff ended: {rto:?}");
+}
