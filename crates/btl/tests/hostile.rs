@@ -112,6 +112,27 @@ fn message(i: u32) -> Vec<u8> {
     bytes
 }
 
+/// Progresses every component in `btls` for `how_long`: what is still in
+/// the sockets gets read.
+fn progress_for(btls: &mut [&mut Component<UdpProvider>], how_long: Duration) {
+    let until = Instant::now() + how_long;
+    while Instant::now() < until {
+        for btl in btls.iter_mut() {
+            btl.progress();
+        }
+    }
+}
+
+/// Asserts that `heard` is messages `0..n`, each once, in order and intact,
+/// all from endpoint `from`.
+fn assert_heard_in_order(heard: &[(Option<EndpointId>, Vec<u8>)], n: u32, from: EndpointId) {
+    assert_eq!(heard.len(), n as usize, "messages heard");
+    for (i, (sender, bytes)) in heard.iter().enumerate() {
+        assert_eq!(*sender, Some(from), "message {i}");
+        assert_eq!(bytes, &message(i as u32), "message {i}");
+    }
+}
+
 /// The UDP port of a module's receiving queue pair.
 fn receive_port<P: Provider>(btl: &Component<P>) -> u16 {
     btl.modules()[0].address().qpns[0] as u16
@@ -329,19 +350,11 @@ fn hostile_datagrams_are_dropped_and_counted_while_real_traffic_flows() {
         b.progress();
     }
     // Drain: whatever hostile datagrams are still in the socket get read.
-    let settle = Instant::now() + Duration::from_millis(300);
-    while Instant::now() < settle {
-        a.progress();
-        b.progress();
-    }
+    progress_for(&mut [&mut a, &mut b], Duration::from_millis(300));
 
     // Real traffic: every message once, in order, intact.
     let heard = heard.lock().unwrap();
-    assert_eq!(heard.len(), n as usize);
-    for (i, (from, bytes)) in heard.iter().enumerate() {
-        assert_eq!(*from, Some(ba), "message {i}");
-        assert_eq!(bytes, &message(i as u32), "message {i}");
-    }
+    assert_heard_in_order(&heard, n, ba);
     // Every hostile datagram dropped and counted somewhere.
     let after = drops(&b);
     let counted: u64 = after.iter().zip(before).map(|(a, b)| a - b).sum();
@@ -511,18 +524,10 @@ fn with_auth_a_stranger_can_neither_inject_nor_replay() {
         a.progress();
         b.progress();
     }
-    let settle = Instant::now() + Duration::from_millis(300);
-    while Instant::now() < settle {
-        a.progress();
-        b.progress();
-    }
+    progress_for(&mut [&mut a, &mut b], Duration::from_millis(300));
 
     let heard = heard.lock().unwrap();
-    assert_eq!(heard.len(), n as usize);
-    for (i, (from, bytes)) in heard.iter().enumerate() {
-        assert_eq!(*from, Some(ba), "message {i}");
-        assert_eq!(bytes, &message(i as u32), "message {i}");
-    }
+    assert_heard_in_order(&heard, n, ba);
     let after = drops(&b);
     let delta: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
     println!(
@@ -612,24 +617,15 @@ fn with_a_job_secret_no_key_is_published_and_a_stranger_cannot_inject() {
         b.progress();
         stranger.progress();
     }
-    let settle = Instant::now() + Duration::from_millis(200);
-    while Instant::now() < settle {
-        a.progress();
-        b.progress();
-        stranger.progress();
-    }
+    progress_for(
+        &mut [&mut a, &mut b, &mut stranger],
+        Duration::from_millis(200),
+    );
     // The stranger falls silent, and B takes in what it sent last.
-    let drain = Instant::now() + Duration::from_millis(50);
-    while Instant::now() < drain {
-        a.progress();
-        b.progress();
-    }
+    progress_for(&mut [&mut a, &mut b], Duration::from_millis(50));
+    // Only the job's messages arrive.
     let heard = heard.lock().unwrap();
-    assert_eq!(heard.len(), n as usize, "only the job's messages arrive");
-    for (i, (from, bytes)) in heard.iter().enumerate() {
-        assert_eq!(*from, Some(ba), "message {i}");
-        assert_eq!(bytes, &message(i as u32), "message {i}");
-    }
+    assert_heard_in_order(&heard, n, ba);
     let delta: Vec<u64> = drops(&b).iter().zip(before).map(|(x, y)| x - y).collect();
     // Unacknowledged, the stranger sends its first window and then repeats
     // itself on timeouts: every datagram it sent went to B.

@@ -127,7 +127,22 @@ fn launch(args: &[&str]) -> Run {
 
 /// Runs a [`udrun`] command to its end.
 fn run_command(cmd: Command) -> Run {
+    finish(Udrun::start(cmd))
+}
+
+/// Runs a [`udrun`] command to its end, with `input` on its stdin, which
+/// is then closed.
+fn run_with_stdin(mut cmd: Command, input: &[u8]) -> Run {
+    cmd.stdin(Stdio::piped());
     let mut udrun = Udrun::start(cmd);
+    let mut stdin = udrun.child.stdin.take().unwrap();
+    std::io::Write::write_all(&mut stdin, input).unwrap();
+    drop(stdin);
+    finish(udrun)
+}
+
+/// Reads a started udrun's output to its end, and waits for it.
+fn finish(mut udrun: Udrun) -> Run {
     let stdout = collect(udrun.child.stdout.take().unwrap());
     let stderr = collect(udrun.child.stderr.take().unwrap());
     let (code, elapsed) = udrun.wait();
@@ -940,23 +955,16 @@ fn resource_failures_while_starting_name_the_rank() {
 
 #[test]
 fn stdin_goes_to_rank_0_only() {
-    let mut cmd = udrun(&[
+    let cmd = udrun(&[
         "-n",
         "2",
         "sh",
         "-c",
         r#"while read -r l; do echo "$PMI_RANK:$l"; done; echo "$PMI_RANK:eof""#,
     ]);
-    cmd.stdin(Stdio::piped());
-    let mut udrun = Udrun::start(cmd);
-    let mut stdin = udrun.child.stdin.take().unwrap();
-    std::io::Write::write_all(&mut stdin, b"a\nb\n").unwrap();
-    drop(stdin);
-    let stdout = collect(udrun.child.stdout.take().unwrap());
-    let stderr = collect(udrun.child.stderr.take().unwrap());
-    let (code, _) = udrun.wait();
-    let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());
-    assert_eq!(code, Some(0), "{stderr}");
+    let run = run_with_stdin(cmd, b"a\nb\n");
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let stdout = &run.stdout;
     let mut lines: Vec<&str> = stdout.lines().collect();
     lines.sort_unstable();
     assert_eq!(lines, ["0:a", "0:b", "0:eof", "1:eof"], "{stdout}");
@@ -1420,7 +1428,7 @@ fn stdin_goes_to_local_rank_0_and_the_secrets_line_is_not_seen_as_stdin() {
     let ssh = script_file(&dir, "fake-ssh", FAKE_SSH);
     // Rank 0 here reads udrun's stdin; the remote ranks read /dev/null
     // (their launcher's stdin, after the secrets line, is the watcher's).
-    let mut cmd = udrun(&[
+    let cmd = udrun(&[
         "-n",
         "3",
         "--host",
@@ -1431,16 +1439,9 @@ fn stdin_goes_to_local_rank_0_and_the_secrets_line_is_not_seen_as_stdin() {
         "-c",
         r#"r=${PMI_RANK:-r$PMI_ID}; while read -r l; do echo "$r:$l"; done; echo "$r:eof:${#UDBTL_PMI_SECRET}""#,
     ]);
-    cmd.stdin(Stdio::piped());
-    let mut udrun = Udrun::start(cmd);
-    let mut stdin = udrun.child.stdin.take().unwrap();
-    std::io::Write::write_all(&mut stdin, b"a\nb\n").unwrap();
-    drop(stdin);
-    let stdout = collect(udrun.child.stdout.take().unwrap());
-    let stderr = collect(udrun.child.stderr.take().unwrap());
-    let (code, _) = udrun.wait();
-    let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());
-    assert_eq!(code, Some(0), "{stderr}");
+    let run = run_with_stdin(cmd, b"a\nb\n");
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let stdout = &run.stdout;
     let mut lines: Vec<&str> = stdout.lines().collect();
     lines.sort_unstable();
     // Every rank has all 64 hex digits of the secret (authenticated
