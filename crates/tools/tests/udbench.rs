@@ -387,3 +387,60 @@ fn sizes_take_suffixes() {
     );
     check_rows(&rows(&stdout, BANDWIDTH), &[1024, 2048], 1);
 }
+
+/// The pid of rank `rank`, a child of udrun `udrun`, once it runs.
+fn rank_pid(udrun: u32, rank: u32) -> Option<u32> {
+    let needle = format!("PMI_RANK={rank}");
+    common::children(udrun).into_iter().find(|pid| {
+        std::fs::read(format!("/proc/{pid}/environ"))
+            .is_ok_and(|env| env.split(|&b| b == 0).any(|var| var == needle.as_bytes()))
+    })
+}
+
+/// A rank that stops answering in the middle of the benchmark is declared
+/// lost by its peer, which exits naming it, and udrun ends the job: every
+/// wait of the benchmark checks the transport, so a lost peer is an error,
+/// never a silent hang (it used to spin forever on the pong that could not
+/// come).
+#[test]
+fn a_peer_that_stops_answering_ends_the_benchmark_naming_it() {
+    let all = [
+        "-n",
+        "2",
+        UDBENCH,
+        "latency",
+        "--max-size",
+        "8",
+        "--iterations",
+        "100000000",
+    ];
+    let child = common::start(&all, &[("UDBTL_PEER_TIMEOUT", "1000")]);
+    let udrun = child.id();
+    let started = std::time::Instant::now();
+    let victim = loop {
+        if let Some(pid) = rank_pid(udrun, 1) {
+            break pid;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "rank 1 never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // Let the ping-pong begin, then stop rank 1 for good (udrun kills it
+    // when the job ends; the watchdog continues it should the job hang).
+    std::thread::sleep(Duration::from_millis(1500));
+    common::signal(victim, "STOP");
+    let finished = common::finish(child, Duration::from_secs(30));
+    let (stdout, stderr) = text(&finished.output);
+    assert!(!finished.timed_out, "the job hung:\n{stdout}\n{stderr}");
+    assert_eq!(finished.output.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("udbench: messages were lost: rank 0: rank 1 lost ("),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("nothing heard from it within peer_timeout"),
+        "{stderr}"
+    );
+}

@@ -1,7 +1,8 @@
 //! Job wire-up: PMI, the transport, and the address exchange (the modex).
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use udbtl_btl::params::Source;
@@ -116,14 +117,45 @@ pub struct World {
     dump: bool,
     started: Instant,
     /// Failures the transport reported (lost peers, failed sends).
-    failures: Arc<Mutex<Failures>>,
+    failures: Arc<FailureLog>,
     /// Barrier messages received, by (barrier number, round).
     arrivals: Arc<Mutex<HashSet<(u32, u8)>>>,
     /// Barriers this rank has entered.
     barriers: u32,
 }
 
-/// What the transport's callbacks reported as lost.
+/// What the transport's callbacks reported as lost, with a flag that lets
+/// [`World::check`] answer "nothing" with one atomic load: programs call it
+/// in their busy-wait loops, where a lock would cost latency.
+#[derive(Debug, Default)]
+struct FailureLog {
+    any: AtomicBool,
+    failures: Mutex<Failures>,
+}
+
+impl FailureLog {
+    /// The failures, for recording one (which raises the flag) or reading.
+    fn lock(&self) -> MutexGuard<'_, Failures> {
+        self.failures.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn record_send(&self, event: &SendEvent) {
+        if event.status.is_err() {
+            self.lock().record_failed_send(event.endpoint);
+            self.any.store(true, Ordering::Release);
+        }
+    }
+
+    fn record_error(&self, event: &ErrorEvent) {
+        self.lock().record_error(event);
+        self.any.store(true, Ordering::Release);
+    }
+
+    fn any(&self) -> bool {
+        self.any.load(Ordering::Acquire)
+    }
+}
+
 #[derive(Debug, Default)]
 struct Failures {
     /// Endpoints declared lost, with the transport's message.
@@ -139,16 +171,10 @@ impl Failures {
         self.lost.is_empty() && self.failed_sends.is_empty() && self.other.is_empty()
     }
 
-    fn record_send(&mut self, event: &SendEvent) {
-        if event.status.is_err() {
-            match self
-                .failed_sends
-                .iter_mut()
-                .find(|(ep, _)| *ep == event.endpoint)
-            {
-                Some((_, count)) => *count += 1,
-                None => self.failed_sends.push((event.endpoint, 1)),
-            }
+    fn record_failed_send(&mut self, endpoint: EndpointId) {
+        match self.failed_sends.iter_mut().find(|(ep, _)| *ep == endpoint) {
+            Some((_, count)) => *count += 1,
+            None => self.failed_sends.push((endpoint, 1)),
         }
     }
 
@@ -305,19 +331,9 @@ impl World {
     /// messages.
     fn install_callbacks(&mut self) {
         let failures = self.failures.clone();
-        let on_send = move |event: &SendEvent| {
-            failures
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .record_send(event);
-        };
+        let on_send = move |event: &SendEvent| failures.record_send(event);
         let failures = self.failures.clone();
-        let on_error = move |event: &ErrorEvent| {
-            failures
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .record_error(event);
-        };
+        let on_error = move |event: &ErrorEvent| failures.record_error(event);
         with_btl!(&mut self.btl, c => {
             for module in c.modules_mut() {
                 module.set_send_callback(Box::new(on_send.clone()));
@@ -558,12 +574,17 @@ impl World {
     }
 
     /// What the transport reported lost so far, if anything, naming the
-    /// ranks concerned.
+    /// ranks concerned. Call it in every loop that waits for a peer: a
+    /// progress call reports nothing itself, and a lost peer's messages never
+    /// come. While nothing failed it costs one atomic load.
     ///
     /// # Errors
     /// [`InitError::Lost`] once any message was lost.
     pub fn check(&self) -> Result<(), InitError> {
-        let failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
+        if !self.failures.any() {
+            return Ok(());
+        }
+        let failures = self.failures.lock();
         if failures.is_empty() {
             return Ok(());
         }

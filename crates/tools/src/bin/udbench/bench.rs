@@ -109,11 +109,17 @@ impl Counter {
 
     /// Busy-polls until `n` more messages have arrived than were awaited
     /// before.
-    fn wait(&mut self, world: &mut World, n: u64) {
+    ///
+    /// # Errors
+    /// The transport lost a peer or a message: what is awaited may never
+    /// come, so the wait ends with the transport's account.
+    fn wait(&mut self, world: &mut World, n: u64) -> Result<(), udbtl::InitError> {
         self.awaited += n;
         while self.arrived.load(Ordering::Relaxed) < self.awaited {
+            world.check()?;
             world.progress();
         }
+        Ok(())
     }
 }
 
@@ -333,7 +339,7 @@ impl Cx {
                 for _ in 0..window {
                     self.world.send_message(peer, PING, &self.buf[..len])?;
                 }
-                self.pings.wait(&mut self.world, window);
+                self.pings.wait(&mut self.world, window)?;
             }
             if self.rank == 0 {
                 out.row(&Row::Bandwidth {
@@ -412,13 +418,13 @@ impl Cx {
                 for _ in 0..window {
                     self.world.send_message(peer, PING, &self.buf[..len])?;
                 }
-                self.acks.wait(&mut self.world, 1);
+                self.acks.wait(&mut self.world, 1)?;
             }
             Ok(Some(start.elapsed()))
         } else if self.rank < 2 * pairs {
             let peer = self.rank - pairs;
             for _ in 0..total {
-                self.pings.wait(&mut self.world, window);
+                self.pings.wait(&mut self.world, window)?;
                 self.world.send_message(peer, ACK, &ACK_BYTES)?;
             }
             Ok(None)
@@ -443,6 +449,7 @@ impl Cx {
                     return Ok(Some(sum));
                 }
             }
+            self.world.check()?;
             self.world.progress();
         }
     }
@@ -450,13 +457,13 @@ impl Cx {
     /// One round trip from this rank.
     fn ping(&mut self, peer: u32, len: usize) -> Result<(), Error> {
         self.world.send_message(peer, PING, &self.buf[..len])?;
-        self.pings.wait(&mut self.world, 1);
+        self.pings.wait(&mut self.world, 1)?;
         Ok(())
     }
 
     /// Answers one ping.
     fn pong(&mut self, peer: u32, len: usize) -> Result<(), Error> {
-        self.pings.wait(&mut self.world, 1);
+        self.pings.wait(&mut self.world, 1)?;
         self.world.send_message(peer, PING, &self.buf[..len])?;
         Ok(())
     }
