@@ -463,12 +463,17 @@ pub struct FabricStats {
     pub rx_too_long: u64,
     /// Dropped: arrived at a queue pair not yet ready to receive.
     pub rx_not_ready: u64,
+    /// Dropped by the kernel before the fabric saw them, because the
+    /// socket's receive buffer was full (UDP: the sockets' drop counters,
+    /// read when the stats are; 0 where the kernel does not say).
+    pub rx_kernel_drops: u64,
 }
 
 impl FabricStats {
     /// Sum of every receive-side drop.
     pub const fn rx_dropped(&self) -> u64 {
-        self.rx_no_buffer
+        self.rx_kernel_drops
+            + self.rx_no_buffer
             + self.rx_bad_qkey
             + self.rx_bad_pkey
             + self.rx_malformed

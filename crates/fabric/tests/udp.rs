@@ -242,6 +242,34 @@ fn malformed_and_truncated_datagrams_are_counted_not_fatal() {
     assert_eq!(b.ctx.stats().rx_datagrams, 1);
 }
 
+/// Datagrams that found the socket's receive buffer full never reach the
+/// provider, but they are counted: every datagram sent is either read (here
+/// as malformed junk) or counted as dropped by the kernel.
+#[test]
+fn datagrams_dropped_at_a_full_socket_buffer_are_counted() {
+    let provider = UdpProvider::new(UdpConfig {
+        recv_buffer: 64 << 10,
+        ..UdpConfig::default()
+    });
+    let devices = provider.devices().unwrap();
+    let mut b = Endpoint::new(provider.open(&devices[0].name).unwrap(), 4, QKEY);
+    let raw = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let dest = SocketAddr::new(b.ctx.ip(), b.qp.qp_num as u16);
+    const SENT: u64 = 2000;
+    for _ in 0..SENT {
+        raw.send_to(&[0xAB; 1000], dest).unwrap();
+    }
+    assert!(b.poll_during(Duration::from_millis(200)).is_empty());
+    let stats = b.ctx.stats();
+    assert!(stats.rx_kernel_drops > 0, "{stats:?}");
+    assert_eq!(
+        stats.rx_kernel_drops + stats.rx_malformed,
+        SENT,
+        "{stats:?}"
+    );
+    assert_eq!(stats.rx_dropped(), SENT, "{stats:?}");
+}
+
 /// Sends 40 datagrams of 1400 B (the last 100 B), each filled with its
 /// index, from `a` to `b` in one post.
 fn send_forty(a: &mut Endpoint<UdpContext>, b: &Endpoint<UdpContext>) {

@@ -7,13 +7,18 @@
 //! 4 KiB) or the checked all-to-all of `udstress`.
 //!
 //! Every run must finish, with every figure printed or every message
-//! checked, and the junk must show up in the ranks' dumps as counted drops.
-//! `JUNK_RUNS` sets the number of runs (default 20, half of each program).
+//! checked, and the junk must show up in the ranks' dumps as counted drops:
+//! under udbench, whose junk stops before the job ends, every junk datagram
+//! sent, whether the kernel dropped it at a full socket buffer or the ranks
+//! read it and dropped it as garbage. `JUNK_RUNS` sets the number of runs
+//! (default 20, half of each program).
 
 #![allow(clippy::unwrap_used)]
 
 use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::process::Child;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
@@ -101,6 +106,29 @@ fn junk(pid: u32, stop: Arc<AtomicBool>, sent: Arc<AtomicU64>) -> thread::JoinHa
     })
 }
 
+/// Collects `child`'s standard output on a thread, raising `stop` (if
+/// any) once udbench's bandwidth phase has printed its 1 KiB row: the junk
+/// then covers the start of that phase, and the 2 and 4 KiB rows that
+/// remain give the ranks time to read what is left of it.
+fn read_stdout(child: &mut Child, stop: Option<Arc<AtomicBool>>) -> thread::JoinHandle<String> {
+    let stdout = child.stdout.take().unwrap();
+    thread::spawn(move || {
+        let mut all = String::new();
+        let mut bandwidth = false;
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            bandwidth |= line.starts_with("# udbench bw");
+            if bandwidth && line.starts_with("1024 ") {
+                if let Some(stop) = &stop {
+                    stop.store(true, Ordering::Relaxed);
+                }
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    })
+}
+
 /// The sum over every dump line starting with `line` (after spaces) of the
 /// numbers that follow each of `names` on it. A line udrun merged from
 /// several ranks ("[ranks 0-1] ...", when they printed the same) counts
@@ -136,13 +164,18 @@ fn a_job_finishes_with_everything_checked_while_junk_hits_its_ports_from_the_sta
         } else {
             vec!["-n", "2", udstress, "alltoall", "--messages", "3000"]
         };
-        let child = common::start(&args, &[("UDBTL_DUMP", "1")]);
+        let mut child = common::start(&args, &[("UDBTL_DUMP", "1")]);
         let (stop, sent) = (Arc::new(AtomicBool::new(false)), Arc::default());
         let sender = junk(child.id(), stop.clone(), Arc::clone(&sent));
+        // udbench's junk stops near the end of the bandwidth phase, so that
+        // the ranks read every junk datagram before their dumps: then each
+        // one must be counted. udstress's lasts to the end.
+        let reader = read_stdout(&mut child, (run % 2 == 0).then(|| stop.clone()));
         let finished = common::finish(child, Duration::from_secs(60));
         stop.store(true, Ordering::Relaxed);
         sender.join().unwrap();
-        let (stdout, stderr) = common::text(&finished.output);
+        let stdout = reader.join().unwrap();
+        let (_, stderr) = common::text(&finished.output);
         assert!(
             !finished.timed_out && finished.output.status.success(),
             "run {run} ({}) failed or hung:\n{stdout}\n{stderr}",
@@ -165,19 +198,20 @@ fn a_job_finishes_with_everything_checked_while_junk_hits_its_ports_from_the_sta
                 "run {run}: both ranks report their checks\n{stdout}\n{stderr}"
             );
         }
-        // Where junk ends up: in the fabric (no buffer, a bad key, a
-        // malformed UD header, too long) or the BTL (a malformed header,
-        // another job's key).
-        let counted = dump_sum(
-            &stderr,
-            "fabric",
-            &["no buffer", "bad qkey", "malformed", "too long"],
-        ) + dump_sum(&stderr, "receives", &["malformed", "bad job key"]);
+        // Where junk ends up: refused by a full socket buffer, or read and
+        // dropped as garbage, by the fabric (a bad key, a malformed UD
+        // header, too long) or the BTL (a malformed header, another job's
+        // key). Real datagrams may meet a full socket buffer too, or find
+        // no receive posted, but are never garbage.
+        let garbage = dump_sum(&stderr, "fabric", &["bad qkey", "malformed", "too long"])
+            + dump_sum(&stderr, "receives", &["malformed", "bad job key"]);
+        let refused = dump_sum(&stderr, "fabric", &["socket full", "no buffer"]);
+        let counted = garbage + refused;
         let delivered = dump_sum(&stderr, "receives", &["delivered"]);
         let sent = sent.load(Ordering::Relaxed);
         eprintln!(
-            "run {run} ({}, {:.1} s): junk sent {sent}, drops counted {counted}, real \
-             datagrams delivered {delivered}",
+            "run {run} ({}, {:.1} s): junk sent {sent}; counted {counted} (garbage {garbage}, \
+             socket full or no buffer {refused}); messages delivered {delivered}",
             args[2].rsplit('/').next().unwrap_or_default(),
             finished.elapsed.as_secs_f64()
         );
@@ -189,5 +223,15 @@ fn a_job_finishes_with_everything_checked_while_junk_hits_its_ports_from_the_sta
             counted > 0,
             "run {run}: junk arrived but nothing was counted\n{stderr}"
         );
+        assert!(
+            garbage <= sent,
+            "run {run}: more garbage counted ({garbage}) than junk sent ({sent})\n{stderr}"
+        );
+        if run % 2 == 0 {
+            assert!(
+                counted >= sent,
+                "run {run}: junk sent {sent}, only {counted} counted\n{stderr}"
+            );
+        }
     }
 }

@@ -183,16 +183,17 @@ impl<C: Context> fmt::Display for Engine<C> {
         }
         write!(
             f,
-            "  fabric             tx {} ({} GSO trains) rx {} ({} GRO trains) dropped: no buffer {} bad qkey {} malformed {} too long {} kernel {}",
+            "  fabric             tx {} ({} GSO trains; refused by the kernel {}) rx {} ({} GRO trains) dropped: socket full {} no buffer {} bad qkey {} malformed {} too long {}",
             fabric.tx_datagrams,
             fabric.tx_gso_trains,
+            fabric.tx_kernel_drops,
             fabric.rx_datagrams,
             fabric.rx_gro_trains,
+            fabric.rx_kernel_drops,
             fabric.rx_no_buffer,
             fabric.rx_bad_qkey,
             fabric.rx_malformed,
             fabric.rx_too_long,
-            fabric.tx_kernel_drops
         )
     }
 }

@@ -1250,7 +1250,14 @@ impl Context for UdpContext {
     }
 
     fn stats(&self) -> FabricStats {
-        self.verbs.stats
+        let mut stats = self.verbs.stats;
+        stats.rx_kernel_drops = self
+            .verbs
+            .qps
+            .iter()
+            .filter_map(|(_, qp)| sys::socket_drops(qp.transport.socket.as_fd()))
+            .sum();
+        stats
     }
 
     fn resources(&self) -> ResourceCounts {
