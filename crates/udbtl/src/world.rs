@@ -548,6 +548,10 @@ impl World {
     }
 
     /// Progresses the transport once; returns the completions handled.
+    ///
+    /// It reports no failure itself: a loop that waits for a peer's message
+    /// calls [`check`](Self::check) too, or it would wait for ever on a peer
+    /// the transport has declared lost.
     pub fn progress(&mut self) -> usize {
         let handled = with_btl!(&mut self.btl, c => c.progress());
         if self.modex == ModexMode::Lazy {
