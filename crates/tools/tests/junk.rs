@@ -4,7 +4,8 @@
 //! job's processes hold. The ports are rediscovered every 50 ms from
 //! `/proc`, so the junk covers `init()`, the address exchange, the first
 //! barrier, and then the latency and bandwidth phases of `udbench` (1 B to
-//! 4 KiB) or the checked all-to-all of `udstress`.
+//! 4 KiB) or the checked all-to-all of `udstress`, with addresses fetched
+//! in bulk or lazily.
 //!
 //! Every run must finish, with every figure printed or every message
 //! checked, and the junk must show up in the ranks' dumps as counted drops:
@@ -164,7 +165,10 @@ fn a_job_finishes_with_everything_checked_while_junk_hits_its_ports_from_the_sta
         } else {
             vec!["-n", "2", udstress, "alltoall", "--messages", "3000"]
         };
-        let mut child = common::start(&args, &[("UDBTL_DUMP", "1")]);
+        // Every other run of each program fetches addresses lazily, so that
+        // junk also meets connections made on a peer's first datagram.
+        let modex = if run % 4 < 2 { "bulk" } else { "lazy" };
+        let mut child = common::start(&args, &[("UDBTL_DUMP", "1"), ("UDBTL_MODEX", modex)]);
         let (stop, sent) = (Arc::new(AtomicBool::new(false)), Arc::default());
         let sender = junk(child.id(), stop.clone(), Arc::clone(&sent));
         // udbench's junk stops near the end of the bandwidth phase, so that
@@ -210,7 +214,7 @@ fn a_job_finishes_with_everything_checked_while_junk_hits_its_ports_from_the_sta
         let delivered = dump_sum(&stderr, "receives", &["delivered"]);
         let sent = sent.load(Ordering::Relaxed);
         eprintln!(
-            "run {run} ({}, {:.1} s): junk sent {sent}; counted {counted} (garbage {garbage}, \
+            "run {run} ({}, {modex} modex, {:.1} s): junk sent {sent}; counted {counted} (garbage {garbage}, \
              socket full or no buffer {refused}); messages delivered {delivered}",
             args[2].rsplit('/').next().unwrap_or_default(),
             finished.elapsed.as_secs_f64()
