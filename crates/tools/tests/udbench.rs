@@ -397,14 +397,11 @@ fn rank_pid(udrun: u32, rank: u32) -> Option<u32> {
     })
 }
 
-/// A rank that stops answering in the middle of the benchmark is declared
-/// lost by its peer, which exits naming it, and udrun ends the job: every
-/// wait of the benchmark checks the transport, so a lost peer is an error,
-/// never a silent hang (it used to spin forever on the pong that could not
-/// come).
-#[test]
-fn a_peer_that_stops_answering_ends_the_benchmark_naming_it() {
-    let all = [
+/// Runs a 2-rank latency sweep long enough for the test (with `env` and
+/// udbench's `extra` arguments), stops rank 1 once the ping-pong runs, and
+/// returns how the job ended.
+fn stop_rank_one_mid_benchmark(env: &[(&str, &str)], extra: &[&str]) -> common::Finished {
+    let mut all = vec![
         "-n",
         "2",
         UDBENCH,
@@ -414,7 +411,8 @@ fn a_peer_that_stops_answering_ends_the_benchmark_naming_it() {
         "--iterations",
         "100000000",
     ];
-    let child = common::start(&all, &[("UDBTL_PEER_TIMEOUT", "1000")]);
+    all.extend_from_slice(extra);
+    let child = common::start(&all, env);
     let udrun = child.id();
     let started = std::time::Instant::now();
     let victim = loop {
@@ -431,7 +429,17 @@ fn a_peer_that_stops_answering_ends_the_benchmark_naming_it() {
     // when the job ends; the watchdog continues it should the job hang).
     std::thread::sleep(Duration::from_millis(1500));
     common::signal(victim, "STOP");
-    let finished = common::finish(child, Duration::from_secs(30));
+    common::finish(child, Duration::from_secs(30))
+}
+
+/// A rank that stops answering in the middle of the benchmark is declared
+/// lost by its peer, which exits naming it, and udrun ends the job: every
+/// wait of the benchmark checks the transport, so a lost peer is an error,
+/// never a silent hang (it used to spin forever on the pong that could not
+/// come).
+#[test]
+fn a_peer_that_stops_answering_ends_the_benchmark_naming_it() {
+    let finished = stop_rank_one_mid_benchmark(&[("UDBTL_PEER_TIMEOUT", "1000")], &[]);
     let (stdout, stderr) = text(&finished.output);
     assert!(!finished.timed_out, "the job hung:\n{stdout}\n{stderr}");
     assert_eq!(finished.output.status.code(), Some(1), "{stdout}\n{stderr}");
@@ -443,4 +451,28 @@ fn a_peer_that_stops_answering_ends_the_benchmark_naming_it() {
         stderr.contains("nothing heard from it within peer_timeout"),
         "{stderr}"
     );
+}
+
+/// A wait that outlasts `--stall-timeout` while the transport reports
+/// nothing (here the peer is stopped, and its peer timeout is far away)
+/// ends the run with what was awaited and the transport's state, instead
+/// of spinning silently.
+#[test]
+fn a_stalled_wait_is_reported_with_the_transport_state() {
+    let finished = stop_rank_one_mid_benchmark(
+        &[("UDBTL_PEER_TIMEOUT", "600000")],
+        &["--stall-timeout", "2"],
+    );
+    let (stdout, stderr) = text(&finished.output);
+    assert!(!finished.timed_out, "the job hung:\n{stdout}\n{stderr}");
+    assert_eq!(finished.output.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(
+            "udbench: rank 0: a message of the benchmark did not come within 2 s \
+             (--stall-timeout), and the transport reports no failure; its state:"
+        ),
+        "{stderr}"
+    );
+    // The state names the module and its reliability counters.
+    assert!(stderr.contains("reliability        sent "), "{stderr}");
 }

@@ -60,6 +60,9 @@ pub(crate) struct Plan {
     pub(crate) iterations: Option<u64>,
     /// Warm-up iterations for every size, if not OSU's proportion.
     pub(crate) warmup: Option<u64>,
+    /// Longest a rank waits for one message (or window) before it reports
+    /// the run stuck; `None` waits for ever.
+    pub(crate) stall: Option<Duration>,
 }
 
 impl Plan {
@@ -92,10 +95,12 @@ impl Plan {
 struct Counter {
     arrived: Arc<AtomicU64>,
     awaited: u64,
+    /// What one message is, for a stall report.
+    what: &'static str,
 }
 
 impl Counter {
-    fn new(world: &mut World, tag: Tag) -> Self {
+    fn new(world: &mut World, tag: Tag, what: &'static str) -> Self {
         let arrived = Arc::new(AtomicU64::new(0));
         let sink = arrived.clone();
         world.on_receive(tag, move |_, _| {
@@ -104,6 +109,7 @@ impl Counter {
         Self {
             arrived,
             awaited: 0,
+            what,
         }
     }
 
@@ -111,16 +117,55 @@ impl Counter {
     /// before.
     ///
     /// # Errors
-    /// The transport lost a peer or a message: what is awaited may never
-    /// come, so the wait ends with the transport's account.
-    fn wait(&mut self, world: &mut World, n: u64) -> Result<(), udbtl::InitError> {
+    /// As [`progress_until`].
+    fn wait(&mut self, world: &mut World, n: u64, stall: Option<Duration>) -> Result<(), Error> {
         self.awaited += n;
-        while self.arrived.load(Ordering::Relaxed) < self.awaited {
-            world.check()?;
-            world.progress();
-        }
-        Ok(())
+        let (arrived, target) = (&self.arrived, self.awaited);
+        progress_until(world, stall, self.what, || {
+            arrived.load(Ordering::Relaxed) >= target
+        })
     }
+}
+
+/// Idle polls between two looks at the clock while a wait stalls: the fast
+/// path reads no clock.
+const POLLS_PER_CLOCK_READ: u32 = 4096;
+
+/// Busy-polls `world` until `done` holds.
+///
+/// # Errors
+/// The transport lost a peer or a message: what is awaited may never come,
+/// so the wait ends with the transport's account. Or nothing came within
+/// `stall` although the transport reports no failure: the error says what
+/// was awaited and holds the transport's state, so that a stuck run is
+/// reported, never silent.
+fn progress_until(
+    world: &mut World,
+    stall: Option<Duration>,
+    what: &str,
+    mut done: impl FnMut() -> bool,
+) -> Result<(), Error> {
+    let mut polls = 0u32;
+    let mut since = None;
+    while !done() {
+        world.check()?;
+        world.progress();
+        polls = polls.wrapping_add(1);
+        if let Some(limit) = stall.filter(|_| polls % POLLS_PER_CLOCK_READ == 0) {
+            let started = *since.get_or_insert_with(Instant::now);
+            if started.elapsed() > limit {
+                return Err(format!(
+                    "rank {}: {what} did not come within {} s (--stall-timeout), and the \
+                     transport reports no failure; its state:\n{}",
+                    world.rank(),
+                    limit.as_secs(),
+                    world.dump()
+                )
+                .into());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The running job and its buffers.
@@ -143,8 +188,8 @@ impl Cx {
     /// # Errors
     /// A buffer over the address space.
     pub(crate) fn new(mut world: World, max_size: u64, plan: Plan) -> Result<Self, Error> {
-        let pings = Counter::new(&mut world, PING);
-        let acks = Counter::new(&mut world, ACK);
+        let pings = Counter::new(&mut world, PING, "a message of the benchmark");
+        let acks = Counter::new(&mut world, ACK, "the acknowledgement of a window");
         let results = Arc::new(Mutex::new(Vec::new()));
         let sink = results.clone();
         world.on_receive(RESULT, move |_, bytes: &[u8]| {
@@ -339,7 +384,7 @@ impl Cx {
                 for _ in 0..window {
                     self.world.send_message(peer, PING, &self.buf[..len])?;
                 }
-                self.pings.wait(&mut self.world, window)?;
+                self.pings.wait(&mut self.world, window, self.plan.stall)?;
             }
             if self.rank == 0 {
                 out.row(&Row::Bandwidth {
@@ -418,13 +463,13 @@ impl Cx {
                 for _ in 0..window {
                     self.world.send_message(peer, PING, &self.buf[..len])?;
                 }
-                self.acks.wait(&mut self.world, 1)?;
+                self.acks.wait(&mut self.world, 1, self.plan.stall)?;
             }
             Ok(Some(start.elapsed()))
         } else if self.rank < 2 * pairs {
             let peer = self.rank - pairs;
             for _ in 0..total {
-                self.pings.wait(&mut self.world, window)?;
+                self.pings.wait(&mut self.world, window, self.plan.stall)?;
                 self.world.send_message(peer, ACK, &ACK_BYTES)?;
             }
             Ok(None)
@@ -441,29 +486,32 @@ impl Cx {
             return Ok(None);
         }
         let others = usize::try_from(senders - 1)?;
-        loop {
-            {
-                let mut results = self.results.lock().unwrap_or_else(PoisonError::into_inner);
-                if results.len() >= others {
-                    let sum = results.drain(..).sum::<f64>() + value;
-                    return Ok(Some(sum));
-                }
-            }
-            self.world.check()?;
-            self.world.progress();
-        }
+        let results = &self.results;
+        let arrived = || results.lock().unwrap_or_else(PoisonError::into_inner).len() >= others;
+        progress_until(
+            &mut self.world,
+            self.plan.stall,
+            "the other senders' results",
+            arrived,
+        )?;
+        let sum = results
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+            .sum::<f64>();
+        Ok(Some(sum + value))
     }
 
     /// One round trip from this rank.
     fn ping(&mut self, peer: u32, len: usize) -> Result<(), Error> {
         self.world.send_message(peer, PING, &self.buf[..len])?;
-        self.pings.wait(&mut self.world, 1)?;
+        self.pings.wait(&mut self.world, 1, self.plan.stall)?;
         Ok(())
     }
 
     /// Answers one ping.
     fn pong(&mut self, peer: u32, len: usize) -> Result<(), Error> {
-        self.pings.wait(&mut self.world, 1)?;
+        self.pings.wait(&mut self.world, 1, self.plan.stall)?;
         self.world.send_message(peer, PING, &self.buf[..len])?;
         Ok(())
     }
@@ -493,6 +541,7 @@ mod tests {
             sizes: Vec::new(),
             iterations,
             warmup,
+            stall: None,
         }
     }
 

@@ -41,9 +41,13 @@
 //!
 //! Every rank busy-polls the transport, as MPI does. Delivery is reliable
 //! and in order, so counting arrivals per tag is enough to pace the loops.
+//! Every wait also asks the transport whether a peer was lost, and gives up
+//! after `--stall-timeout` seconds (60) with the transport's state: a run
+//! fails loudly, never hangs silently.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, Parser, Subcommand};
@@ -96,6 +100,11 @@ struct Common {
     /// Report progress on stderr (the default when stderr is a terminal).
     #[arg(long, global = true)]
     progress: bool,
+    /// Seconds a rank waits for one message or window before it reports the
+    /// run stuck, with the transport's state, and fails; 0 waits for ever.
+    /// A lost peer is reported sooner, by the transport (peer_timeout).
+    #[arg(long, default_value_t = 60, global = true)]
+    stall_timeout: u64,
 }
 
 /// Options of the windowed benchmarks.
@@ -194,6 +203,7 @@ fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
         sizes: sizes(common.min_size, common.max_size),
         iterations: common.iterations,
         warmup: common.warmup,
+        stall: (common.stall_timeout > 0).then(|| Duration::from_secs(common.stall_timeout)),
     };
     let mut cx = bench::Cx::new(world, common.max_size, plan)?;
     match cli.bench {
