@@ -638,9 +638,12 @@ impl UdpContext {
                             }
                         }
                     };
+                    // A datagram shorter than the header (junk) copies
+                    // what it has; parse_header then refuses it.
                     let at = wr.sge.offset + SKIP;
+                    let have = ud::HEADER_LEN.min(len);
                     let mut header = [0; ud::HEADER_LEN];
-                    header.copy_from_slice(&region[at..at + ud::HEADER_LEN.min(len)]);
+                    header[..have].copy_from_slice(&region[at..at + have]);
                     (wr, len, header)
                 };
                 let Some(repr) = parse_header(&header, len) else {
