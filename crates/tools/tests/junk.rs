@@ -1,11 +1,13 @@
 //! Junk datagrams at a live job's ports, from the moment they open (issue
 //! 17): a 2-rank job under `udrun` runs while a thread of this test sends
-//! random bytes, 0 to 9000 long, about 5000 a second, at every UDP port the
-//! job's processes hold. The ports are rediscovered every 50 ms from
+//! random bytes, 0 to 9000 long, and trains of short datagrams sent with UDP
+//! GSO, about 5000 datagrams a second, at every UDP port the job's
+//! processes hold. The ports are rediscovered every 50 ms from
 //! `/proc`, so the junk covers `init()`, the address exchange, the first
 //! barrier, and then the latency and bandwidth phases of `udbench` (1 B to
 //! 4 KiB) or the checked all-to-all of `udstress`, with addresses fetched
-//! in bulk or lazily.
+//! in bulk or lazily, and datagrams of 64 KiB or of 1500 B (read with UDP
+//! GRO, so junk trains arrive as trains).
 //!
 //! Every run must finish, with every figure printed or every message
 //! checked, and the junk must show up in the ranks' dumps as counted drops:
@@ -24,6 +26,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use quinn_udp::{Transmit, UdpSockRef, UdpSocketState};
 
 mod common;
 
@@ -71,13 +75,16 @@ fn udp_ports(pids: &[u32]) -> Vec<u16> {
         .collect()
 }
 
-/// Sends junk at the ports of `pid`'s processes until `stop`; returns how
-/// many datagrams it sent.
+/// Sends junk at the ports of `pid`'s processes until `stop`, counting the
+/// datagrams in `sent`: random bytes of 0 to 9000 B, and one time in four a
+/// train of 2 to 20 datagrams of 1 to 1400 B sent with UDP GSO, which a
+/// receiver with UDP GRO may read as one train.
 fn junk(pid: u32, stop: Arc<AtomicBool>, sent: Arc<AtomicU64>) -> thread::JoinHandle<()> {
     thread::spawn(move || {
         let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let gso = UdpSocketState::new(UdpSockRef::from(&socket)).unwrap();
         let mut rng = fastrand::Rng::with_seed(u64::from(pid));
-        let mut buf = vec![0u8; 9000];
+        let mut buf = vec![0u8; 32 << 10];
         let mut ports = Vec::new();
         let mut rescan = Instant::now();
         let start = Instant::now();
@@ -91,11 +98,27 @@ fn junk(pid: u32, stop: Arc<AtomicBool>, sent: Arc<AtomicU64>) -> thread::JoinHa
                 continue;
             }
             for &port in &ports {
-                let len = rng.usize(0..=buf.len());
-                rng.fill(&mut buf[..len]);
                 let to = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
-                if socket.send_to(&buf[..len], to).is_ok() {
-                    sent.fetch_add(1, Ordering::Relaxed);
+                if rng.u8(0..4) == 0 {
+                    let segment = rng.usize(1..=1400);
+                    let len = segment * rng.usize(1..20) + rng.usize(1..=segment);
+                    rng.fill(&mut buf[..len]);
+                    let train = Transmit {
+                        destination: to.into(),
+                        ecn: None,
+                        contents: &buf[..len],
+                        segment_size: Some(segment),
+                        src_ip: None,
+                    };
+                    if gso.try_send(UdpSockRef::from(&socket), &train).is_ok() {
+                        sent.fetch_add(len.div_ceil(segment) as u64, Ordering::Relaxed);
+                    }
+                } else {
+                    let len = rng.usize(0..=9000);
+                    rng.fill(&mut buf[..len]);
+                    if socket.send_to(&buf[..len], to).is_ok() {
+                        sent.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             }
             // About 5000 datagrams a second in all.
@@ -166,9 +189,19 @@ fn a_job_finishes_with_everything_checked_while_junk_hits_its_ports_from_the_sta
             vec!["-n", "2", udstress, "alltoall", "--messages", "3000"]
         };
         // Every other run of each program fetches addresses lazily, so that
-        // junk also meets connections made on a peer's first datagram.
-        let modex = if run % 4 < 2 { "bulk" } else { "lazy" };
-        let mut child = common::start(&args, &[("UDBTL_DUMP", "1"), ("UDBTL_MODEX", modex)]);
+        // junk also meets connections made on a peer's first datagram, and
+        // uses 1500-byte datagrams, so that the ranks read with UDP GRO and
+        // junk trains arrive as trains.
+        let (modex, mtu) = if run % 4 < 2 {
+            ("bulk", "unset")
+        } else {
+            ("lazy", "1500")
+        };
+        let mut env = vec![("UDBTL_DUMP", "1"), ("UDBTL_MODEX", modex)];
+        if mtu != "unset" {
+            env.push(("UDBTL_UDP_MTU", mtu));
+        }
+        let mut child = common::start(&args, &env);
         let (stop, sent) = (Arc::new(AtomicBool::new(false)), Arc::default());
         let sender = junk(child.id(), stop.clone(), Arc::clone(&sent));
         // udbench's junk stops near the end of the bandwidth phase, so that
@@ -214,7 +247,7 @@ fn a_job_finishes_with_everything_checked_while_junk_hits_its_ports_from_the_sta
         let delivered = dump_sum(&stderr, "receives", &["delivered"]);
         let sent = sent.load(Ordering::Relaxed);
         eprintln!(
-            "run {run} ({}, {modex} modex, {:.1} s): junk sent {sent}; counted {counted} (garbage {garbage}, \
+            "run {run} ({}, {modex} modex, udp_mtu {mtu}, {:.1} s): junk sent {sent}; counted {counted} (garbage {garbage}, \
              socket full or no buffer {refused}); messages delivered {delivered}",
             args[2].rsplit('/').next().unwrap_or_default(),
             finished.elapsed.as_secs_f64()

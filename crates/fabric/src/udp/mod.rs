@@ -50,6 +50,9 @@ const MAX_SEND_SGE: u32 = 8;
 /// datagrams counted as dropped) only every this many polls, so send-only
 /// queue pairs cost no system call on the fast path.
 const IDLE_DRAIN_INTERVAL: u32 = 64;
+/// Most datagrams (or GRO trains) one drain of a queue pair with no
+/// receive posted reads: the rest wait for the next.
+const DISCARD_MAX: usize = 64;
 
 /// Configuration of the `udp` provider.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -700,42 +703,52 @@ impl UdpContext {
     }
 
     /// Reads and discards what arrived for a queue pair with no receive
-    /// posted: UD drops such datagrams.
+    /// posted, as UD drops such datagrams: each is counted as dropped for
+    /// want of a buffer, or as malformed when it is garbage.
+    ///
+    /// Datagrams are read one at a time into the whole scratch buffer, so
+    /// that each, or each datagram of a GRO train, is judged by its own
+    /// header. This path is not a fast one: it serves queue pairs that
+    /// only send, whose sockets nobody should write to.
     fn discard_unbuffered(&mut self, qp: QpHandle) -> Result<()> {
+        const SKIP: usize = GRH_LEN - ud::HEADER_LEN;
         let transport = &self.verbs.qp(qp)?.transport;
         let (socket, gro) = (&transport.socket, transport.gro);
-        // Every datagram lands at offset 0 of the scratch buffer: only the
-        // header is looked at, to tell a dropped datagram from garbage.
-        let targets = [(0, self.drop_scratch.len()); sys::MAX_BATCH];
-        let meta = &mut self.scratch.meta;
+        let target = [(0, self.drop_scratch.len())];
+        let meta = &mut self.scratch.meta[..1];
         let (mut dropped, mut malformed) = (0, 0);
-        for _ in 0..2 {
+        for _ in 0..DISCARD_MAX {
             let n = sys::recv_batch(
                 socket.as_fd(),
                 &mut self.drop_scratch,
-                &targets,
+                &target,
                 meta,
                 gro,
                 None,
             )
             .map_err(|source| FabricError::Io {
-                operation: "recvmmsg",
+                operation: "recvmsg",
                 source,
             })?;
-            for m in &meta[..n] {
-                if parse_header(&m.header, m.len).is_some() {
-                    // A GRO train is as many datagrams as it coalesced.
-                    dropped += if m.stride > 0 {
-                        m.len.div_ceil(m.stride) as u64
-                    } else {
-                        1
-                    };
+            if n == 0 {
+                break;
+            }
+            let (len, stride) = (meta[0].len, meta[0].stride);
+            let stride = if stride > 0 && len > stride {
+                stride
+            } else {
+                len.max(1)
+            };
+            for begin in (0..len.max(1)).step_by(stride) {
+                let at = SKIP + begin;
+                let have = ud::HEADER_LEN.min(len - begin);
+                let mut header = [0; ud::HEADER_LEN];
+                header[..have].copy_from_slice(&self.drop_scratch[at..at + have]);
+                if parse_header(&header, len - begin).is_some() {
+                    dropped += 1;
                 } else {
                     malformed += 1;
                 }
-            }
-            if n < sys::MAX_BATCH {
-                break;
             }
         }
         self.verbs.stats.rx_no_buffer += dropped;
