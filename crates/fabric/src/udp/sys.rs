@@ -373,54 +373,39 @@ pub(crate) fn force_buffer(fd: BorrowedFd<'_>, receive: bool, bytes: usize) -> i
     set_int_option(fd, libc::SOL_SOCKET, option, value)
 }
 
-/// `SO_MEMINFO` where Linux uses the generic socket option numbers (every
-/// architecture but alpha, mips, parisc and sparc).
-#[cfg(not(any(
+/// `SO_MEMINFO` where Linux uses the generic socket option numbers; mips
+/// and sparc number their own, and are not asked.
+const SO_MEMINFO: Option<libc::c_int> = if cfg!(any(
     target_arch = "mips",
     target_arch = "mips64",
     target_arch = "sparc",
     target_arch = "sparc64"
-)))]
-const SO_MEMINFO: libc::c_int = 55;
+)) {
+    None
+} else {
+    Some(55)
+};
 
 /// Datagrams the kernel dropped at this socket since it opened, mostly for
 /// want of room in its receive buffer (`SK_MEMINFO_DROPS` of
 /// `SO_MEMINFO`). `None` where the kernel does not say.
 pub(crate) fn socket_drops(fd: BorrowedFd<'_>) -> Option<u64> {
-    #[cfg(not(any(
-        target_arch = "mips",
-        target_arch = "mips64",
-        target_arch = "sparc",
-        target_arch = "sparc64"
-    )))]
-    {
-        const SLOTS: usize = 16;
-        let mut info = [0u32; SLOTS];
-        let mut len = size_of_val(&info) as libc::socklen_t;
-        // SAFETY: `info` is a live array of `len` bytes, and the kernel
-        // writes at most `len` bytes into it, updating `len`.
-        let rc = unsafe {
-            libc::getsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                SO_MEMINFO,
-                info.as_mut_ptr().cast(),
-                &raw mut len,
-            )
-        };
-        let drops = usize::try_from(libc::SK_MEMINFO_DROPS).ok()?;
-        (rc == 0 && (len as usize) > drops * size_of::<u32>()).then(|| u64::from(info[drops]))
-    }
-    #[cfg(any(
-        target_arch = "mips",
-        target_arch = "mips64",
-        target_arch = "sparc",
-        target_arch = "sparc64"
-    ))]
-    {
-        let _ = fd;
-        None
-    }
+    let option = SO_MEMINFO?;
+    let drops = usize::try_from(libc::SK_MEMINFO_DROPS).ok()?;
+    let mut info = [0u32; 16];
+    let mut len = size_of_val(&info) as libc::socklen_t;
+    // SAFETY: `info` is a live array of `len` bytes, and the kernel writes
+    // at most `len` bytes into it, updating `len`.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            option,
+            info.as_mut_ptr().cast(),
+            &raw mut len,
+        )
+    };
+    (rc == 0 && (len as usize) > drops * size_of::<u32>()).then(|| u64::from(info[drops]))
 }
 
 /// Turns UDP GRO on: the kernel may then deliver a train of datagrams from
