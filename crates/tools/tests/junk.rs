@@ -184,7 +184,7 @@ fn a_job_finishes_with_everything_checked_while_junk_hits_its_ports_from_the_sta
     let udstress = env!("CARGO_BIN_EXE_udstress");
     for run in 0..runs {
         let args: Vec<&str> = if run % 2 == 0 {
-            vec!["-n", "2", udbench, "--max-size", "4k", "--iterations", "50"]
+            vec!["-n", "2", udbench, "--max-size", "4k", "--iterations", "100"]
         } else {
             vec!["-n", "2", udstress, "alltoall", "--messages", "3000"]
         };
