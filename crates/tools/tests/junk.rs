@@ -183,8 +183,17 @@ fn a_job_finishes_with_everything_checked_while_junk_hits_its_ports_from_the_sta
     let udbench = env!("CARGO_BIN_EXE_udbench");
     let udstress = env!("CARGO_BIN_EXE_udstress");
     for run in 0..runs {
-        let args: Vec<&str> = if run % 2 == 0 {
-            vec!["-n", "2", udbench, "--max-size", "4k", "--iterations", "100"]
+        let is_udbench = run % 2 == 0;
+        let args: Vec<&str> = if is_udbench {
+            vec![
+                "-n",
+                "2",
+                udbench,
+                "--max-size",
+                "4k",
+                "--iterations",
+                "100",
+            ]
         } else {
             vec!["-n", "2", udstress, "alltoall", "--messages", "3000"]
         };
@@ -193,21 +202,19 @@ fn a_job_finishes_with_everything_checked_while_junk_hits_its_ports_from_the_sta
         // uses 1500-byte datagrams, so that the ranks read with UDP GRO and
         // junk trains arrive as trains.
         let (modex, mtu) = if run % 4 < 2 {
-            ("bulk", "unset")
+            ("bulk", None)
         } else {
-            ("lazy", "1500")
+            ("lazy", Some("1500"))
         };
         let mut env = vec![("UDBTL_DUMP", "1"), ("UDBTL_MODEX", modex)];
-        if mtu != "unset" {
-            env.push(("UDBTL_UDP_MTU", mtu));
-        }
+        env.extend(mtu.map(|mtu| ("UDBTL_UDP_MTU", mtu)));
         let mut child = common::start(&args, &env);
         let (stop, sent) = (Arc::new(AtomicBool::new(false)), Arc::default());
         let sender = junk(child.id(), stop.clone(), Arc::clone(&sent));
         // udbench's junk stops near the end of the bandwidth phase, so that
         // the ranks read every junk datagram before their dumps: then each
         // one must be counted. udstress's lasts to the end.
-        let reader = read_stdout(&mut child, (run % 2 == 0).then(|| stop.clone()));
+        let reader = read_stdout(&mut child, is_udbench.then(|| stop.clone()));
         let finished = common::finish(child, Duration::from_secs(60));
         stop.store(true, Ordering::Relaxed);
         sender.join().unwrap();
@@ -218,7 +225,7 @@ fn a_job_finishes_with_everything_checked_while_junk_hits_its_ports_from_the_sta
             "run {run} ({}) failed or hung:\n{stdout}\n{stderr}",
             args[2]
         );
-        if run % 2 == 0 {
+        if is_udbench {
             // Every latency and bandwidth row, 1 B to 4 KiB: 13 each.
             let rows = stdout
                 .lines()
@@ -247,9 +254,11 @@ fn a_job_finishes_with_everything_checked_while_junk_hits_its_ports_from_the_sta
         let delivered = dump_sum(&stderr, "receives", &["delivered"]);
         let sent = sent.load(Ordering::Relaxed);
         eprintln!(
-            "run {run} ({}, {modex} modex, udp_mtu {mtu}, {:.1} s): junk sent {sent}; counted {counted} (garbage {garbage}, \
-             socket full or no buffer {refused}); messages delivered {delivered}",
+            "run {run} ({}, {modex} modex, udp_mtu {}, {:.1} s): junk sent {sent}; counted \
+             {counted} (garbage {garbage}, socket full or no buffer {refused}); messages \
+             delivered {delivered}",
             args[2].rsplit('/').next().unwrap_or_default(),
+            mtu.unwrap_or("unset"),
             finished.elapsed.as_secs_f64()
         );
         if std::env::var_os("JUNK_VERBOSE").is_some() {
@@ -264,7 +273,7 @@ fn a_job_finishes_with_everything_checked_while_junk_hits_its_ports_from_the_sta
             garbage <= sent,
             "run {run}: more garbage counted ({garbage}) than junk sent ({sent})\n{stderr}"
         );
-        if run % 2 == 0 {
+        if is_udbench {
             assert!(
                 counted >= sent,
                 "run {run}: junk sent {sent}, only {counted} counted\n{stderr}"
