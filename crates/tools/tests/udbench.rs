@@ -399,8 +399,10 @@ fn rank_pid(udrun: u32, rank: u32) -> Option<u32> {
 
 /// Runs a 2-rank latency sweep long enough for the test (with `env` and
 /// udbench's `extra` arguments), stops rank 1 once the ping-pong runs, and
-/// returns how the job ended.
+/// returns how the job ended (its standard output is read here, not
+/// returned).
 fn stop_rank_one_mid_benchmark(env: &[(&str, &str)], extra: &[&str]) -> common::Finished {
+    use std::io::{BufRead, BufReader};
     let mut all = vec![
         "-n",
         "2",
@@ -412,22 +414,26 @@ fn stop_rank_one_mid_benchmark(env: &[(&str, &str)], extra: &[&str]) -> common::
         "100000000",
     ];
     all.extend_from_slice(extra);
-    let child = common::start(&all, env);
+    let mut child = common::start(&all, env);
     let udrun = child.id();
-    let started = std::time::Instant::now();
-    let victim = loop {
-        if let Some(pid) = rank_pid(udrun, 1) {
-            break pid;
+    // Rank 0 prints the table's header once init is over, just before the
+    // ping-pong starts.
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.starts_with("# udbench latency") {
+                let _ = started_tx.send(());
+            }
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "rank 1 never started"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    // Let the ping-pong begin, then stop rank 1 for good (udrun kills it
-    // when the job ends; the watchdog continues it should the job hang).
-    std::thread::sleep(Duration::from_millis(1500));
+    });
+    started
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the benchmark starts");
+    let victim = rank_pid(udrun, 1).expect("rank 1 runs");
+    // Let the ping-pong run, then stop rank 1 for good (udrun kills it when
+    // the job ends; the watchdog continues it should the job hang).
+    std::thread::sleep(Duration::from_millis(500));
     common::signal(victim, "STOP");
     common::finish(child, Duration::from_secs(30))
 }
