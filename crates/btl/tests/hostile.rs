@@ -36,6 +36,19 @@ use udbtl_wire::{btl, coalesced, datagram, modex, rel, ud};
 
 type Heard = Arc<Mutex<Vec<(Option<EndpointId>, Vec<u8>)>>>;
 
+/// Asserts that `x` and `y`, set up in ways that cannot talk, refuse each
+/// other's address: neither makes an endpoint for the other.
+fn assert_refuse_to_pair(x: &mut Component<UdpProvider>, y: &mut Component<UdpProvider>) {
+    assert_eq!(
+        x.add_procs(&[Some(&y.modex())]).unwrap()[0].endpoints[0],
+        None
+    );
+    assert_eq!(
+        y.add_procs(&[Some(&x.modex())]).unwrap()[0].endpoints[0],
+        None
+    );
+}
+
 fn component() -> Component<UdpProvider> {
     component_with(false)
 }
@@ -428,14 +441,7 @@ fn with_auth_a_stranger_can_neither_inject_nor_replay() {
 
     // Modules set differently cannot pair, in either direction.
     let mut plain = component();
-    assert_eq!(
-        plain.add_procs(&[Some(&b.modex())]).unwrap()[0].endpoints[0],
-        None
-    );
-    assert_eq!(
-        b.add_procs(&[Some(&plain.modex())]).unwrap()[0].endpoints[0],
-        None
-    );
+    assert_refuse_to_pair(&mut plain, &mut b);
     plain.finalize().unwrap();
 
     let (ab, ba, heard) = Pair::connect(&mut a, &mut b);
@@ -579,14 +585,7 @@ fn with_a_job_secret_no_key_is_published_and_a_stranger_cannot_inject() {
 
     // Published keys and derived keys do not mix, in either direction.
     let mut published = component_with(true);
-    assert_eq!(
-        published.add_procs(&[Some(&blob)]).unwrap()[0].endpoints[0],
-        None
-    );
-    assert_eq!(
-        b.add_procs(&[Some(&published.modex())]).unwrap()[0].endpoints[0],
-        None
-    );
+    assert_refuse_to_pair(&mut published, &mut b);
     published.finalize().unwrap();
 
     let (ab, ba, heard) = Pair::connect(&mut a, &mut b);

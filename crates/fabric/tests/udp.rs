@@ -283,6 +283,47 @@ fn send_forty_with_qkey(a: &mut Endpoint<UdpContext>, b: &Endpoint<UdpContext>, 
     assert_eq!(a.poll_for(40, WAIT).len(), 40);
 }
 
+/// Sends forty datagrams from `a` to `b` and checks that all forty arrive,
+/// in order.
+fn assert_forty_arrive(a: &mut Endpoint<UdpContext>, b: &mut Endpoint<UdpContext>) {
+    send_forty(a, b);
+    let got = b.poll_for(40, WAIT);
+    assert_eq!(got.len(), 40);
+    for (i, wc) in got.iter().enumerate() {
+        assert_eq!(b.payload(wc)[0], i as u8);
+    }
+}
+
+/// A process outside the job, sending from its own UDP socket: single
+/// datagrams, or trains of `segment`-byte datagrams with UDP GSO (quinn-udp),
+/// which a receiver with UDP GRO may read as one train.
+struct Stranger {
+    socket: UdpSocket,
+    gso: quinn_udp::UdpSocketState,
+}
+
+impl Stranger {
+    fn new() -> Self {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let gso = quinn_udp::UdpSocketState::new((&socket).into()).unwrap();
+        Self { socket, gso }
+    }
+
+    /// Sends `contents` as datagrams of `segment` bytes (the last may be
+    /// shorter) in one GSO send; returns how many datagrams that is.
+    fn send_train(&self, dest: SocketAddr, contents: &[u8], segment: usize) -> u64 {
+        let train = quinn_udp::Transmit {
+            destination: dest,
+            ecn: None,
+            contents,
+            segment_size: Some(segment),
+            src_ip: None,
+        };
+        self.gso.try_send((&self.socket).into(), &train).unwrap();
+        contents.len().div_ceil(segment) as u64
+    }
+}
+
 /// A sender with 4 receive buffers and a receiver with `receive_slots`, on
 /// a loopback provider whose datagrams carry 1400 B, with GSO and GRO as
 /// asked: where trains form.
@@ -352,12 +393,7 @@ fn a_train_with_the_wrong_qkey_is_dropped_per_datagram_and_keeps_the_buffers() {
     assert!(b.poll_during(Duration::from_millis(200)).is_empty());
     assert_eq!(b.ctx.stats().rx_bad_qkey, 40);
     // Every posted buffer is still there for forty good datagrams.
-    send_forty(&mut a, &b);
-    let got = b.poll_for(40, WAIT);
-    assert_eq!(got.len(), 40);
-    for (i, wc) in got.iter().enumerate() {
-        assert_eq!(b.payload(wc)[0], i as u8);
-    }
+    assert_forty_arrive(&mut a, &mut b);
 }
 
 /// Junk that arrives as GRO trains (a stranger sending with UDP GSO), with
@@ -367,41 +403,22 @@ fn a_train_with_the_wrong_qkey_is_dropped_per_datagram_and_keeps_the_buffers() {
 /// receive path (a slice copied into the fixed-size header).
 #[test]
 fn junk_trains_of_datagrams_shorter_than_the_header_are_counted_not_fatal() {
-    use quinn_udp::{Transmit, UdpSockRef, UdpSocketState};
     let (mut a, mut b) = train_pair(true, true, 40);
-    let stranger = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let state = UdpSocketState::new(UdpSockRef::from(&stranger)).unwrap();
+    let stranger = Stranger::new();
     let dest = SocketAddr::new(b.ctx.ip(), b.qp.qp_num as u16);
     let mut junk = 0;
     let short = 1..=2 * udbtl_wire::ud::HEADER_LEN;
     for segment in short.chain([100, 700, 1399, 1400]) {
         // Four whole datagrams and a shorter last one.
         let contents = vec![0xA5; 4 * segment + segment.div_ceil(2)];
-        state
-            .try_send(
-                UdpSockRef::from(&stranger),
-                &Transmit {
-                    destination: dest,
-                    ecn: None,
-                    contents: &contents,
-                    segment_size: Some(segment),
-                    src_ip: None,
-                },
-            )
-            .unwrap();
-        junk += contents.len().div_ceil(segment) as u64;
+        junk += stranger.send_train(dest, &contents, segment);
     }
     assert!(b.poll_during(Duration::from_millis(200)).is_empty());
     let stats = b.ctx.stats();
     assert!(stats.rx_gro_trains > 0, "no train formed: {stats:?}");
     assert_eq!(stats.rx_malformed, junk, "{stats:?}");
     // Every posted buffer is still there for forty good datagrams.
-    send_forty(&mut a, &b);
-    let got = b.poll_for(40, WAIT);
-    assert_eq!(got.len(), 40);
-    for (i, wc) in got.iter().enumerate() {
-        assert_eq!(b.payload(wc)[0], i as u8);
-    }
+    assert_forty_arrive(&mut a, &mut b);
 }
 
 /// With no receive posted, what arrives is read and dropped, each datagram
@@ -411,29 +428,17 @@ fn junk_trains_of_datagrams_shorter_than_the_header_are_counted_not_fatal() {
 /// counted once.
 #[test]
 fn without_a_posted_receive_each_datagram_is_counted_by_its_own_header() {
-    use quinn_udp::{Transmit, UdpSockRef, UdpSocketState};
     let (mut a, mut b) = train_pair(true, true, 1);
     // b's only buffer is consumed and not reposted.
     let ah = a.ah(node(&b));
     a.send(ah, b.qp.qp_num, QKEY, b"first", 0).unwrap();
     assert_eq!(a.poll_for(1, WAIT).len(), 1);
     assert_eq!(b.poll_for(1, WAIT).len(), 1);
-    let stranger = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let state = UdpSocketState::new(UdpSockRef::from(&stranger)).unwrap();
+    let stranger = Stranger::new();
     let dest = SocketAddr::new(b.ctx.ip(), b.qp.qp_num as u16);
-    let train = [0x5A; 5 * 10];
-    let transmit = Transmit {
-        destination: dest,
-        ecn: None,
-        contents: &train,
-        segment_size: Some(10),
-        src_ip: None,
-    };
-    state
-        .try_send(UdpSockRef::from(&stranger), &transmit)
-        .unwrap();
+    assert_eq!(stranger.send_train(dest, &[0x5A; 5 * 10], 10), 5);
     for junk in [&b""[..], b"short", &[0xAB; 300]] {
-        stranger.send_to(junk, dest).unwrap();
+        stranger.socket.send_to(junk, dest).unwrap();
     }
     // Forty genuine datagrams, in trains, after the junk.
     post_forty(&mut a, ah, b.qp.qp_num, QKEY, 100, 40);
