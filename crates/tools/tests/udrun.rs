@@ -237,6 +237,21 @@ fn run_script(udrun_args: &[&str], script: &str) -> Run {
     launch(&args)
 }
 
+/// udrun's arguments for 3 ranks, rank 0 here and ranks 1 and 2 on "node",
+/// reached through the launcher script `ssh`; `extra` follows them.
+fn remote_args<'a>(ssh: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "-n",
+        "3",
+        "--host",
+        "localhost,node:2",
+        "--launcher-exec",
+        ssh.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
 /// Checks that every one of `n` ranks printed `rank R saw n`.
 fn assert_all_saw(run: &Run, n: u32) {
     for rank in 0..n {
@@ -632,18 +647,10 @@ exec env -i PATH="$PATH" HOME="$HOME" setsid -w sh -c "$2"
 fn authenticated_datagrams_key_from_the_job_secret_on_local_and_remote_ranks() {
     let dir = scratch("auth-keys");
     let ssh = script_file(&dir, "fake-ssh", FAKE_SSH);
-    let mut cmd = udrun(&[
-        "-n",
-        "3",
-        "--host",
-        "localhost,node:2",
-        "--launcher-exec",
-        ssh.to_str().unwrap(),
-        "-x",
-        "UDBTL_AUTH=1",
-        "-x",
-        "UDBTL_DUMP=1",
-    ]);
+    let mut cmd = udrun(&remote_args(
+        &ssh,
+        &["-x", "UDBTL_AUTH=1", "-x", "UDBTL_DUMP=1"],
+    ));
     cmd.arg(env!("CARGO_BIN_EXE_udhello"));
     let run = run_command(cmd);
     assert_eq!(run.code, Some(0), "{run:#?}");
@@ -665,18 +672,10 @@ fn authenticated_datagrams_key_from_the_job_secret_on_local_and_remote_ranks() {
 fn remote_ranks_use_pmi_port_and_die_with_the_job() {
     let dir = scratch("remote");
     let ssh = script_file(&dir, "fake-ssh", FAKE_SSH);
-    let ssh = ssh.to_str().unwrap();
     // Rank 0 here over PMI_FD; ranks 1 and 2 on "node" over PMI_PORT.
     let after = r#"echo "rank $rank ${PMI_PORT:+port} $UDRUN_LOCAL_RANK/$UDRUN_LOCAL_SIZE ${UDRUN_TEST_VAR-unset}""#;
     let script = pmi_rank("", after);
-    let mut cmd = udrun(&[
-        "-n",
-        "3",
-        "--host",
-        "localhost,node:2",
-        "--launcher-exec",
-        ssh,
-    ]);
+    let mut cmd = udrun(&remote_args(&ssh, &[]));
     cmd.env("UDRUN_TEST_VAR", "exported")
         .args(["-x", "UDRUN_TEST_VAR", "bash", "-c", &script]);
     let run = run_command(cmd);
@@ -703,7 +702,7 @@ fn remote_ranks_use_pmi_port_and_die_with_the_job() {
             "--host",
             "localhost,node",
             "--launcher-exec",
-            ssh,
+            ssh.to_str().unwrap(),
         ],
         &hang,
     );
@@ -1098,17 +1097,7 @@ fn ranks_of_line(line: &str) -> usize {
 fn an_intruder_without_the_secret_is_refused_and_the_real_ranks_join() {
     let dir = scratch("intruder");
     let ssh = script_file(&dir, "intruder-ssh", INTRUDER_SSH);
-    let run = run_script(
-        &[
-            "-n",
-            "3",
-            "--host",
-            "localhost,node:2",
-            "--launcher-exec",
-            ssh.to_str().unwrap(),
-        ],
-        &pmi_rank("", ""),
-    );
+    let run = run_script(&remote_args(&ssh, &[]), &pmi_rank("", ""));
     assert_eq!(run.code, Some(0), "{run:#?}");
     assert_all_saw(&run, 3);
     // Each of the two intruders (one per remote rank, claiming its id) was
@@ -1396,19 +1385,7 @@ fn a_remote_rank_that_never_connects_ends_the_job_at_the_startup_timeout() {
         "[ -n \"${{PMI_PORT:-}}\" ] && exec sleep 100\n{}",
         pmi_rank("", "")
     );
-    let run = run_script(
-        &[
-            "-n",
-            "3",
-            "--host",
-            "localhost,node:2",
-            "--startup-timeout",
-            "1",
-            "--launcher-exec",
-            ssh.to_str().unwrap(),
-        ],
-        &script,
-    );
+    let run = run_script(&remote_args(&ssh, &["--startup-timeout", "1"]), &script);
     assert_fails(
         &run,
         1,
@@ -1428,17 +1405,14 @@ fn stdin_goes_to_local_rank_0_and_the_secrets_line_is_not_seen_as_stdin() {
     let ssh = script_file(&dir, "fake-ssh", FAKE_SSH);
     // Rank 0 here reads udrun's stdin; the remote ranks read /dev/null
     // (their launcher's stdin, after the secrets line, is the watcher's).
-    let cmd = udrun(&[
-        "-n",
-        "3",
-        "--host",
-        "localhost,node:2",
-        "--launcher-exec",
-        ssh.to_str().unwrap(),
-        "sh",
-        "-c",
-        r#"r=${PMI_RANK:-r$PMI_ID}; while read -r l; do echo "$r:$l"; done; echo "$r:eof:${#UDBTL_PMI_SECRET}""#,
-    ]);
+    let cmd = udrun(&remote_args(
+        &ssh,
+        &[
+            "sh",
+            "-c",
+            r#"r=${PMI_RANK:-r$PMI_ID}; while read -r l; do echo "$r:$l"; done; echo "$r:eof:${#UDBTL_PMI_SECRET}""#,
+        ],
+    ));
     let run = run_with_stdin(cmd, b"a\nb\n");
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let stdout = &run.stdout;
