@@ -4,10 +4,11 @@
 //!
 //! Open MPI is found through `mpicc.openmpi --showme` (or `UDBTL_OMPI_MPICC`
 //! naming another wrapper). Without it the crate builds as an empty library
-//! and says so.
+//! and says so; the script then reruns at every build until the wrapper and
+//! headers appear, so installing Open MPI later needs no `cargo clean`.
 
 use std::env;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn showme(mpicc: &str, what: &str) -> Option<Vec<String>> {
@@ -26,30 +27,65 @@ fn showme(mpicc: &str, what: &str) -> Option<Vec<String>> {
     )
 }
 
+/// What to watch so that this script reruns once `mpicc` appears: the
+/// wrapper when it is found, else every folder of `PATH` it could appear in.
+/// (A folder's own time changes when a file is added to it; a file that a
+/// package installs keeps the package's old time, so watching the missing
+/// file itself would miss its arrival.)
+fn wrapper_watch(mpicc: &str) -> Vec<PathBuf> {
+    let wrapper = PathBuf::from(mpicc);
+    if mpicc.contains('/') {
+        let folder = wrapper.parent().map(PathBuf::from).unwrap_or_default();
+        return vec![if wrapper.exists() { wrapper } else { folder }];
+    }
+    let dirs: Vec<PathBuf> = env::var_os("PATH")
+        .map(|path| env::split_paths(&path).filter(|d| d.is_dir()).collect())
+        .unwrap_or_default();
+    match dirs.iter().map(|d| d.join(mpicc)).find(|p| p.exists()) {
+        Some(found) => vec![found],
+        None => dirs,
+    }
+}
+
 fn main() {
     println!("cargo:rustc-check-cfg=cfg(udbtl_openmpi)");
     println!("cargo:rerun-if-changed=src/component.c");
     println!("cargo:rerun-if-changed=src/exports.map");
     println!("cargo:rerun-if-env-changed=UDBTL_OMPI_MPICC");
+    println!("cargo:rerun-if-env-changed=PATH");
     let mpicc = env::var("UDBTL_OMPI_MPICC").unwrap_or_else(|_| "mpicc.openmpi".into());
+    for path in wrapper_watch(&mpicc) {
+        println!("cargo:rerun-if-changed={}", path.display());
+    }
     let (Some(incdirs), Some(libdirs)) = (showme(&mpicc, "incdirs"), showme(&mpicc, "libdirs"))
     else {
         println!(
             "cargo:warning=Open MPI not found ({mpicc} --showme failed): mca_btl_udbtl is \
-             built empty. Install openmpi-bin and libopenmpi-dev to build the component."
+             built empty. Install openmpi-bin and libopenmpi-dev; the next build builds it."
         );
         return;
     };
-    let headers_present = incdirs
+    let header = incdirs
         .iter()
-        .any(|dir| PathBuf::from(dir).join("opal/mca/btl/btl.h").exists());
-    if !headers_present {
+        .map(|dir| PathBuf::from(dir).join("opal/mca/btl/btl.h"))
+        .find(|h| h.exists());
+    let Some(header) = header else {
+        // Installing the headers adds to the nearest folder that exists on
+        // the way to each, which reruns this.
+        for dir in &incdirs {
+            if let Some(existing) = Path::new(dir).ancestors().find(|a| a.is_dir()) {
+                println!("cargo:rerun-if-changed={}", existing.display());
+            }
+        }
         println!(
             "cargo:warning=Open MPI's internal headers (opal/mca/btl/btl.h) are missing under \
-             {incdirs:?}: mca_btl_udbtl is built empty. Install libopenmpi-dev."
+             {incdirs:?}: mca_btl_udbtl is built empty. Install libopenmpi-dev; the next build \
+             builds it."
         );
         return;
-    }
+    };
+    // A new Open MPI (another ABI) rebuilds the component.
+    println!("cargo:rerun-if-changed={}", header.display());
     let mut build = cc::Build::new();
     build
         .file("src/component.c")

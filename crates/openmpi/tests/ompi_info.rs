@@ -50,3 +50,69 @@ fn ompi_info_lists_the_component_and_its_parameters() {
         assert!(value(name).is_some(), "btl_udbtl_{name} missing:\n{params}");
     }
 }
+
+/// `eval "$(scripts/ompi-component)"` is what the README tells users to run:
+/// it must work every time (a `grep -q` under `pipefail` once made it fail
+/// at random), and then Open MPI must find the component through what it
+/// printed.
+#[test]
+fn the_component_script_succeeds_fifty_times_in_a_row() {
+    require_openmpi!();
+    // The first run builds (or finds the build fresh); every run checks the
+    // library, installs it and prints the path.
+    let mut printed = Vec::new();
+    for run in 1..=50 {
+        let out = common::ompi_component_script()
+            .output()
+            .expect("run scripts/ompi-component");
+        assert!(
+            out.status.success(),
+            "run {run} of scripts/ompi-component failed ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let path = common::component_path_from(&stdout)
+            .unwrap_or_else(|| panic!("run {run} printed no component path:\n{stdout}"))
+            .to_owned();
+        printed.push(path);
+    }
+    printed.dedup();
+    assert_eq!(
+        printed.len(),
+        1,
+        "the runs printed different paths: {printed:?}"
+    );
+    let out = Command::new("ompi_info")
+        .env("OMPI_MCA_mca_base_component_path", &printed[0])
+        .output()
+        .expect("run ompi_info");
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.trim().starts_with("MCA btl: udbtl")),
+        "ompi_info does not list the component with the printed path:\n{listed}"
+    );
+}
+
+/// A failure prints nothing to eval and exits non-zero, saying why.
+#[test]
+fn the_component_script_fails_loudly_with_nothing_to_eval() {
+    require_openmpi!();
+    let out = common::ompi_component_script()
+        .arg("--no-such-option")
+        .output()
+        .expect("run scripts/ompi-component");
+    assert!(!out.status.success());
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("ompi-component: unknown argument"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

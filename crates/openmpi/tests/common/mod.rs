@@ -58,62 +58,81 @@ pub fn profile_dir() -> PathBuf {
 /// A folder holding `mca_btl_udbtl.so`, for `mca_base_component_path`.
 ///
 /// Cargo builds only the rlib for integration tests, so the cdylib in
-/// `target/<profile>` may be missing or stale: the component is built here,
-/// once per test binary, by `cargo build -p udbtl-openmpi` into its own
-/// target folder (`target/ompi-component-build`: the outer cargo holds the
-/// lock of its own). Cargo names the library `libmca_btl_udbtl.so`; Open MPI
-/// looks for `mca_btl_udbtl.so`.
+/// `target/<profile>` may be missing or stale: the component is built and
+/// installed here, once per test binary, by `scripts/ompi-component` (the
+/// script users run), into a target folder of its own
+/// (`target/ompi-component-build`: the outer cargo holds the lock of its
+/// own).
 pub fn component_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let profile = profile_dir();
-        let built = build_component(&profile);
-        let dir = profile.join("ompi-component");
-        std::fs::create_dir_all(&dir).expect("create component folder");
-        // Copied under a temporary name and renamed, so that another test
-        // binary never loads a half-written library.
-        let tmp = dir.join(format!(".mca_btl_udbtl.so.{}", std::process::id()));
-        std::fs::copy(&built, &tmp).expect("copy the component");
-        std::fs::rename(&tmp, dir.join("mca_btl_udbtl.so")).expect("install the component");
+        let started = std::time::Instant::now();
+        let out = ompi_component_script()
+            .output()
+            .expect("run scripts/ompi-component");
+        assert!(
+            out.status.success(),
+            "scripts/ompi-component failed ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let path = component_path_from(&stdout)
+            .expect("scripts/ompi-component printed the component path");
+        let dir = PathBuf::from(path.split(':').next().unwrap_or_default());
+        assert!(
+            dir.join("mca_btl_udbtl.so").is_file(),
+            "{} holds no mca_btl_udbtl.so",
+            dir.display()
+        );
+        eprintln!(
+            "built the component ({}) in {:?}",
+            dir.display(),
+            started.elapsed()
+        );
         dir
     })
 }
 
-/// Runs `cargo build -p udbtl-openmpi` (release if the test binary is) into
-/// `<target>/ompi-component-build` and returns the built library.
-fn build_component(profile: &Path) -> PathBuf {
-    let release = profile.file_name().is_some_and(|n| n == "release");
+/// `scripts/ompi-component`, ready to run as the tests run it: the profile
+/// of the test binary, into `<target>/ompi-component-build`, with the cargo
+/// that runs the tests.
+pub fn ompi_component_script() -> Command {
+    let profile = profile_dir();
     let target = profile
         .parent()
         .expect("target folder")
         .join("ompi-component-build");
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(&cargo);
-    cmd.args(["build", "-p", "udbtl-openmpi", "--locked", "--target-dir"])
-        .arg(&target)
-        .current_dir(&workspace);
-    if release {
-        cmd.arg("--release");
+    let mut cmd = Command::new(workspace.join("scripts/ompi-component"));
+    if !profile.file_name().is_some_and(|n| n == "release") {
+        cmd.arg("--debug");
     }
-    let started = std::time::Instant::now();
-    let out = cmd.output().expect("run cargo build for the component");
-    assert!(
-        out.status.success(),
-        "{cargo} build -p udbtl-openmpi failed ({}):\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let built = target
-        .join(if release { "release" } else { "debug" })
-        .join("libmca_btl_udbtl.so");
-    assert!(built.exists(), "{} was not built", built.display());
-    eprintln!(
-        "built the component ({}) in {:?}",
-        built.display(),
-        started.elapsed()
-    );
-    built
+    // Tests fetch nothing: the outer build already has every crate.
+    cmd.env("CARGO_TARGET_DIR", &target)
+        .env("CARGO_NET_OFFLINE", "true");
+    // The cargo running the tests comes first on the PATH.
+    if let Some(cargo_dir) = std::env::var_os("CARGO")
+        .map(PathBuf::from)
+        .and_then(|c| c.parent().map(Path::to_path_buf))
+    {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let dirs = std::iter::once(cargo_dir).chain(std::env::split_paths(&path));
+        if let Ok(joined) = std::env::join_paths(dirs) {
+            cmd.env("PATH", joined);
+        }
+    }
+    cmd
+}
+
+/// The value of `OMPI_MCA_mca_base_component_path` in the script's output
+/// (`export OMPI_MCA_mca_base_component_path=DIR:DEFAULT`).
+pub fn component_path_from(stdout: &str) -> Option<&str> {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("export OMPI_MCA_mca_base_component_path="))
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
 }
 
 /// Open MPI's own component folder (`ompi_info --path pkglibdir`).
