@@ -105,7 +105,8 @@ pub fn ompi_component_script() -> Command {
         .join("ompi-component-build");
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut cmd = Command::new(workspace.join("scripts/ompi-component"));
-    if !profile.file_name().is_some_and(|n| n == "release") {
+    let release = profile.file_name().is_some_and(|n| n == "release");
+    if !release {
         cmd.arg("--debug");
     }
     // Tests fetch nothing: the outer build already has every crate.
