@@ -67,9 +67,9 @@ pub use convertor::Convertor;
 pub use error::{BtlError, SendFailure};
 pub use frag::{DesFlags, Descriptor, LentBytes};
 pub use module::{
-    AddProcs, ErrorCallback, ErrorEvent, HostEvent, Limits, Module, ModuleStats, Received,
-    RecvCallback, RecvEvent, Segment, SendCallback, SendEvent, SendStatus, USER_RESERVE_MAX,
-    recv_buffer_len,
+    AddProcs, ErrorCallback, ErrorEvent, HostEvent, Limits, Module, ModuleStats, Polled, Received,
+    RecvCallback, RecvEvent, Segment, SendArgs, SendCallback, SendEvent, SendStatus,
+    USER_RESERVE_MAX, recv_buffer_len,
 };
 pub use params::{BtlConfig, Params};
 

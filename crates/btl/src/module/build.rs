@@ -438,6 +438,7 @@ impl<C: Context> Engine<C> {
             limits: built.limits,
             qkey: params.ib_qkey,
             job_key: params.job_key,
+            foreign_job_keys: Vec::new(),
             sl: params.ib_service_level,
             path_bits: params.ib_src_path_bits,
             stats: ModuleStats::default(),

@@ -12,6 +12,7 @@ use udbtl_wire::modex;
 use super::Engine;
 use super::reliable::Reliable;
 use crate::error::{BtlError, SendFailure};
+use crate::params::MIN_EAGER_PAYLOAD;
 use crate::{EndpointId, NUM_QP};
 
 /// One peer module as this module sees it.
@@ -23,6 +24,10 @@ pub(super) struct Endpoint {
     pub(super) senders: [QpAddr; modex::QPNS],
     /// The peer process's id, which its reliable datagrams carry.
     pub(super) proc_id: u32,
+    /// The key of the peer's job, which its datagrams carry: this module's
+    /// own, unless the peer was started by another job (see
+    /// `Module::set_endpoint_job`).
+    pub(super) job_key: u32,
     /// The peer module's receive key: what goes to it carries a MAC under
     /// this key (modules with `auth` only).
     pub(super) auth_key: Option<AuthKey>,
@@ -242,6 +247,9 @@ impl<C: Context> Engine<C> {
                 mismatched.get_or_insert((i, chosen.auth));
                 continue;
             };
+            if !self.fit_peer_datagrams(chosen.max_msg_size as usize) {
+                continue;
+            }
             let qps = chosen.qpns.map(|qpn| QpAddr {
                 node: node_of(chosen.location),
                 qpn,
@@ -275,6 +283,43 @@ impl<C: Context> Engine<C> {
             );
         }
         Ok(result)
+    }
+
+    /// Makes every datagram this module sends fit a peer whose port takes
+    /// at most `peer_max` bytes (its published `max_msg_size`): on a network
+    /// that mixes jumbo frames and 1500-byte hosts, the larger datagrams
+    /// would be dropped on the way and resent until the peer was declared
+    /// lost. The module's payload limits shrink to the peer's, for every
+    /// peer (ob1 takes one set of limits per module). Returns `false`, with
+    /// a warning, when the peer's datagrams cannot even hold the smallest
+    /// eager payload: that peer is unreachable through this module.
+    fn fit_peer_datagrams(&mut self, peer_max: usize) -> bool {
+        let fits = peer_max.saturating_sub(self.header_len);
+        if fits >= self.limits.eager_limit {
+            return true;
+        }
+        if fits < MIN_EAGER_PAYLOAD {
+            tracing::warn!(
+                device = %self.device,
+                peer_max,
+                "a peer's largest datagram ({peer_max} bytes) cannot hold a \
+                 {MIN_EAGER_PAYLOAD}-byte message after the {}-byte header; it is unreachable \
+                 through this module",
+                self.header_len
+            );
+            return false;
+        }
+        tracing::warn!(
+            device = %self.device,
+            "a peer takes datagrams of at most {peer_max} bytes, fewer than this module's {}: \
+             messages are cut to {fits}-byte datagrams from now on (set the same MTU, or \
+             max_send_size, on every host of the network to avoid this)",
+            self.header_len + self.limits.eager_limit
+        );
+        self.limits.eager_limit = fits;
+        self.limits.max_send_size = fits;
+        self.limits.rndv_eager_limit = self.limits.rndv_eager_limit.min(fits);
+        true
     }
 
     /// The peer address this module can reach: on the same network, the same
@@ -319,6 +364,7 @@ impl<C: Context> Engine<C> {
             remote,
             senders: qps,
             proc_id,
+            job_key: self.job_key,
             auth_key,
             ah,
             context: None,
@@ -402,6 +448,32 @@ impl<C: Context> Engine<C> {
             })?
             .context = Some(context);
         Ok(())
+    }
+
+    /// The engine's side of `Module::set_endpoint_job`, whose documentation
+    /// is the contract.
+    pub(super) fn set_endpoint_job(
+        &mut self,
+        endpoint: EndpointId,
+        job_key: u32,
+    ) -> Result<(), BtlError> {
+        self.endpoints
+            .get_mut(endpoint)
+            .ok_or(BtlError::BadEndpoint {
+                endpoint: endpoint.0,
+            })?
+            .job_key = job_key;
+        if job_key != self.job_key && !self.foreign_job_keys.contains(&job_key) {
+            self.foreign_job_keys.push(job_key);
+        }
+        Ok(())
+    }
+
+    /// Whether datagrams carrying `job_key` may be from a peer: this job's,
+    /// or the job of a peer added from another job. The common case costs
+    /// one comparison.
+    pub(super) fn accepts_job(&self, job_key: u32) -> bool {
+        job_key == self.job_key || self.foreign_job_keys.contains(&job_key)
     }
 
     /// The engine's side of `Module::endpoint_addr`, whose documentation is the

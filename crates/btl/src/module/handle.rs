@@ -16,8 +16,8 @@ use udbtl_wire::modex;
 use super::events::{Callbacks, Notice};
 use super::helper::Helper;
 use super::{
-    AddProcs, Engine, ErrorCallback, HostEvent, Limits, ModuleStats, RecvCallback, SendCallback,
-    SendStatus,
+    AddProcs, Engine, ErrorCallback, HostEvent, Limits, ModuleStats, Polled, RecvCallback,
+    SendCallback, SendStatus,
 };
 use crate::convertor::Convertor;
 use crate::error::BtlError;
@@ -36,11 +36,9 @@ use crate::{EndpointId, Tag};
 pub struct Module<C: Context> {
     pub(super) engine: Arc<Mutex<Engine<C>>>,
     pub(super) callbacks: Callbacks,
-    limits: Limits,
     port: PortAttr,
     device: String,
     /// The application's progress calls so far, published for the helper.
-    calls: u64,
     activity: Arc<AtomicU64>,
     /// Services the fabric while the application is away; `None` when
     /// `progress_thread` is off, the module is unreliable, or the fabric
@@ -53,7 +51,6 @@ impl<C: Context> fmt::Debug for Module<C> {
         f.debug_struct("Module")
             .field("device", &self.device)
             .field("port", &self.port.port_num)
-            .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
 }
@@ -106,12 +103,10 @@ impl<C: Context> Module<C> {
             matches!(engine.ctx.completion_channel(cq), Ok(Some(_)))
         };
         let mut module = Self {
-            limits: engine.limits,
             port: engine.port.clone(),
             device: engine.device.clone(),
             engine: Arc::new(Mutex::new(engine)),
             callbacks: Callbacks::new(),
-            calls: 0,
             activity: Arc::default(),
             helper: None,
         };
@@ -168,7 +163,7 @@ impl<C: Context> Module<C> {
     /// # Errors
     /// A verbs failure creating an address handle; endpoints created before
     /// it are released.
-    pub fn add_procs(&mut self, peers: &[Option<&[modex::Address]>]) -> Result<AddProcs, BtlError> {
+    pub fn add_procs(&self, peers: &[Option<&[modex::Address]>]) -> Result<AddProcs, BtlError> {
         self.lock().add_procs(peers)
     }
 
@@ -180,8 +175,7 @@ impl<C: Context> Module<C> {
     ///
     /// # Errors
     /// The address handle could not be created.
-    pub fn add_endpoint(
-        &mut self,
+    pub fn add_endpoint(&self,
         qps: [QpAddr; modex::QPNS],
         proc_id: u32,
         auth_key: Option<AuthKey>,
@@ -209,12 +203,23 @@ impl<C: Context> Module<C> {
     ///
     /// # Errors
     /// An unknown endpoint.
-    pub fn set_endpoint_context(
-        &mut self,
+    pub fn set_endpoint_context(&self,
         endpoint: EndpointId,
         context: u64,
     ) -> Result<(), BtlError> {
         self.lock().set_endpoint_context(endpoint, context)
+    }
+
+    /// Marks an endpoint's peer as a process of another job, whose
+    /// datagrams carry `job_key` (dynamic processes: a spawned job, or one
+    /// met through connect/accept): its datagrams are accepted from that
+    /// peer, and datagrams carrying that key from anyone else are not. This
+    /// module's own datagrams keep carrying its own key.
+    ///
+    /// # Errors
+    /// An unknown endpoint.
+    pub fn set_endpoint_job(&self, endpoint: EndpointId, job_key: u32) -> Result<(), BtlError> {
+        self.lock().set_endpoint_job(endpoint, job_key)
     }
 
     /// The value attached to an endpoint with
@@ -234,7 +239,7 @@ impl<C: Context> Module<C> {
     /// do not know yet. A launcher sets it from the process's rank, which is
     /// unique in the job (the job key tells jobs apart); left unset it is
     /// random. Set it before publishing the modex.
-    pub fn set_process_id(&mut self, id: u32) {
+    pub fn set_process_id(&self, id: u32) {
         self.lock().proc_id = id;
     }
 
@@ -248,7 +253,7 @@ impl<C: Context> Module<C> {
     /// not know yet, collected since the last call. A caller that fetches
     /// addresses lazily connects to them; their retransmissions are then
     /// accepted.
-    pub fn take_unknown_peers(&mut self) -> Vec<u32> {
+    pub fn take_unknown_peers(&self) -> Vec<u32> {
         self.lock().take_unknown_peers()
     }
 
@@ -257,7 +262,7 @@ impl<C: Context> Module<C> {
     /// A send fragment with room for `size` bytes, from the send free list.
     /// `None` if `size` exceeds the eager limit or the list is at its bound;
     /// the caller retries after completions return fragments.
-    pub fn alloc(&mut self, order: u8, size: usize, flags: DesFlags) -> Option<Descriptor> {
+    pub fn alloc(&self, order: u8, size: usize, flags: DesFlags) -> Option<Descriptor> {
         self.lock().alloc(order, size, flags)
     }
 
@@ -267,7 +272,7 @@ impl<C: Context> Module<C> {
     /// # Errors
     /// A stale descriptor, or one still owned by the BTL (waiting or
     /// posted): a descriptor may only be freed after local completion.
-    pub fn free(&mut self, des: Descriptor) -> Result<(), BtlError> {
+    pub fn free(&self, des: Descriptor) -> Result<(), BtlError> {
         self.lock().free(des)
     }
 
@@ -285,8 +290,7 @@ impl<C: Context> Module<C> {
     /// never exceeds one datagram.
     ///
     /// `None` when no fragment is free or `reserve` leaves no room.
-    pub fn prepare_src(
-        &mut self,
+    pub fn prepare_src(&self,
         registration: Option<RegId>,
         convertor: &mut Convertor<'_>,
         order: u8,
@@ -311,8 +315,7 @@ impl<C: Context> Module<C> {
     /// (`reserve` at most [`USER_RESERVE_MAX`](crate::USER_RESERVE_MAX)), no
     /// user fragment is free, or the fabric refused the registration; the
     /// caller then copies instead.
-    pub fn prepare_lent(
-        &mut self,
+    pub fn prepare_lent(&self,
         lent: Box<dyn LentBytes>,
         order: u8,
         reserve: usize,
@@ -328,7 +331,7 @@ impl<C: Context> Module<C> {
     ///
     /// # Errors
     /// The fabric refused the registration.
-    pub fn mpool_register(&mut self, data: &Arc<[u8]>) -> Result<RegId, BtlError> {
+    pub fn mpool_register(&self, data: &Arc<[u8]>) -> Result<RegId, BtlError> {
         self.lock().mpool_register(data)
     }
 
@@ -336,7 +339,7 @@ impl<C: Context> Module<C> {
     ///
     /// # Errors
     /// The registration holds no reference.
-    pub fn mpool_deregister(&mut self, reg: RegId) -> Result<(), BtlError> {
+    pub fn mpool_deregister(&self, reg: RegId) -> Result<(), BtlError> {
         self.lock().mpool_deregister(reg)
     }
 
@@ -361,7 +364,7 @@ impl<C: Context> Module<C> {
     ///
     /// # Errors
     /// A stale descriptor.
-    pub fn set_context(&mut self, des: Descriptor, context: u64) -> Result<(), BtlError> {
+    pub fn set_context(&self, des: Descriptor, context: u64) -> Result<(), BtlError> {
         self.lock().set_context(des, context)
     }
 
@@ -371,7 +374,7 @@ impl<C: Context> Module<C> {
     ///
     /// # Errors
     /// A stale descriptor.
-    pub fn set_flags(&mut self, des: Descriptor, flags: DesFlags) -> Result<(), BtlError> {
+    pub fn set_flags(&self, des: Descriptor, flags: DesFlags) -> Result<(), BtlError> {
         self.lock().set_flags(des, flags)
     }
 
@@ -380,7 +383,7 @@ impl<C: Context> Module<C> {
     ///
     /// # Errors
     /// A stale descriptor or a longer length.
-    pub fn set_segment_len(&mut self, des: Descriptor, len: usize) -> Result<(), BtlError> {
+    pub fn set_segment_len(&self, des: Descriptor, len: usize) -> Result<(), BtlError> {
         self.lock().set_segment_len(des, len)
     }
 
@@ -390,8 +393,7 @@ impl<C: Context> Module<C> {
     ///
     /// # Errors
     /// A stale descriptor.
-    pub fn set_message_bounds(
-        &mut self,
+    pub fn set_message_bounds(&self,
         des: Descriptor,
         first: bool,
         last: bool,
@@ -412,8 +414,7 @@ impl<C: Context> Module<C> {
     /// A stale or busy descriptor, an unknown endpoint, or a post the fabric
     /// refused; in every case the descriptor is back in the caller's hands
     /// and no credit is lost (the seed swallowed post failures).
-    pub fn send(
-        &mut self,
+    pub fn send(&self,
         endpoint: EndpointId,
         des: Descriptor,
         tag: Tag,
@@ -433,8 +434,7 @@ impl<C: Context> Module<C> {
     /// Returns the number of completions handled, counting as well the
     /// events the helper thread queued while the application was away.
     pub fn progress(&mut self) -> usize {
-        self.calls = self.calls.wrapping_add(1);
-        self.activity.store(self.calls, Ordering::Relaxed);
+        self.activity.fetch_add(1, Ordering::Relaxed);
         let mut engine = self.engine.lock();
         let queued = engine.notices.len();
         let polled = engine.progress(true);
@@ -446,26 +446,29 @@ impl<C: Context> Module<C> {
     /// itself (see [`HostEvent`]): the same pass over the fabric, but instead
     /// of running callbacks it leaves the events for
     /// [`next_event`](Self::next_event). Returns the completions handled and
-    /// the events waiting.
-    pub fn poll(&mut self) -> usize {
-        self.calls = self.calls.wrapping_add(1);
-        self.activity.store(self.calls, Ordering::Relaxed);
+    /// the events waiting, and whether the module is idle.
+    pub fn poll(&self) -> Polled {
+        self.activity.fetch_add(1, Ordering::Relaxed);
         let mut engine = self.engine.lock();
-        engine.progress(true) + engine.notices.len()
+        let polled = engine.progress(true);
+        Polled {
+            handled: polled + engine.notices.len(),
+            idle: polled == 0 && engine.is_idle(),
+        }
     }
 
     /// The oldest event a host's callbacks must hear, if any. Callbacks
     /// registered on this handle are not run for it. Hand it back with
     /// [`finish`](Self::finish) once its callback ran; the module is unlocked
     /// meanwhile, so the callback may call the module.
-    pub fn next_event(&mut self) -> Option<HostEvent> {
+    pub fn next_event(&self) -> Option<HostEvent> {
         self.lock().next_host_event()
     }
 
     /// Releases what `event` held: a received buffer goes back to the pool
     /// (posted again by the next progress), an owned sent descriptor is
     /// freed.
-    pub fn finish(&mut self, event: HostEvent) {
+    pub fn finish(&self, event: HostEvent) {
         self.lock().finish_host_event(event, true);
     }
 
@@ -473,7 +476,7 @@ impl<C: Context> Module<C> {
     /// callback took (nothing registered for its tag): counted as
     /// `recv_no_callback` rather than delivered, as [`progress`](Self::progress)
     /// counts it.
-    pub fn finish_unclaimed(&mut self, event: HostEvent) {
+    pub fn finish_unclaimed(&self, event: HostEvent) {
         self.lock().finish_host_event(event, false);
     }
 
@@ -485,7 +488,7 @@ impl<C: Context> Module<C> {
     ///
     /// # Errors
     /// A stale descriptor.
-    pub fn segment_ptr(&mut self, des: Descriptor) -> Result<(*mut u8, usize), BtlError> {
+    pub fn segment_ptr(&self, des: Descriptor) -> Result<(*mut u8, usize), BtlError> {
         let mut engine = self.lock();
         let segment = engine.segment_mut(des)?;
         Ok((segment.as_mut_ptr(), segment.len()))
@@ -556,8 +559,11 @@ impl<C: Context> Module<C> {
     // ----- diagnostics --------------------------------------------------
 
     /// Sizes this module works with.
-    pub const fn limits(&self) -> &Limits {
-        &self.limits
+    ///
+    /// They may shrink once, when a peer whose port takes smaller datagrams
+    /// is added (see [`add_procs`](Self::add_procs)).
+    pub fn limits(&self) -> Limits {
+        self.lock().limits
     }
 
     /// The port this module drives.

@@ -12,8 +12,58 @@ use udbtl_wire::coalesced;
 
 use super::events::Notice;
 use super::recv::{Delivery, Held};
-use super::{Engine, ErrorEvent, SendEvent};
+use super::{Engine, ErrorEvent, Module, SendEvent, SendStatus};
+use crate::error::BtlError;
+use crate::frag::{DesFlags, Descriptor};
 use crate::{EndpointId, Tag};
+
+/// What one [`Module::poll`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Polled {
+    /// Completions handled and events waiting for the host.
+    pub handled: usize,
+    /// Nothing arrived, no event waits, and the module holds no descriptor
+    /// (so nothing is in flight or waiting to be sent): until the host
+    /// sends again, only a peer can make work, and a host may poll such a
+    /// module less often.
+    pub idle: bool,
+}
+
+/// Everything a host decides about a send at send time, for
+/// [`Module::send_with`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendArgs {
+    /// Bytes of the descriptor's segment to send (at most what it was
+    /// allocated or prepared with).
+    pub len: usize,
+    /// The tag the receiver's callback is chosen by.
+    pub tag: Tag,
+    /// The descriptor's flags from now on (e.g. whether the BTL frees it).
+    pub flags: DesFlags,
+    /// The value handed back in its [`SendEvent`].
+    pub context: u64,
+}
+
+impl<C: Context> Module<C> {
+    /// [`set_segment_len`](Self::set_segment_len),
+    /// [`set_context`](Self::set_context), [`set_flags`](Self::set_flags)
+    /// and [`send`](Self::send) in one call, under one lock: a host's send.
+    ///
+    /// # Errors
+    /// As those calls; on error the descriptor is back in the caller's hands.
+    pub fn send_with(
+        &self,
+        endpoint: EndpointId,
+        des: Descriptor,
+        args: SendArgs,
+    ) -> Result<SendStatus, BtlError> {
+        let mut engine = self.lock();
+        engine.set_segment_len(des, args.len)?;
+        engine.set_context(des, args.context)?;
+        engine.set_flags(des, args.flags)?;
+        engine.send(endpoint, des, args.tag)
+    }
+}
 
 /// What a host's callbacks must hear, oldest first. Hand every event back to
 /// [`Module::finish`](super::Module::finish): a received message's buffer
@@ -86,6 +136,16 @@ enum Hold {
 }
 
 impl<C: Context> Engine<C> {
+    /// Whether the module has nothing to do until a peer sends or the host
+    /// does (see [`Polled::idle`]): no event waits and no descriptor is
+    /// held, so no send is in flight, queued, or held back to carry others.
+    pub(super) fn is_idle(&self) -> bool {
+        self.notices.is_empty()
+            && self.host_split.is_none()
+            && self.frags.send.in_use() == 0
+            && self.frags.user.in_use() == 0
+    }
+
     /// The engine's side of `Module::next_event`, whose documentation is the
     /// contract.
     pub(super) fn next_host_event(&mut self) -> Option<HostEvent> {

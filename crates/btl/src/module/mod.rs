@@ -64,7 +64,7 @@ pub use events::{
     ErrorCallback, ErrorEvent, RecvCallback, RecvEvent, SendCallback, SendEvent, SendStatus,
 };
 pub use handle::{Module, Segment};
-pub use host::{HostEvent, Received};
+pub use host::{HostEvent, Polled, Received, SendArgs};
 pub use stats::ModuleStats;
 
 use crate::error::{BtlError, SendFailure};
@@ -117,6 +117,10 @@ struct Engine<C: Context> {
     stats: ModuleStats,
     qkey: u32,
     job_key: u32,
+    /// Keys of other jobs whose processes were added as peers (dynamic
+    /// processes: spawn, connect/accept); their datagrams are accepted from
+    /// those peers only. Usually empty.
+    foreign_job_keys: Vec<u32>,
     /// Service level put into every address handle.
     sl: u8,
     /// Source path bits put into every address handle.

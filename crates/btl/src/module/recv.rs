@@ -184,13 +184,13 @@ impl<C: Context> Engine<C> {
             self.recv.repost(slot);
             return;
         };
-        if header.job_key != self.job_key {
+        if !self.accepts_job(header.job_key) {
             self.stats.recv_bad_job_key += 1;
             self.recv.repost(slot);
             return;
         }
         match (header.reliable, self.reliable.is_some(), wc.src) {
-            (true, true, Some(src)) => self.on_reliable_receive(held, src, now),
+            (true, true, Some(src)) => self.on_reliable_receive(held, src, header.job_key, now),
             (false, false, Some(src)) => {
                 let endpoint = self.endpoints.lookup(src);
                 self.hold_for_app(Delivery {

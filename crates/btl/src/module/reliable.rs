@@ -709,8 +709,15 @@ impl<C: Context> Engine<C> {
         });
     }
 
-    /// A received reliable datagram.
-    pub(super) fn on_reliable_receive(&mut self, held: Held, src: QpAddr, now: Instant) {
+    /// A received reliable datagram from `src`, carrying `job_key` (one the
+    /// module accepts).
+    pub(super) fn on_reliable_receive(
+        &mut self,
+        held: Held,
+        src: QpAddr,
+        job_key: u32,
+        now: Instant,
+    ) {
         let own_key = self.reliable.as_ref().and_then(Reliable::own_key);
         let parsed = self.recv.datagram(&self.ctx, held).and_then(|bytes| {
             let tag = btl::Packet::new_checked(bytes).ok()?.tag();
@@ -751,17 +758,19 @@ impl<C: Context> Engine<C> {
         let endpoint = self.endpoints.lookup(src);
         let known = endpoint
             .and_then(|ep| self.endpoints.get(ep))
-            .map(|e| e.proc_id);
+            .map(|e| (e.proc_id, e.job_key));
         let (Some(endpoint), Some(reliable)) = (
-            endpoint.filter(|_| known == Some(header.src)),
+            endpoint.filter(|_| known == Some((header.src, job_key))),
             self.reliable.as_mut(),
         ) else {
             self.stats.recv_unknown_peer += 1;
-            // A process that knows us before we know it (addresses fetched
-            // lazily): the caller can look it up by the id it carries; the
-            // sender retransmits once it is connected.
+            // A process of this job that knows us before we know it
+            // (addresses fetched lazily): the caller can look it up by the
+            // id it carries; the sender retransmits once it is connected.
+            // Processes of other jobs are only ever added by the caller.
             if let Some(reliable) = self.reliable.as_mut() {
                 if endpoint.is_none()
+                    && job_key == self.job_key
                     && reliable.unknown_peers.len() < UNKNOWN_PEERS_MAX
                     && !reliable.unknown_peers.contains(&header.src)
                 {

@@ -55,7 +55,7 @@ mod tests;
 mod value;
 
 pub use selector::{PortSelector, SelectorError};
-pub use value::parse_bool;
+pub use value::{ValueType, parse_bool};
 use value::{BOOL, Kind, PORTS, TEXT, Value, choice, hex, int, size};
 
 /// Where a parameter's value came from.
@@ -147,6 +147,8 @@ pub struct ParamInfo {
     pub help: &'static str,
     /// What values are accepted, e.g. `integer 1..=64`.
     pub syntax: String,
+    /// The type of its values.
+    pub value_type: ValueType,
     /// `true` if the seed (`btl_ofud`) had this parameter; `false` for udbtl
     /// additions.
     pub from_seed: bool,
@@ -261,6 +263,7 @@ macro_rules! parameters {
                         source: self.sources.$name,
                         help: $help,
                         syntax: $kind.syntax(),
+                        value_type: $kind.value_type(),
                         from_seed: parameters!(@seed $origin),
                     },
                 )*]

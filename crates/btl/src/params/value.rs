@@ -54,7 +54,36 @@ pub(super) const BOOL: Kind = Kind::Bool;
 pub(super) const TEXT: Kind = Kind::Text;
 pub(super) const PORTS: Kind = Kind::Ports;
 
+/// What type a parameter's values have, for a host that registers the
+/// parameters in a typed variable system of its own (Open MPI's MCA
+/// variables): it parses and shows them by this type, and hands udbtl the
+/// value as text, which udbtl checks as it checks its environment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ValueType {
+    /// An unsigned integer that fits 32 bits.
+    Integer,
+    /// A byte count (may exceed 32 bits).
+    Size,
+    /// `true` or `false`.
+    Boolean,
+    /// One of a fixed list of names.
+    Choice(&'static [&'static str]),
+    /// Free text, or a comma-separated list.
+    Text,
+}
+
 impl Kind {
+    pub(super) const fn value_type(&self) -> ValueType {
+        match *self {
+            Self::Int { max, .. } if max <= u32::MAX as u64 => ValueType::Integer,
+            Self::Int { .. } => ValueType::Size,
+            Self::Bool => ValueType::Boolean,
+            Self::Choice(names) => ValueType::Choice(names),
+            Self::Text | Self::Ports => ValueType::Text,
+        }
+    }
+
     pub(super) fn syntax(&self) -> String {
         match *self {
             Self::Int { min, max, style } => {
