@@ -324,7 +324,7 @@ impl<C: Context> Engine<C> {
 
     /// The peer address this module can reach: on the same network, the same
     /// kind of address, and a matching port number when the peer has several.
-    fn pick_address(&self, addrs: &[modex::Address]) -> Option<modex::Address> {
+    pub(super) fn pick_address(&self, addrs: &[modex::Address]) -> Option<modex::Address> {
         let mine = self.address();
         let compatible = |a: &&modex::Address| {
             a.network == mine.network

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
+use sync_wrapper::SyncWrapper;
 use udbtl_fabric::{Context, PortAttr, QpAddr};
 use udbtl_wire::datagram::AuthKey;
 use udbtl_wire::modex;
@@ -35,7 +36,9 @@ use crate::{EndpointId, Tag};
 /// the order their events happened.
 pub struct Module<C: Context> {
     pub(super) engine: Arc<Mutex<Engine<C>>>,
-    pub(super) callbacks: Callbacks,
+    /// Reached only through `&mut self`, so sharing the module between
+    /// threads (a host calling its `&self` methods) shares no callback.
+    callbacks: SyncWrapper<Callbacks>,
     port: PortAttr,
     device: String,
     /// The application's progress calls so far, published for the helper.
@@ -106,7 +109,7 @@ impl<C: Context> Module<C> {
             port: engine.port.clone(),
             device: engine.device.clone(),
             engine: Arc::new(Mutex::new(engine)),
-            callbacks: Callbacks::new(),
+            callbacks: SyncWrapper::new(Callbacks::new()),
             activity: Arc::default(),
             helper: None,
         };
@@ -140,7 +143,7 @@ impl<C: Context> Module<C> {
         // Stopped and joined first: then the module holds the only reference
         // to its engine.
         self.helper = None;
-        run_notices(&mut self.engine.lock(), &mut self.callbacks);
+        run_notices(&mut self.engine.lock(), self.callbacks.get_mut());
         let engine = match Arc::try_unwrap(self.engine) {
             Ok(engine) => engine.into_inner(),
             Err(_) => unreachable!("the helper, the only other holder, was joined"),
@@ -192,7 +195,7 @@ impl<C: Context> Module<C> {
     pub fn del_procs(&mut self, endpoints: &[EndpointId]) -> Result<(), BtlError> {
         let mut engine = self.engine.lock();
         let result = engine.del_procs(endpoints);
-        run_notices(&mut engine, &mut self.callbacks);
+        run_notices(&mut engine, self.callbacks.get_mut());
         result
     }
 
@@ -438,7 +441,7 @@ impl<C: Context> Module<C> {
         let mut engine = self.engine.lock();
         let queued = engine.notices.len();
         let polled = engine.progress(true);
-        run_notices(&mut engine, &mut self.callbacks);
+        run_notices(&mut engine, self.callbacks.get_mut());
         queued + polled
     }
 
@@ -511,17 +514,17 @@ impl<C: Context> Module<C> {
 
     /// Installs the receive callback for `tag`, replacing any earlier one.
     pub fn register(&mut self, tag: Tag, callback: RecvCallback) {
-        self.callbacks.recv[usize::from(tag.0)] = Some(callback);
+        self.callbacks.get_mut().recv[usize::from(tag.0)] = Some(callback);
     }
 
     /// Installs the callback that reports send completions.
     pub fn set_send_callback(&mut self, callback: SendCallback) {
-        self.callbacks.send = Some(callback);
+        self.callbacks.get_mut().send = Some(callback);
     }
 
     /// Installs the error callback (`btl_register_error`).
     pub fn register_error(&mut self, callback: ErrorCallback) {
-        self.callbacks.error = Some(callback);
+        self.callbacks.get_mut().error = Some(callback);
     }
 
     /// Descriptors sent reliably and not yet acknowledged.
@@ -650,3 +653,10 @@ fn run_notices<C: Context>(engine: &mut Engine<C>, callbacks: &mut Callbacks) ->
     }
     ran
 }
+
+/// A module may be shared between threads: its `&self` methods lock the
+/// engine, and its callbacks are reached only through `&mut self`.
+const _: () = {
+    const fn shared_between_threads<T: Send + Sync>() {}
+    shared_between_threads::<Module<udbtl_fabric::udp::UdpContext>>();
+};

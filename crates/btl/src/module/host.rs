@@ -45,6 +45,12 @@ pub struct SendArgs {
 }
 
 impl<C: Context> Module<C> {
+    /// Whether one of a peer's published addresses is on this module's
+    /// network, so that [`add_procs`](Self::add_procs) would reach it.
+    pub fn reaches(&self, addresses: &[udbtl_wire::modex::Address]) -> bool {
+        self.lock().pick_address(addresses).is_some()
+    }
+
     /// [`set_segment_len`](Self::set_segment_len),
     /// [`set_context`](Self::set_context), [`set_flags`](Self::set_flags)
     /// and [`send`](Self::send) in one call, under one lock: a host's send.
