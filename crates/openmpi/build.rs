@@ -1,4 +1,4 @@
-//! Compiles the Open MPI side of the component (`src/component.c`) against
+//! Compiles the Open MPI side of the component (`src/*.c`) against
 //! the installed Open MPI headers, so that every struct layout comes from
 //! them, and exports the component's struct from the shared object.
 //!
@@ -10,6 +10,14 @@
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// The C side of the component (see `src/udbtl.h`).
+const C_FILES: &[&str] = &[
+    "src/component.c",
+    "src/module.c",
+    "src/procs.c",
+    "src/params.c",
+];
 
 fn showme(mpicc: &str, what: &str) -> Option<Vec<String>> {
     let out = Command::new(mpicc)
@@ -49,7 +57,9 @@ fn wrapper_watch(mpicc: &str) -> Vec<PathBuf> {
 
 fn main() {
     println!("cargo:rustc-check-cfg=cfg(udbtl_openmpi)");
-    println!("cargo:rerun-if-changed=src/component.c");
+    for file in C_FILES.iter().chain(&["src/udbtl.h"]) {
+        println!("cargo:rerun-if-changed={file}");
+    }
     println!("cargo:rerun-if-changed=src/exports.map");
     println!("cargo:rerun-if-env-changed=UDBTL_OMPI_MPICC");
     println!("cargo:rerun-if-env-changed=PATH");
@@ -87,10 +97,7 @@ fn main() {
     // A new Open MPI (another ABI) rebuilds the component.
     println!("cargo:rerun-if-changed={}", header.display());
     let mut build = cc::Build::new();
-    build
-        .file("src/component.c")
-        .warnings(true)
-        .extra_warnings(true);
+    build.files(C_FILES).warnings(true).extra_warnings(true);
     // Open MPI's headers are not clean under -Wextra.
     build.flag_if_supported("-Wno-unused-parameter");
     build.flag_if_supported("-Wno-sign-compare");

@@ -1,77 +1,119 @@
-//! The `extern "C"` surface that `src/component.c` calls, and the three C
-//! functions it calls back: the crate's only `unsafe` code.
+//! The `extern "C"` surface that the C files call, and the C functions it
+//! calls back: the crate's only `unsafe` code.
 //!
 //! Ownership: `udbtl_rs_init` returns the component (a leaked box) and
-//! `udbtl_rs_finalize` takes it back; module handles live inside it and go
-//! with it. The C side is single-threaded (the component declines
-//! `MPI_THREAD_MULTIPLE`), and reentrant: ob1's callbacks, run from
-//! `udbtl_rs_progress`, call the other functions here. So no Rust reference
-//! to a module is held across a callback; each call takes its own, briefly,
-//! from the raw handle.
+//! `udbtl_rs_finalize` takes it back; its module handles are made with it
+//! and go with it. Between the two the component is only ever shared: every
+//! module method takes `&self` and locks the module itself, so Open MPI may
+//! call in from any thread (`MPI_THREAD_MULTIPLE`). The C side's own state
+//! (descriptors, endpoints) has its own lock. Callbacks into Open MPI run
+//! with no Rust lock held, so that ob1's callbacks may call this BTL again
+//! (ob1 sends from inside its receive and completion callbacks).
 #![allow(unsafe_code)]
 
-use std::ffi::{CStr, c_char, c_int, c_void};
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use udbtl_btl::{Descriptor, EndpointId, HostEvent, LentBytes, Tag};
+use tracing::Level;
+use udbtl_btl::{DesFlags, Descriptor, EndpointId, HostEvent, LentBytes, SendArgs, Tag};
 
-use crate::transport::{HostModule, OmpiTransport, param_table};
+use crate::gate::IdleGate;
+use crate::log;
+use crate::params::{McaType, param_table};
+use crate::transport::{COUNTERS, HostModule, Identity, OmpiTransport, Placement, job_key};
 
-/// Statuses, as `component.c` defines them.
+/// Statuses, as `udbtl.h` defines them.
 const OK: c_int = 0;
 const BUSY: c_int = -1;
 const UNREACH: c_int = -2;
 const ERROR: c_int = -3;
 
-/// Module limits, laid out as `struct udbtl_rs_limits` in `component.c`.
+/// Module limits, laid out as `struct udbtl_rs_limits` in `udbtl.h`.
 #[repr(C)]
 #[derive(Debug)]
 pub struct Limits {
     eager_limit: usize,
     rndv_eager_limit: usize,
     max_send_size: usize,
+    send_frags_max: usize,
     exclusivity: u32,
     bandwidth: u32,
+    loopback: c_int,
+}
+
+/// Who this process is, laid out as `struct udbtl_rs_identity`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct RsIdentity {
+    job_id: u32,
+    vpid: u32,
+    local_rank: u32,
+    /// Other processes of the job on this host.
+    local_peers: c_int,
+    /// Every process of the job is on this host.
+    one_host: c_int,
 }
 
 /// The component as C holds it.
 #[derive(Debug)]
 pub struct ComponentState {
     transport: OmpiTransport,
-    /// Leaked boxes, reclaimed by `udbtl_rs_finalize`.
-    handles: Vec<*mut ModuleHandle>,
+    /// One per module, made at init; a boxed slice never moves them.
+    handles: Box<[ModuleHandle]>,
 }
 
-/// A module as C holds it: its component and index.
+/// A module as C holds it.
 #[derive(Debug)]
 pub struct ModuleHandle {
-    component: *mut ComponentState,
+    component: *const ComponentState,
     index: usize,
+    /// Which progress calls poll the module.
+    gate: IdleGate,
+    /// A thread is delivering this module's events: another thread, or an
+    /// inner progress call from one of ob1's callbacks, must not overtake
+    /// them.
+    delivering: AtomicBool,
 }
 
 unsafe extern "C" {
     fn udbtl_c_received(btl: *mut c_void, tag: u8, payload: *const u8, len: usize) -> c_int;
     fn udbtl_c_sent(btl: *mut c_void, context: u64, ok: c_int, owned: c_int);
     fn udbtl_c_error(btl: *mut c_void, endpoint_context: u64, fatal: c_int, message: *const c_char);
+    fn udbtl_c_adopt(btl: *mut c_void, vpid: u32);
+    fn udbtl_c_log(level: c_int, message: *const c_char);
 }
 
-/// Runs `f` on the module behind `handle`; `None` for a handle that names no
-/// module.
+/// The module handle behind `module`.
 ///
 /// # Safety
-/// `handle` is null or came from `udbtl_rs_module` of a component not yet
-/// finalized, and no other reference to that component is live.
-unsafe fn with_module<R>(
-    handle: *mut c_void,
-    f: impl FnOnce(&mut dyn HostModule) -> R,
-) -> Option<R> {
-    // SAFETY: per this function's contract, a non-null handle points to a
-    // live ModuleHandle whose component is live and not otherwise borrowed;
-    // the reference ends with this call.
-    let handle = unsafe { handle.cast::<ModuleHandle>().as_ref()? };
-    // SAFETY: as above.
-    let component = unsafe { handle.component.as_mut()? };
-    component.transport.module(handle.index).map(f)
+/// `module` is null or came from `udbtl_rs_module` of a component not yet
+/// finalized.
+unsafe fn handle<'a>(module: *mut c_void) -> Option<&'a ModuleHandle> {
+    // SAFETY: per the contract, a non-null pointer is a live handle, which
+    // is only ever shared.
+    unsafe { module.cast::<ModuleHandle>().as_ref() }
+}
+
+impl ModuleHandle {
+    fn component(&self) -> &ComponentState {
+        // SAFETY: a handle lives inside its component and goes with it, so
+        // its component is live whenever the handle is.
+        unsafe { &*self.component }
+    }
+
+    fn module(&self) -> Option<&dyn HostModule> {
+        self.component().transport.module(self.index)
+    }
+}
+
+/// The component behind `component`.
+///
+/// # Safety
+/// `component` is null or came from `udbtl_rs_init` and is not finalized.
+unsafe fn component<'a>(component: *mut c_void) -> Option<&'a ComponentState> {
+    // SAFETY: per the contract; only ever shared between init and finalize.
+    unsafe { component.cast::<ComponentState>().as_ref() }
 }
 
 /// Copies `text` into C's buffer of `capacity` bytes, NUL-terminated and
@@ -92,15 +134,36 @@ unsafe fn write_c_string(text: &str, buffer: *mut c_char, capacity: usize) -> us
     text.len()
 }
 
+/// A Rust string for C: NUL bytes, which C cannot carry, become spaces.
+fn c_string(text: &str) -> CString {
+    CString::new(text.replace('\0', " ")).unwrap_or_default()
+}
+
+/// The log sink: every record through Open MPI's output.
+fn log_to_open_mpi(level: Level, text: &str) {
+    let code = match level {
+        Level::ERROR => 1,
+        Level::WARN => 2,
+        Level::INFO => 3,
+        Level::DEBUG => 4,
+        Level::TRACE => 5,
+    };
+    let text = c_string(text);
+    // SAFETY: a live NUL-terminated string, read during the call only.
+    unsafe { udbtl_c_log(code, text.as_ptr()) };
+}
+
+// ----- parameters and counters ------------------------------------------
+
 /// How many parameters there are to register.
 #[unsafe(no_mangle)]
 pub extern "C" fn udbtl_rs_param_count() -> usize {
     param_table().len()
 }
 
-/// Parameter `index`: its name, default (null when unset), help, and whether
-/// the seed had it. The strings live as long as the process. Returns 0, or
-/// -3 for an index out of range.
+/// Parameter `index`: its name, default (null when unset), help, type (see
+/// [`McaType`]) and `ompi_info` level. The strings live as long as the
+/// process. Returns 0, or -3 for an index out of range.
 ///
 /// # Safety
 /// The out-pointers are valid for writes.
@@ -110,7 +173,8 @@ pub unsafe extern "C" fn udbtl_rs_param(
     name: *mut *const c_char,
     default: *mut *const c_char,
     help: *mut *const c_char,
-    from_seed: *mut c_int,
+    mca_type: *mut c_int,
+    level: *mut c_int,
 ) -> c_int {
     let Some(entry) = param_table().get(index) else {
         return ERROR;
@@ -121,10 +185,67 @@ pub unsafe extern "C" fn udbtl_rs_param(
         *name = entry.name.as_ptr();
         *default = entry.default.as_ref().map_or(ptr::null(), |d| d.as_ptr());
         *help = entry.help.as_ptr();
-        *from_seed = c_int::from(entry.from_seed);
+        *mca_type = entry.mca_type as c_int;
+        *level = c_int::from(entry.level);
     }
     OK
 }
+
+/// Name `choice` of parameter `index` (a [`McaType::Choice`]), or null past
+/// the last. The string lives as long as the process.
+#[unsafe(no_mangle)]
+pub extern "C" fn udbtl_rs_param_choice(index: usize, choice: usize) -> *const c_char {
+    param_table()
+        .get(index)
+        .filter(|e| e.mca_type == McaType::Choice)
+        .and_then(|e| e.choices.get(choice))
+        .map_or(ptr::null(), |c| c.as_ptr())
+}
+
+/// How many counters there are ([`COUNTERS`]).
+#[unsafe(no_mangle)]
+pub extern "C" fn udbtl_rs_counter_count() -> usize {
+    COUNTERS.len()
+}
+
+/// Counter `index`'s name and description, NUL-terminated into the
+/// caller's buffers. Returns 0, or -3 for an index out of range.
+///
+/// # Safety
+/// `name` and `help` are valid for `name_len` and `help_len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn udbtl_rs_counter_info(
+    index: usize,
+    name: *mut c_char,
+    name_len: usize,
+    help: *mut c_char,
+    help_len: usize,
+) -> c_int {
+    let Some((counter_name, counter_help)) = COUNTERS.get(index) else {
+        return ERROR;
+    };
+    // SAFETY: the caller passes buffers of the lengths given.
+    unsafe {
+        write_c_string(counter_name, name, name_len);
+        write_c_string(counter_help, help, help_len);
+    }
+    OK
+}
+
+/// Counter `index` summed over the modules; 0 without a component.
+///
+/// # Safety
+/// `component` is null or came from `udbtl_rs_init` and is not finalized.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn udbtl_rs_counter(component: *mut c_void, index: usize) -> u64 {
+    // SAFETY: per the contract.
+    let Some(state) = (unsafe { self::component(component) }) else {
+        return 0;
+    };
+    state.transport.counters().get(index).copied().unwrap_or(0)
+}
+
+// ----- the component ----------------------------------------------------
 
 /// Starts the transport: `values` has one entry per parameter, null where
 /// Open MPI was given no value. On success returns the component and sets
@@ -132,17 +253,17 @@ pub unsafe extern "C" fn udbtl_rs_param(
 ///
 /// # Safety
 /// `values` holds `udbtl_rs_param_count()` pointers, each null or a
-/// NUL-terminated string; `modules` is valid for a write; `error` is valid
+/// NUL-terminated string; `who` and `modules` are valid; `error` is valid
 /// for `error_len` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn udbtl_rs_init(
     values: *const *const c_char,
-    job_id: u32,
-    rank: u32,
+    who: *const RsIdentity,
     modules: *mut usize,
     error: *mut c_char,
     error_len: usize,
 ) -> *mut c_void {
+    log::install(log_to_open_mpi);
     let explicit: Vec<Option<String>> = (0..param_table().len())
         .map(|i| {
             // SAFETY: the caller passes one pointer per parameter.
@@ -155,15 +276,41 @@ pub unsafe extern "C" fn udbtl_rs_init(
             })
         })
         .collect();
-    match OmpiTransport::init(&explicit, job_id, rank) {
+    // SAFETY: the caller passes a valid identity.
+    let who = unsafe { *who };
+    let identity = Identity {
+        job_id: who.job_id,
+        vpid: who.vpid,
+        local_rank: who.local_rank,
+        placement: if who.one_host != 0 {
+            Placement::OneHost
+        } else {
+            Placement::SpansHosts {
+                local_peers: who.local_peers != 0,
+            }
+        },
+    };
+    match OmpiTransport::init(&explicit, identity) {
         Ok(transport) => {
-            // SAFETY: the caller passes a writable `modules`.
-            unsafe { *modules = transport.module_count() };
-            let state = Box::into_raw(Box::new(ComponentState {
+            let count = transport.module_count();
+            let raw = Box::into_raw(Box::new(ComponentState {
                 transport,
-                handles: Vec::new(),
+                handles: Box::default(),
             }));
-            state.cast()
+            // SAFETY: just leaked: this is the only reference, and it ends
+            // before the pointer is handed out.
+            let state = unsafe { &mut *raw };
+            state.handles = (0..count)
+                .map(|index| ModuleHandle {
+                    component: raw,
+                    index,
+                    gate: IdleGate::default(),
+                    delivering: AtomicBool::new(false),
+                })
+                .collect();
+            // SAFETY: the caller passes a writable `modules`.
+            unsafe { *modules = count };
+            raw.cast()
         }
         Err(reason) => {
             // SAFETY: the caller passes `error_len` writable bytes.
@@ -173,40 +320,49 @@ pub unsafe extern "C" fn udbtl_rs_init(
     }
 }
 
-/// Module `index` of the component, and its limits; null if there is no
-/// such module.
+/// Module `index` of the component; null if there is no such module.
 ///
 /// # Safety
-/// `component` came from `udbtl_rs_init` and is not finalized; `limits` is
-/// valid for a write.
+/// `component` came from `udbtl_rs_init` and is not finalized.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn udbtl_rs_module(
-    component: *mut c_void,
-    index: usize,
-    limits: *mut Limits,
-) -> *mut c_void {
-    let component = component.cast::<ComponentState>();
-    // SAFETY: per the contract, `component` is live and not borrowed
-    // elsewhere during this call.
-    let Some(state) = (unsafe { component.as_mut() }) else {
+pub unsafe extern "C" fn udbtl_rs_module(component: *mut c_void, index: usize) -> *mut c_void {
+    // SAFETY: per the contract.
+    let Some(state) = (unsafe { self::component(component) }) else {
         return ptr::null_mut();
     };
-    let Some(found) = state.transport.limits(index) else {
-        return ptr::null_mut();
+    state.handles.get(index).map_or(ptr::null_mut(), |h| {
+        ptr::from_ref::<ModuleHandle>(h).cast_mut().cast()
+    })
+}
+
+/// The module's limits now (they shrink when a peer with smaller datagrams
+/// is added). Returns 0, or -3 for an unknown module.
+///
+/// # Safety
+/// `module` came from `udbtl_rs_module`; `limits` is valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn udbtl_rs_limits(module: *mut c_void, limits: *mut Limits) -> c_int {
+    // SAFETY: per the contract.
+    let Some(handle) = (unsafe { handle(module) }) else {
+        return ERROR;
     };
+    let Some(module) = handle.module() else {
+        return ERROR;
+    };
+    let found = module.limits();
     // SAFETY: the caller passes a writable `limits`.
     unsafe {
         *limits = Limits {
             eager_limit: found.eager_limit,
-            rndv_eager_limit: found.rndv_eager_limit,
-            max_send_size: found.max_send_size,
+            rndv_eager_limit: found.rndv_eager_limit.min(found.eager_limit),
+            max_send_size: found.eager_limit,
+            send_frags_max: found.send_frags_max,
             exclusivity: found.exclusivity,
             bandwidth: found.bandwidth,
+            loopback: c_int::from(module.is_loopback()),
         };
     }
-    let handle = Box::into_raw(Box::new(ModuleHandle { component, index }));
-    state.handles.push(handle);
-    handle.cast()
+    OK
 }
 
 /// Writes this process's address blob into `blob` (up to `capacity` bytes);
@@ -222,7 +378,7 @@ pub unsafe extern "C" fn udbtl_rs_modex(
     capacity: usize,
 ) -> usize {
     // SAFETY: per the contract.
-    let Some(state) = (unsafe { component.cast::<ComponentState>().as_ref() }) else {
+    let Some(state) = (unsafe { self::component(component) }) else {
         return 0;
     };
     let bytes = state.transport.modex();
@@ -233,120 +389,243 @@ pub unsafe extern "C" fn udbtl_rs_modex(
     bytes.len()
 }
 
-/// Adds the peer that published `blob`, attaching `context` (C's endpoint)
-/// to it; sets `*endpoint`. Returns 0, -2 when this module cannot reach the
-/// peer, -3 on failure.
+/// Releases the component and its module handles. Returns 0, or -3 with the
+/// leaks or failures found in `error`.
+///
+/// # Safety
+/// `component` came from `udbtl_rs_init`, no call into it or its modules is
+/// in progress on any thread, and neither is used again.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn udbtl_rs_finalize(
+    component: *mut c_void,
+    error: *mut c_char,
+    error_len: usize,
+) -> c_int {
+    if component.is_null() {
+        return OK;
+    }
+    // SAFETY: per the contract, this is the box `udbtl_rs_init` leaked,
+    // taken back once, with no other reference live.
+    let state = unsafe { Box::from_raw(component.cast::<ComponentState>()) };
+    let ComponentState { transport, handles } = *state;
+    drop(handles);
+    match transport.finalize() {
+        Ok(()) => OK,
+        Err(reason) => {
+            // SAFETY: the caller passes `error_len` writable bytes.
+            unsafe { write_c_string(&reason, error, error_len) };
+            ERROR
+        }
+    }
+}
+
+// ----- peers ------------------------------------------------------------
+
+/// Adds the peer `vpid` of job `job_id` (`own_job` when it is this
+/// process's job) that published `blob`, if this module is the one to carry
+/// its traffic, attaching `context` (C's endpoint) to it. Sets `*endpoint`,
+/// and `*existing` to the context of an endpoint that was already there
+/// (added by another thread, or by an add made from inside this one), else
+/// to `context`. Returns 0, -2 when this module does not take the peer, -3
+/// on failure.
 ///
 /// # Safety
 /// `module` came from `udbtl_rs_module`; `blob` is valid for `len` bytes;
-/// `endpoint` is valid for a write.
+/// `endpoint` and `existing` are valid for writes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn udbtl_rs_add_proc(
     module: *mut c_void,
     blob: *const u8,
     len: usize,
+    job_id: u32,
+    vpid: u32,
+    own_job: c_int,
     context: u64,
     endpoint: *mut u32,
+    existing: *mut u64,
 ) -> c_int {
+    // SAFETY: per the contract.
+    let Some(handle) = (unsafe { handle(module) }) else {
+        return ERROR;
+    };
     if blob.is_null() {
         return UNREACH;
     }
     // SAFETY: the caller passes `len` readable bytes at `blob`.
     let blob = unsafe { std::slice::from_raw_parts(blob, len) };
-    // SAFETY: per the contract.
-    match unsafe { with_module(module, |m| m.add_proc(blob, context)) } {
-        Some(Ok(Some(id))) => {
-            // SAFETY: the caller passes a writable `endpoint`.
-            unsafe { *endpoint = id.raw() };
+    let transport = &handle.component().transport;
+    let key = if own_job != 0 {
+        transport.job_key()
+    } else {
+        job_key(job_id)
+    };
+    let peer = if own_job != 0 {
+        format!("rank {vpid}")
+    } else {
+        format!("rank {vpid} of job {job_id}")
+    };
+    match transport.add_proc(handle.index, &peer, blob, key, context) {
+        Ok(Some((id, in_force))) => {
+            // SAFETY: the caller passes writable out-pointers.
+            unsafe {
+                *endpoint = id.raw();
+                *existing = in_force;
+            }
             OK
         }
-        Some(Ok(None)) => UNREACH,
-        Some(Err(err)) => {
+        Ok(None) => UNREACH,
+        Err(err) => {
             tracing::error!(%err, "adding a peer failed");
             ERROR
         }
-        None => ERROR,
     }
 }
 
-/// Removes a peer. Returns 0 or -3.
+/// Removes a peer. Sends to it that cannot complete any more are reported
+/// at the next progress. Returns 0 or -3.
 ///
 /// # Safety
 /// `module` came from `udbtl_rs_module`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn udbtl_rs_del_proc(module: *mut c_void, endpoint: u32) -> c_int {
     // SAFETY: per the contract.
-    match unsafe { with_module(module, |m| m.del_proc(EndpointId::from_raw(endpoint))) } {
+    let module = unsafe { handle(module) }.and_then(ModuleHandle::module);
+    match module.map(|m| m.del_proc(EndpointId::from_raw(endpoint))) {
         Some(Ok(())) => OK,
         _ => ERROR,
     }
 }
 
-/// One progress pass over `module`, then every event it produced handed to
-/// C's callbacks (`btl` is C's module, passed back to them), in order.
-/// Returns the completions and events handled.
+// ----- progress -----------------------------------------------------------
+
+/// One progress pass over a module, if its idle gate lets this call poll
+/// and no other thread is delivering its events: a poll of the fabric, then
+/// every event handed to C's callbacks (`btl` is C's module, passed back to
+/// them) in order, then the senders it does not know yet handed to C to
+/// adopt. Returns the completions and events handled.
 ///
 /// # Safety
 /// `module` came from `udbtl_rs_module`; `btl` is the C module it belongs
 /// to. The callbacks may call back into this surface.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn udbtl_rs_progress(module: *mut c_void, btl: *mut c_void) -> c_int {
-    // SAFETY: per the contract; each call below borrows the module only
-    // for its own duration, never across a callback.
-    let Some(mut handled) = (unsafe { with_module(module, |m| m.poll()) }) else {
+    // SAFETY: per the contract.
+    let Some(handle) = (unsafe { handle(module) }) else {
         return 0;
     };
-    // SAFETY: as above.
-    while let Some(event) = unsafe { with_module(module, |m| m.next_event()) }.flatten() {
-        handled += 1;
-        let mut claimed = true;
-        match &event {
-            HostEvent::Received(received) => {
-                // SAFETY: the payload stays valid until the event is
-                // finished, after the callback.
-                claimed = unsafe {
-                    udbtl_c_received(
-                        btl,
-                        received.tag.0,
-                        received.payload_ptr(),
-                        received.payload_len(),
-                    )
-                } != 0;
-            }
-            HostEvent::Sent { event, owned } => {
-                // SAFETY: the context is the C fragment given at send time,
-                // which stays allocated until this callback.
-                unsafe {
-                    udbtl_c_sent(
-                        btl,
-                        event.context,
-                        c_int::from(event.status.is_ok()),
-                        c_int::from(*owned),
-                    );
-                }
-            }
-            HostEvent::Error(error) => {
-                let message =
-                    std::ffi::CString::new(error.message.replace('\0', " ")).unwrap_or_default();
-                let context = match error.endpoint {
-                    Some(endpoint) => {
-                        // SAFETY: as above.
-                        unsafe { with_module(module, |m| m.endpoint_context(endpoint)) }
-                            .flatten()
-                            .unwrap_or(0)
-                    }
-                    None => 0,
-                };
-                // SAFETY: the message is a live NUL-terminated string; the
-                // context is C's endpoint for that peer, or 0.
-                unsafe { udbtl_c_error(btl, context, c_int::from(error.fatal), message.as_ptr()) };
-            }
-        }
-        // SAFETY: as above.
-        unsafe { with_module(module, |m| m.finish(event, claimed)) };
+    if !handle.gate.should_poll()
+        || handle
+            .delivering
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+    {
+        return 0;
     }
+    let Some(module) = handle.module() else {
+        handle.delivering.store(false, Ordering::Release);
+        return 0;
+    };
+    let polled = module.poll();
+    handle.gate.record(polled);
+    let mut handled = polled.handled;
+    while let Some(event) = module.next_event() {
+        handled += 1;
+        // SAFETY: per the contract, `btl` is the C module.
+        let claimed = unsafe { deliver(module, btl, &event) };
+        module.finish(event, claimed);
+    }
+    if polled.handled > 0 {
+        // Unknown senders are only ever noted when datagrams arrive.
+        for vpid in module.take_unknown_peers() {
+            // SAFETY: per the contract, `btl` is the C module; adopting
+            // calls back into this surface (add_proc), which is allowed.
+            unsafe { udbtl_c_adopt(btl, vpid) };
+        }
+    }
+    handle.delivering.store(false, Ordering::Release);
     c_int::try_from(handled).unwrap_or(c_int::MAX)
 }
+
+/// Hands one event to C's callback for it; returns whether a receive
+/// callback took a received message.
+///
+/// # Safety
+/// `btl` is the C module of `module`.
+unsafe fn deliver(module: &dyn HostModule, btl: *mut c_void, event: &HostEvent) -> bool {
+    match event {
+        HostEvent::Received(received) => {
+            // SAFETY: the payload stays valid until the event is finished,
+            // after the callback.
+            unsafe {
+                udbtl_c_received(
+                    btl,
+                    received.tag.0,
+                    received.payload_ptr(),
+                    received.payload_len(),
+                ) != 0
+            }
+        }
+        HostEvent::Sent { event, owned } => {
+            // SAFETY: the context is the C fragment given at send time,
+            // which stays allocated until this callback.
+            unsafe {
+                udbtl_c_sent(
+                    btl,
+                    event.context,
+                    c_int::from(event.status.is_ok()),
+                    c_int::from(*owned),
+                );
+            }
+            true
+        }
+        HostEvent::Error(error) => {
+            let message = c_string(&error.message);
+            let context = error
+                .endpoint
+                .and_then(|endpoint| module.endpoint_context(endpoint))
+                .unwrap_or(0);
+            // SAFETY: the message is a live NUL-terminated string; the
+            // context is C's endpoint for that peer (endpoints live until
+            // the module is finalized), or 0.
+            unsafe { udbtl_c_error(btl, context, c_int::from(error.fatal), message.as_ptr()) };
+            true
+        }
+    }
+}
+
+/// Reads what is left on a module that Open MPI is closing, without
+/// calling back into it: messages are dropped, sends are over, and
+/// descriptors the BTL did not own are freed (Open MPI no longer will).
+/// Returns the events dropped.
+///
+/// # Safety
+/// `module` came from `udbtl_rs_module`, and no other thread uses it.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn udbtl_rs_drain(module: *mut c_void) -> c_int {
+    // SAFETY: per the contract.
+    let Some(module) = (unsafe { handle(module) }).and_then(ModuleHandle::module) else {
+        return 0;
+    };
+    let _ = module.poll();
+    let mut dropped = 0;
+    while let Some(event) = module.next_event() {
+        dropped += 1;
+        let lent = match &event {
+            HostEvent::Sent {
+                event,
+                owned: false,
+            } => Some(event.descriptor),
+            _ => None,
+        };
+        module.finish(event, false);
+        if let Some(des) = lent {
+            let _ = module.free(des);
+        }
+    }
+    dropped
+}
+
+// ----- descriptors and sends ----------------------------------------------
 
 /// A send fragment of `size` bytes: sets `*des` and `*data` (where its bytes
 /// go). Returns 0, or -1 when none is free or `size` is too large.
@@ -363,7 +642,8 @@ pub unsafe extern "C" fn udbtl_rs_alloc(
     data: *mut *mut c_void,
 ) -> c_int {
     // SAFETY: per the contract.
-    match unsafe { with_module(module, |m| m.alloc(order, size)) }.flatten() {
+    let module = unsafe { handle(module) }.and_then(ModuleHandle::module);
+    match module.and_then(|m| m.alloc(order, size)) {
         Some((descriptor, bytes)) => {
             // SAFETY: the caller passes writable out-pointers.
             unsafe {
@@ -419,7 +699,8 @@ pub unsafe extern "C" fn udbtl_rs_prepare_lent(
         len,
     });
     // SAFETY: per the contract.
-    match unsafe { with_module(module, |m| m.prepare_lent(lent, order, reserve)) }.flatten() {
+    let module = unsafe { handle(module) }.and_then(ModuleHandle::module);
+    match module.and_then(|m| m.prepare_lent(lent, order, reserve)) {
         Some((descriptor, bytes)) => {
             // SAFETY: the caller passes writable out-pointers.
             unsafe {
@@ -439,7 +720,8 @@ pub unsafe extern "C" fn udbtl_rs_prepare_lent(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn udbtl_rs_free(module: *mut c_void, des: u32) -> c_int {
     // SAFETY: per the contract.
-    match unsafe { with_module(module, |m| m.free(Descriptor::from_raw(des))) } {
+    let module = unsafe { handle(module) }.and_then(ModuleHandle::module);
+    match module.map(|m| m.free(Descriptor::from_raw(des))) {
         Some(Ok(())) => OK,
         _ => ERROR,
     }
@@ -463,28 +745,38 @@ pub unsafe extern "C" fn udbtl_rs_send(
     context: u64,
 ) -> c_int {
     // SAFETY: per the contract.
-    let sent = unsafe {
-        with_module(module, |m| {
-            m.send(
-                EndpointId::from_raw(endpoint),
-                Descriptor::from_raw(des),
-                len,
-                Tag(tag),
-                owned != 0,
-                context,
-            )
-        })
+    let Some(handle) = (unsafe { handle(module) }) else {
+        return ERROR;
     };
-    match sent {
-        Some(Ok(_)) => OK,
-        Some(Err(udbtl_btl::BtlError::BadEndpoint { .. })) => UNREACH,
-        Some(Err(err)) => {
+    let Some(module) = handle.module() else {
+        return ERROR;
+    };
+    handle.gate.wake();
+    let args = SendArgs {
+        len,
+        tag: Tag(tag),
+        flags: if owned != 0 {
+            DesFlags::BTL_OWNERSHIP
+        } else {
+            DesFlags::NONE
+        },
+        context,
+    };
+    match module.send(
+        EndpointId::from_raw(endpoint),
+        Descriptor::from_raw(des),
+        args,
+    ) {
+        Ok(_) => OK,
+        Err(udbtl_btl::BtlError::BadEndpoint { .. }) => UNREACH,
+        Err(err) => {
             tracing::warn!(%err, "send refused");
             ERROR
         }
-        None => ERROR,
     }
 }
+
+// ----- diagnostics ----------------------------------------------------------
 
 /// Writes the module's state for humans into `text`; returns its length.
 ///
@@ -498,7 +790,8 @@ pub unsafe extern "C" fn udbtl_rs_dump(
     capacity: usize,
 ) -> usize {
     // SAFETY: per the contract.
-    let dump = unsafe { with_module(module, |m| m.dump()) }.unwrap_or_default();
+    let module = unsafe { handle(module) }.and_then(ModuleHandle::module);
+    let dump = module.map(HostModule::dump).unwrap_or_default();
     // SAFETY: the caller passes `capacity` writable bytes.
     unsafe { write_c_string(&dump, text, capacity) }
 }
@@ -515,40 +808,8 @@ pub unsafe extern "C" fn udbtl_rs_stats_line(
     capacity: usize,
 ) -> usize {
     // SAFETY: per the contract.
-    let line = unsafe { with_module(module, |m| m.stats_line()) }.unwrap_or_default();
+    let module = unsafe { handle(module) }.and_then(ModuleHandle::module);
+    let line = module.map(HostModule::stats_line).unwrap_or_default();
     // SAFETY: the caller passes `capacity` writable bytes.
     unsafe { write_c_string(&line, text, capacity) }
-}
-
-/// Releases the component and its module handles. Returns 0, or -3 with the
-/// leaks or failures found in `error`.
-///
-/// # Safety
-/// `component` came from `udbtl_rs_init`, and neither it nor its module
-/// handles are used again.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn udbtl_rs_finalize(
-    component: *mut c_void,
-    error: *mut c_char,
-    error_len: usize,
-) -> c_int {
-    if component.is_null() {
-        return OK;
-    }
-    // SAFETY: per the contract, this is the box `udbtl_rs_init` leaked,
-    // taken back once.
-    let state = unsafe { Box::from_raw(component.cast::<ComponentState>()) };
-    let ComponentState { transport, handles } = *state;
-    for handle in handles {
-        // SAFETY: each handle is a box `udbtl_rs_module` leaked, freed once.
-        drop(unsafe { Box::from_raw(handle) });
-    }
-    match transport.finalize() {
-        Ok(()) => OK,
-        Err(reason) => {
-            // SAFETY: the caller passes `error_len` writable bytes.
-            unsafe { write_c_string(&reason, error, error_len) };
-            ERROR
-        }
-    }
 }

@@ -3,22 +3,28 @@
 //!
 //! The component is split at the ABI boundary:
 //!
-//! * `src/component.c` includes Open MPI's headers, so every struct layout
-//!   comes from them: it fills the component and module structs, keeps ob1's
-//!   descriptors, registers the parameters, publishes and reads the modex,
-//!   and forwards each call to the Rust surface;
-//! * [`ffi`] is that surface, the crate's only `unsafe` code;
-//! * [`transport`] is the safe part: parameters, the transport and its
-//!   modules, and the job's identity.
+//! * `src/*.c` include Open MPI's headers, so every struct layout comes from
+//!   them: `component.c` (the component: variables, init, progress,
+//!   finalize), `module.c` (descriptors and sends, ob1's flow control),
+//!   `procs.c` (peers: add, delete, adopt on first contact, loss reports)
+//!   and `params.c` (typed MCA variables and MPI_T counters), with
+//!   `udbtl.h` between them;
+//! * [`ffi`] is the surface they call, the crate's only `unsafe` code;
+//! * [`transport`] is the safe part: the transport and its modules, which
+//!   module takes which peer, the job's identity and the counters;
+//!   [`params`] the parameters as MCA variables; [`gate`] cheap idle
+//!   progress; [`log`] udbtl's warnings through Open MPI's output.
 //!
 //! The crate builds the component only where Open MPI's development headers
 //! are installed (`libopenmpi-dev`); elsewhere it is an empty library, and
 //! the build says so.
 //!
-//! Load it with `OMPI_MCA_mca_base_component_path=DIR:$(ompi_info --path
-//! pkglibdir)`, where DIR holds the library renamed `mca_btl_udbtl.so`, and
-//! select it with `--mca pml ob1 --mca btl self,udbtl`.
+//! Load it with `eval "$(scripts/ompi-component)"` and select it with
+//! `--mca pml ob1 --mca btl self,udbtl`.
 
 #[cfg(udbtl_openmpi)]
 pub mod ffi;
+pub mod gate;
+pub mod log;
+pub mod params;
 pub mod transport;

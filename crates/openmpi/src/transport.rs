@@ -1,65 +1,20 @@
-//! The component's safe half: its parameters as Open MPI variables, the
-//! transport under its modules, and the job's identity.
+//! The component's safe half: the transport under its modules, which peers
+//! each module takes, the job's identity, and the counters Open MPI reads.
 
-use std::collections::HashMap;
-use std::ffi::CString;
 use std::fmt::Write as _;
-use std::sync::OnceLock;
 
-use udbtl_btl::params::{ParamError, Source, env_var};
+use udbtl_btl::params::{ParamError, Source};
 use udbtl_btl::{
-    BtlConfig, BtlError, DesFlags, Descriptor, EndpointId, HostEvent, LentBytes, Module,
-    SendStatus, Tag, UdpComponent, with_udp_component,
+    BtlConfig, BtlError, DesFlags, Descriptor, EndpointId, HostEvent, LentBytes, Limits, Module,
+    Polled, SendArgs, SendStatus, UdpComponent, with_udp_component,
 };
 use udbtl_fabric::Context;
 use udbtl_wire::{hash, modex};
 
-/// One parameter as Open MPI registers it: `btl_udbtl_<name>`.
-#[derive(Debug)]
-pub struct ParamEntry {
-    /// The name after `btl_udbtl_`.
-    pub name: CString,
-    /// The default, rendered as it is written; `None` when unset.
-    pub default: Option<CString>,
-    /// What it does and what it accepts.
-    pub help: CString,
-    /// Whether the seed (`btl_ofud`) had it.
-    pub from_seed: bool,
-}
+use crate::log;
+use crate::params::explicit_settings;
 
-/// Every BTL parameter, in table order, for Open MPI to register.
-pub fn param_table() -> &'static [ParamEntry] {
-    static TABLE: OnceLock<Vec<ParamEntry>> = OnceLock::new();
-    TABLE.get_or_init(|| {
-        let defaults = match udbtl_btl::Params::load_from(&BtlConfig::default(), |_| None) {
-            Ok(params) => params,
-            Err(err) => {
-                tracing::error!(%err, "the parameter defaults do not load");
-                return Vec::new();
-            }
-        };
-        defaults
-            .describe()
-            .into_iter()
-            .filter_map(|info| {
-                Some(ParamEntry {
-                    name: CString::new(info.name).ok()?,
-                    default: (info.default != "unset")
-                        .then(|| CString::new(info.default.clone()).ok())
-                        .flatten(),
-                    help: CString::new(format!(
-                        "{} [{}; environment {}]",
-                        info.help, info.syntax, info.env_var
-                    ))
-                    .ok()?,
-                    from_seed: info.from_seed,
-                })
-            })
-            .collect()
-    })
-}
-
-/// The key every datagram of this job carries, from Open MPI's job id: the
+/// The key every datagram of a job carries, from Open MPI's job id: the
 /// same in every process of the job, different between jobs.
 pub fn job_key(job_id: u32) -> u32 {
     let digest = hash::fnv1a(&job_id.to_le_bytes());
@@ -67,78 +22,145 @@ pub fn job_key(job_id: u32) -> u32 {
     (digest as u32) ^ ((digest >> 32) as u32)
 }
 
-/// What ob1 learns of a module.
+/// Where the processes of this process's job run, as Open MPI tells it:
+/// which interfaces the modules open when `if_include` names none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ModuleLimits {
-    /// Largest `alloc`, headers included (ob1's eager limit).
-    pub eager_limit: usize,
-    /// Data in the first fragment of a rendezvous.
-    pub rndv_eager_limit: usize,
-    /// Largest fragment `prepare_src` returns.
-    pub max_send_size: usize,
-    /// Exclusivity: below vader's and self's, so that shared memory wins on a
-    /// node.
-    pub exclusivity: u32,
-    /// Bandwidth in MB/s.
-    pub bandwidth: u32,
+pub enum Placement {
+    /// Every process of the job is on this host.
+    OneHost,
+    /// Some are elsewhere; `local_peers` says whether others share this host.
+    SpansHosts {
+        /// Other processes of the job run on this host.
+        local_peers: bool,
+    },
+}
+
+/// Who this process is, as Open MPI names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    /// The job id of the process name.
+    pub job_id: u32,
+    /// The process's rank in its job (the vpid).
+    pub vpid: u32,
+    /// Its rank among its job's processes on this host.
+    pub local_rank: u32,
+    /// Where the job runs.
+    pub placement: Placement,
 }
 
 /// The operations the Open MPI side needs of a module, whatever its fabric.
-pub trait HostModule {
+/// Every method takes `&self`: modules lock themselves, and the component
+/// calls them from any thread (`MPI_THREAD_MULTIPLE`).
+pub trait HostModule: Send + Sync {
     /// See [`Module::poll`].
-    fn poll(&mut self) -> usize;
+    fn poll(&self) -> Polled;
     /// See [`Module::next_event`].
-    fn next_event(&mut self) -> Option<HostEvent>;
+    fn next_event(&self) -> Option<HostEvent>;
     /// See [`Module::finish`]; `claimed` is `false` for a received message
     /// no host callback took ([`Module::finish_unclaimed`]).
-    fn finish(&mut self, event: HostEvent, claimed: bool);
+    fn finish(&self, event: HostEvent, claimed: bool);
     /// A send fragment of `size` bytes and where its bytes are.
-    fn alloc(&mut self, order: u8, size: usize) -> Option<(Descriptor, *mut u8)>;
+    fn alloc(&self, order: u8, size: usize) -> Option<(Descriptor, *mut u8)>;
     /// A descriptor that sends `lent` without a copy after `reserve` header
     /// bytes, and where the header goes; `None` when it cannot (the caller
     /// copies instead).
     fn prepare_lent(
-        &mut self,
+        &self,
         lent: Box<dyn LentBytes>,
         order: u8,
         reserve: usize,
     ) -> Option<(Descriptor, *mut u8)>;
     /// See [`Module::free`].
-    fn free(&mut self, des: Descriptor) -> Result<(), BtlError>;
-    /// Sends the first `len` bytes of `des`'s segment; `context` comes back
-    /// in its completion.
+    fn free(&self, des: Descriptor) -> Result<(), BtlError>;
+    /// See [`Module::send_with`].
     fn send(
-        &mut self,
+        &self,
         endpoint: EndpointId,
         des: Descriptor,
-        len: usize,
-        tag: Tag,
-        owned: bool,
-        context: u64,
+        args: SendArgs,
     ) -> Result<SendStatus, BtlError>;
-    /// Adds the peer that published `blob`; `None` when this module cannot
-    /// reach it.
-    fn add_proc(&mut self, blob: &[u8], context: u64) -> Result<Option<EndpointId>, BtlError>;
+    /// Whether one of `addresses` is on this module's network.
+    fn reaches(&self, addresses: &[modex::Address]) -> bool;
+    /// Whether this module's interface is loopback.
+    fn is_loopback(&self) -> bool;
+    /// The module's device and published address, for messages.
+    fn describe_address(&self) -> String;
+    /// See [`Module::add_peer`].
+    fn add_peer(
+        &self,
+        addresses: &[modex::Address],
+        job_key: u32,
+        context: u64,
+    ) -> Result<Option<(EndpointId, u64)>, BtlError>;
     /// See [`Module::endpoint_context`].
     fn endpoint_context(&self, endpoint: EndpointId) -> Option<u64>;
     /// Removes a peer.
-    fn del_proc(&mut self, endpoint: EndpointId) -> Result<(), BtlError>;
+    fn del_proc(&self, endpoint: EndpointId) -> Result<(), BtlError>;
+    /// See [`Module::take_unknown_peers`].
+    fn take_unknown_peers(&self) -> Vec<u32>;
+    /// See [`Module::limits`].
+    fn limits(&self) -> Limits;
     /// The module's state for humans.
     fn dump(&self) -> String;
     /// `key=value` counters for the `udbtl-stats:` line.
     fn stats_line(&self) -> String;
+    /// Adds this module's counters to `totals`, indexed as [`COUNTERS`].
+    fn add_counters(&self, totals: &mut [u64; COUNTERS.len()]);
 }
 
-impl<C: Context + 'static> HostModule for Module<C> {
-    fn poll(&mut self) -> usize {
+/// The counters Open MPI tools read (MPI_T performance variables
+/// `btl_udbtl_<name>`), summed over the modules: name and description.
+pub const COUNTERS: [(&str, &str); 14] = [
+    (
+        "sent",
+        "Sends posted to the fabric (datagrams, retransmissions not counted)",
+    ),
+    ("received", "Messages delivered to Open MPI"),
+    ("send_errors", "Sends that failed (their peer was lost)"),
+    ("retransmitted", "Datagrams sent again"),
+    (
+        "fast_retransmits",
+        "Datagrams sent again because later ones were acknowledged",
+    ),
+    ("timeouts", "Retransmission timeouts"),
+    ("duplicates", "Datagrams received twice and dropped"),
+    ("lost_peers", "Peers declared lost"),
+    (
+        "dropped_bad_checksum",
+        "Datagrams dropped: the checksum did not match",
+    ),
+    (
+        "dropped_unauthenticated",
+        "Datagrams dropped: no valid authentication tag",
+    ),
+    (
+        "dropped_malformed",
+        "Datagrams dropped: headers that did not parse",
+    ),
+    (
+        "dropped_other_job",
+        "Datagrams dropped: from a job this process does not know",
+    ),
+    (
+        "dropped_unknown_peer",
+        "Datagrams dropped: from a process not added yet",
+    ),
+    (
+        "dropped_socket_full",
+        "Datagrams the kernel dropped at a full socket buffer",
+    ),
+];
+
+impl<C: Context + Send + 'static> HostModule for Module<C> {
+    fn poll(&self) -> Polled {
         Self::poll(self)
     }
 
-    fn next_event(&mut self) -> Option<HostEvent> {
+    fn next_event(&self) -> Option<HostEvent> {
         Self::next_event(self)
     }
 
-    fn finish(&mut self, event: HostEvent, claimed: bool) {
+    fn finish(&self, event: HostEvent, claimed: bool) {
         if claimed {
             Self::finish(self, event);
         } else {
@@ -146,7 +168,7 @@ impl<C: Context + 'static> HostModule for Module<C> {
         }
     }
 
-    fn alloc(&mut self, order: u8, size: usize) -> Option<(Descriptor, *mut u8)> {
+    fn alloc(&self, order: u8, size: usize) -> Option<(Descriptor, *mut u8)> {
         let des = Self::alloc(self, order, size, DesFlags::NONE)?;
         match self.segment_ptr(des) {
             Ok((data, _)) => Some((des, data)),
@@ -158,7 +180,7 @@ impl<C: Context + 'static> HostModule for Module<C> {
     }
 
     fn prepare_lent(
-        &mut self,
+        &self,
         lent: Box<dyn LentBytes>,
         order: u8,
         reserve: usize,
@@ -173,51 +195,58 @@ impl<C: Context + 'static> HostModule for Module<C> {
         }
     }
 
-    fn free(&mut self, des: Descriptor) -> Result<(), BtlError> {
+    fn free(&self, des: Descriptor) -> Result<(), BtlError> {
         Self::free(self, des)
     }
 
     fn send(
-        &mut self,
+        &self,
         endpoint: EndpointId,
         des: Descriptor,
-        len: usize,
-        tag: Tag,
-        owned: bool,
-        context: u64,
+        args: SendArgs,
     ) -> Result<SendStatus, BtlError> {
-        self.set_segment_len(des, len)?;
-        self.set_context(des, context)?;
-        self.set_flags(
-            des,
-            if owned {
-                DesFlags::BTL_OWNERSHIP
-            } else {
-                DesFlags::NONE
-            },
-        )?;
-        Self::send(self, endpoint, des, tag)
+        self.send_with(endpoint, des, args)
     }
 
-    fn add_proc(&mut self, blob: &[u8], context: u64) -> Result<Option<EndpointId>, BtlError> {
-        let Ok(addresses) = modex::parse_blob(blob) else {
-            tracing::warn!(len = blob.len(), "malformed address blob; peer unreachable");
-            return Ok(None);
-        };
-        let added = self.add_procs(&[Some(&addresses)])?;
-        let endpoint = added.endpoints.first().copied().flatten();
-        if let Some(endpoint) = endpoint {
-            self.set_endpoint_context(endpoint, context)?;
+    fn reaches(&self, addresses: &[modex::Address]) -> bool {
+        Self::reaches(self, addresses)
+    }
+
+    fn is_loopback(&self) -> bool {
+        match self.address().location {
+            modex::Location::Ipv4(ip) => std::net::Ipv4Addr::from(ip).is_loopback(),
+            modex::Location::Ipv6(ip) => std::net::Ipv6Addr::from(ip).is_loopback(),
+            _ => false,
         }
-        Ok(endpoint)
+    }
+
+    fn add_peer(
+        &self,
+        addresses: &[modex::Address],
+        job_key: u32,
+        context: u64,
+    ) -> Result<Option<(EndpointId, u64)>, BtlError> {
+        Self::add_peer(self, addresses, job_key, context)
+    }
+
+    fn describe_address(&self) -> String {
+        format!("{} {}", self.device(), describe(&self.address()))
     }
 
     fn endpoint_context(&self, endpoint: EndpointId) -> Option<u64> {
         Self::endpoint_context(self, endpoint)
     }
 
-    fn del_proc(&mut self, endpoint: EndpointId) -> Result<(), BtlError> {
-        self.del_procs(&[endpoint])
+    fn del_proc(&self, endpoint: EndpointId) -> Result<(), BtlError> {
+        self.del_procs_host(&[endpoint])
+    }
+
+    fn take_unknown_peers(&self) -> Vec<u32> {
+        Self::take_unknown_peers(self)
+    }
+
+    fn limits(&self) -> Limits {
+        Self::limits(self)
     }
 
     fn dump(&self) -> String {
@@ -228,20 +257,21 @@ impl<C: Context + 'static> HostModule for Module<C> {
         let s = self.stats();
         let limits = self.limits();
         let mut line = format!(
-            "sent={} received={} send_errors={} eager_limit={} rndv_eager_limit={} \
+            "device={} sent={} received={} send_errors={} eager_limit={} rndv_eager_limit={} \
              max_send_size={}",
+            self.device(),
             s.sends_posted,
             s.recvs_delivered,
             s.send_errors,
             limits.eager_limit,
             limits.rndv_eager_limit,
-            limits.eager_limit,
+            limits.max_send_size,
         );
         if let Some(r) = self.reliability_stats() {
             let _ = write!(
                 line,
-                " retransmitted={} fast_retransmits={} timeouts={} duplicates={} keepalives={} lost_peers={} \
-                 bad_checksum={} unauthenticated={} coalesced={}",
+                " retransmitted={} fast_retransmits={} timeouts={} duplicates={} keepalives={} \
+                 lost_peers={} bad_checksum={} unauthenticated={} coalesced={}",
                 r.retransmitted,
                 r.fast_retransmits,
                 r.timeouts,
@@ -255,37 +285,84 @@ impl<C: Context + 'static> HostModule for Module<C> {
         }
         line
     }
+
+    fn add_counters(&self, totals: &mut [u64; COUNTERS.len()]) {
+        let s = self.stats();
+        let r = self.reliability_stats().unwrap_or_default();
+        let socket_full = self.with_context(|ctx| ctx.stats().rx_kernel_drops);
+        let values = [
+            s.sends_posted,
+            s.recvs_delivered,
+            s.send_errors,
+            r.retransmitted,
+            r.fast_retransmits,
+            r.timeouts,
+            r.duplicates,
+            r.peers_lost,
+            s.recv_bad_checksum,
+            s.recv_unauthenticated,
+            s.recv_malformed,
+            s.recv_bad_job_key,
+            s.recv_unknown_peer,
+            socket_full,
+        ];
+        for (total, value) in totals.iter_mut().zip(values) {
+            *total += value;
+        }
+    }
+}
+
+/// A published address for messages: where, and which network.
+fn describe(address: &modex::Address) -> String {
+    let location = match address.location {
+        modex::Location::Ipv4(ip) => std::net::Ipv4Addr::from(ip).to_string(),
+        modex::Location::Ipv6(ip) => std::net::Ipv6Addr::from(ip).to_string(),
+        modex::Location::Sim(id) => format!("sim node {id}"),
+        modex::Location::Ib { lid, .. } => format!("InfiniBand LID {lid}"),
+    };
+    format!("{location} (network {:016x})", address.network)
 }
 
 /// The component's transport and its modules.
 #[derive(Debug)]
 pub struct OmpiTransport {
     transport: UdpComponent,
+    job_key: u32,
 }
 
 impl OmpiTransport {
     /// Loads the parameters (`explicit[i]` is the value Open MPI was given for
-    /// parameter `i` of [`param_table`], if any; the rest keep their defaults
-    /// or their `UDBTL_*` environment variables), opens the modules, and
-    /// names this process `rank` of job `job_id`.
+    /// parameter `i` of [`param_table`](crate::params::param_table), if any;
+    /// the rest keep their defaults or their `UDBTL_*` environment
+    /// variables), opens the modules on the interfaces `who`'s placement
+    /// calls for, and names the process by its vpid.
     ///
     /// # Errors
     /// A bad parameter value, a bad fault setting, or no module could start,
     /// said for a person.
-    pub fn init(explicit: &[Option<String>], job_id: u32, rank: u32) -> Result<Self, String> {
-        let table = param_table();
-        let mut set: HashMap<String, String> = HashMap::new();
-        for (entry, value) in table.iter().zip(explicit) {
-            if let Some(value) = value {
-                let name = entry.name.to_string_lossy().into_owned();
-                set.insert(env_var(&name), value.clone());
-            }
-        }
+    pub fn init(explicit: &[Option<String>], who: Identity) -> Result<Self, String> {
+        let set = explicit_settings(explicit);
         let lookup = |key: &str| {
             set.get(key)
                 .cloned()
                 .or_else(|| std::env::var_os(key).map(|v| v.to_string_lossy().into_owned()))
         };
+        // Configuration warnings are the same in every process of a node:
+        // the first process of each node gives them.
+        log::set_quiet(who.local_rank != 0);
+        let started = Self::open(&set, lookup, who);
+        log::set_quiet(false);
+        started
+    }
+
+    fn open(
+        set: &std::collections::HashMap<String, String>,
+        lookup: impl Fn(&str) -> Option<String>,
+        who: Identity,
+    ) -> Result<Self, String> {
+        for unknown in udbtl_btl::params::env::unknown_env_vars() {
+            tracing::warn!("{unknown}");
+        }
         let mut params = udbtl_btl::Params::load_from(&BtlConfig::default(), lookup).map_err(
             |err| match &err {
                 // Name the MCA variable the user set, not the environment
@@ -295,20 +372,28 @@ impl OmpiTransport {
                     value,
                     reason,
                     ..
-                } if set.contains_key(&env_var(name)) => {
+                } if set.contains_key(&udbtl_btl::params::env_var(name)) => {
                     format!("invalid value {value:?} for MCA parameter btl_udbtl_{name}: {reason}")
                 }
                 _ => format!("bad parameter: {err}"),
             },
         )?;
         if params.source("job_key") == Some(Source::Default) {
-            params.job_key = job_key(job_id);
+            params.job_key = job_key(who.job_id);
         }
-        let mut transport = UdpComponent::init(params).map_err(|err| err.to_string())?;
-        with_udp_component!(&mut transport, c => {
-            c.modules_mut().iter_mut().for_each(|m| m.set_process_id(rank));
+        let job_key = params.job_key;
+        let _ = who.placement;
+        let transport =
+            UdpComponent::init_in_job(params, Some(who.vpid)).map_err(|err| err.to_string())?;
+        with_udp_component!(&transport, c => {
+            c.modules().iter().for_each(|m| m.set_process_id(who.vpid));
         });
-        Ok(Self { transport })
+        Ok(Self { transport, job_key })
+    }
+
+    /// The key this job's datagrams carry.
+    pub const fn job_key(&self) -> u32 {
+        self.job_key
     }
 
     /// How many modules there are.
@@ -317,29 +402,97 @@ impl OmpiTransport {
     }
 
     /// Module `index`.
-    pub fn module(&mut self, index: usize) -> Option<&mut dyn HostModule> {
-        with_udp_component!(&mut self.transport, c => c
-            .modules_mut()
-            .get_mut(index)
-            .map(|m| m as &mut dyn HostModule))
+    pub fn module(&self, index: usize) -> Option<&dyn HostModule> {
+        with_udp_component!(&self.transport, c => c
+            .modules()
+            .get(index)
+            .map(|m| m as &dyn HostModule))
     }
 
-    /// What ob1 learns of module `index`.
-    pub fn limits(&self, index: usize) -> Option<ModuleLimits> {
-        let (limits, params) = with_udp_component!(&self.transport, c =>
-            (*c.modules().get(index)?.limits(), c.params()));
-        Some(ModuleLimits {
-            eager_limit: limits.eager_limit,
-            rndv_eager_limit: limits.rndv_eager_limit.min(limits.eager_limit),
-            max_send_size: limits.eager_limit,
-            exclusivity: limits.exclusivity,
-            bandwidth: params.bandwidth,
-        })
+    /// Adds the peer `peer` (a name for messages) that published `blob` to
+    /// module `index`, if that module is the one to carry its traffic: a
+    /// loopback module takes the peers on this host (its network is this
+    /// host's), and another module takes a peer on its network unless a
+    /// loopback module of this process reaches it. `job_key` is the key of
+    /// the peer's job, `context` C's endpoint. Returns the endpoint and the
+    /// context in force (see [`Module::add_peer`]); `None` when the module
+    /// does not take the peer or the blob does not parse. When no module of
+    /// this process reaches the peer, says why, naming both sides'
+    /// addresses (for the first few such peers).
+    ///
+    /// # Errors
+    /// The module could not create the endpoint.
+    pub fn add_proc(
+        &self,
+        index: usize,
+        peer: &str,
+        blob: &[u8],
+        job_key: u32,
+        context: u64,
+    ) -> Result<Option<(EndpointId, u64)>, BtlError> {
+        let Some(module) = self.module(index) else {
+            return Ok(None);
+        };
+        let Ok(addresses) = modex::parse_blob(blob) else {
+            tracing::warn!(
+                len = blob.len(),
+                "{peer}: malformed address blob; peer unreachable"
+            );
+            return Ok(None);
+        };
+        let modules = || (0..self.module_count()).filter_map(|i| self.module(i));
+        let local = modules().any(|m| m.is_loopback() && m.reaches(&addresses));
+        if local && !module.is_loopback() {
+            return Ok(None);
+        }
+        if index == 0 && !modules().any(|m| m.reaches(&addresses)) {
+            self.say_unreachable(peer, &addresses);
+        }
+        module.add_peer(&addresses, job_key, context)
+    }
+
+    /// Warns that no module reaches `peer`, with both sides' addresses and
+    /// the setting to change; the first few times only.
+    fn say_unreachable(&self, peer: &str, theirs: &[modex::Address]) {
+        static TOLD: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        const TELL_AT_MOST: u32 = 4;
+        let told = TOLD.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if told >= TELL_AT_MOST {
+            return;
+        }
+        let ours: Vec<String> = (0..self.module_count())
+            .filter_map(|i| self.module(i))
+            .map(HostModule::describe_address)
+            .collect();
+        let theirs: Vec<String> = theirs.iter().map(describe).collect();
+        tracing::warn!(
+            "{peer} is unreachable over udbtl: it published {} and this process uses {}, with \
+             no network in common; choose interfaces both reach with btl_udbtl_if_include \
+             (names or subnets, e.g. 10.0.0.0/24){}",
+            theirs.join(", "),
+            ours.join(", "),
+            if told + 1 == TELL_AT_MOST {
+                " (further unreachable peers are not reported)"
+            } else {
+                ""
+            }
+        );
     }
 
     /// This process's addresses, for the modex.
     pub fn modex(&self) -> Vec<u8> {
         with_udp_component!(&self.transport, c => c.modex())
+    }
+
+    /// The counters of [`COUNTERS`], summed over the modules.
+    pub fn counters(&self) -> [u64; COUNTERS.len()] {
+        let mut totals = [0; COUNTERS.len()];
+        for i in 0..self.module_count() {
+            if let Some(module) = self.module(i) {
+                module.add_counters(&mut totals);
+            }
+        }
+        totals
     }
 
     /// Releases the modules.
@@ -355,30 +508,7 @@ impl OmpiTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_parameter_is_offered_with_its_default_and_help() {
-        let table = param_table();
-        let names: Vec<String> = table
-            .iter()
-            .map(|p| p.name.to_string_lossy().into_owned())
-            .collect();
-        for seed in ["sd_num", "rd_num", "max_send_size", "ib_qkey", "if_include"] {
-            assert!(names.iter().any(|n| n == seed), "{seed} missing: {names:?}");
-        }
-        let sd_num = table
-            .iter()
-            .find(|p| p.name.as_bytes() == b"sd_num")
-            .expect("sd_num");
-        assert_eq!(sd_num.default.as_deref(), Some(c"128"));
-        assert!(sd_num.from_seed);
-        let udp_if = table
-            .iter()
-            .find(|p| p.name.as_bytes() == b"udp_if")
-            .expect("udp_if");
-        assert_eq!(udp_if.default, None, "an unset parameter has no default");
-        assert!(udp_if.help.to_string_lossy().contains("UDBTL_UDP_IF"));
-    }
+    use crate::params::param_table;
 
     #[test]
     fn jobs_get_different_keys_and_a_job_one_key() {
@@ -392,10 +522,16 @@ mod tests {
         let mut explicit = vec![None; table.len()];
         let sd_num = table
             .iter()
-            .position(|p| p.name.as_bytes() == b"sd_num")
+            .position(|p| p.name.as_c_str() == c"sd_num")
             .expect("sd_num");
         explicit[sd_num] = Some("many".to_owned());
-        let err = OmpiTransport::init(&explicit, 1, 0).expect_err("sd_num=many must be refused");
+        let who = Identity {
+            job_id: 1,
+            vpid: 0,
+            local_rank: 0,
+            placement: Placement::OneHost,
+        };
+        let err = OmpiTransport::init(&explicit, who).expect_err("sd_num=many must be refused");
         assert!(
             err.contains("MCA parameter btl_udbtl_sd_num") && err.contains("\"many\""),
             "{err}"

@@ -33,17 +33,45 @@ fn ompi_info_lists_the_component_and_its_parameters() {
             .find_map(|l| l.strip_prefix(&key))
             .map(str::to_owned)
     };
-    // The seed's names and defaults.
+    let field = |name: &str, what: &str| {
+        let key = format!("mca:btl:udbtl:param:btl_udbtl_{name}:{what}:");
+        params
+            .lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .map(str::to_owned)
+    };
+    // The seed's names and defaults, typed as Open MPI types its own.
     assert_eq!(value("sd_num").as_deref(), Some("128"), "{params}");
+    assert_eq!(field("sd_num", "type").as_deref(), Some("unsigned_int"));
     assert_eq!(value("rd_num").as_deref(), Some("6000"));
-    assert_eq!(value("ib_qkey").as_deref(), Some("0x01330133"));
-    assert!(value("max_send_size").is_some());
+    assert_eq!(value("ib_qkey").as_deref(), Some("20119859"), "0x01330133");
+    assert_eq!(field("max_send_size", "type").as_deref(), Some("size_t"));
+    assert_eq!(field("reliable", "type").as_deref(), Some("bool"));
+    assert_eq!(
+        field("checksum", "type").as_deref(),
+        Some("int"),
+        "an enumerator"
+    );
+    assert!(params.contains("mca:btl:udbtl:param:btl_udbtl_checksum:enumerator:value:1:on"));
+    // What a cluster user must set is where tcp has it: level 1.
+    for name in ["if_include", "if_exclude"] {
+        assert_eq!(field(name, "level").as_deref(), Some("1"), "{name}");
+    }
+    // Open MPI's standard BTL names.
+    for name in [
+        "eager_limit",
+        "rndv_eager_limit",
+        "max_send_size",
+        "flags",
+        "exclusivity",
+    ] {
+        assert!(value(name).is_some(), "btl_udbtl_{name} missing:\n{params}");
+    }
     // udbtl's own, and the component's.
     for name in [
         "peer_timeout",
         "keepalive",
         "checksum",
-        "udp_if",
         "print_stats",
         "latency",
     ] {

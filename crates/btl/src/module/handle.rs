@@ -178,7 +178,8 @@ impl<C: Context> Module<C> {
     ///
     /// # Errors
     /// The address handle could not be created.
-    pub fn add_endpoint(&self,
+    pub fn add_endpoint(
+        &self,
         qps: [QpAddr; modex::QPNS],
         proc_id: u32,
         auth_key: Option<AuthKey>,
@@ -206,10 +207,7 @@ impl<C: Context> Module<C> {
     ///
     /// # Errors
     /// An unknown endpoint.
-    pub fn set_endpoint_context(&self,
-        endpoint: EndpointId,
-        context: u64,
-    ) -> Result<(), BtlError> {
+    pub fn set_endpoint_context(&self, endpoint: EndpointId, context: u64) -> Result<(), BtlError> {
         self.lock().set_endpoint_context(endpoint, context)
     }
 
@@ -293,7 +291,8 @@ impl<C: Context> Module<C> {
     /// never exceeds one datagram.
     ///
     /// `None` when no fragment is free or `reserve` leaves no room.
-    pub fn prepare_src(&self,
+    pub fn prepare_src(
+        &self,
         registration: Option<RegId>,
         convertor: &mut Convertor<'_>,
         order: u8,
@@ -318,7 +317,8 @@ impl<C: Context> Module<C> {
     /// (`reserve` at most [`USER_RESERVE_MAX`](crate::USER_RESERVE_MAX)), no
     /// user fragment is free, or the fabric refused the registration; the
     /// caller then copies instead.
-    pub fn prepare_lent(&self,
+    pub fn prepare_lent(
+        &self,
         lent: Box<dyn LentBytes>,
         order: u8,
         reserve: usize,
@@ -396,7 +396,8 @@ impl<C: Context> Module<C> {
     ///
     /// # Errors
     /// A stale descriptor.
-    pub fn set_message_bounds(&self,
+    pub fn set_message_bounds(
+        &self,
         des: Descriptor,
         first: bool,
         last: bool,
@@ -417,7 +418,8 @@ impl<C: Context> Module<C> {
     /// A stale or busy descriptor, an unknown endpoint, or a post the fabric
     /// refused; in every case the descriptor is back in the caller's hands
     /// and no credit is lost (the seed swallowed post failures).
-    pub fn send(&self,
+    pub fn send(
+        &self,
         endpoint: EndpointId,
         des: Descriptor,
         tag: Tag,

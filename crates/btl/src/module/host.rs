@@ -51,6 +51,45 @@ impl<C: Context> Module<C> {
         self.lock().pick_address(addresses).is_some()
     }
 
+    /// Adds one peer for a host, under one lock: its endpoint (see
+    /// [`add_procs`](Self::add_procs)), marked as a process of the job whose
+    /// datagrams carry `job_key` (see [`set_endpoint_job`](Self::set_endpoint_job)),
+    /// with `context` attached unless the endpoint existed already. Returns
+    /// the endpoint and the context in force: another caller's, when it had
+    /// added the peer first (two threads, or an add made from inside
+    /// another). `None` when this module does not reach the peer.
+    ///
+    /// # Errors
+    /// As [`add_procs`](Self::add_procs).
+    pub fn add_peer(
+        &self,
+        addresses: &[udbtl_wire::modex::Address],
+        job_key: u32,
+        context: u64,
+    ) -> Result<Option<(EndpointId, u64)>, BtlError> {
+        let mut engine = self.lock();
+        let added = engine.add_procs(&[Some(addresses)])?;
+        let Some(endpoint) = added.endpoints.first().copied().flatten() else {
+            return Ok(None);
+        };
+        if let Some(existing) = engine.endpoints.context(Some(endpoint)) {
+            return Ok(Some((endpoint, existing)));
+        }
+        engine.set_endpoint_context(endpoint, context)?;
+        engine.set_endpoint_job(endpoint, job_key)?;
+        Ok(Some((endpoint, context)))
+    }
+
+    /// [`del_procs`](Self::del_procs) for a host that runs its callbacks
+    /// itself: sends that fail because their endpoint goes are left as
+    /// events for [`next_event`](Self::next_event).
+    ///
+    /// # Errors
+    /// As [`del_procs`](Self::del_procs).
+    pub fn del_procs_host(&self, endpoints: &[EndpointId]) -> Result<(), BtlError> {
+        self.lock().del_procs(endpoints)
+    }
+
     /// [`set_segment_len`](Self::set_segment_len),
     /// [`set_context`](Self::set_context), [`set_flags`](Self::set_flags)
     /// and [`send`](Self::send) in one call, under one lock: a host's send.

@@ -55,8 +55,8 @@ mod tests;
 mod value;
 
 pub use selector::{PortSelector, SelectorError};
-pub use value::{ValueType, parse_bool};
 use value::{BOOL, Kind, PORTS, TEXT, Value, choice, hex, int, size};
+pub use value::{ValueType, parse_bool};
 
 /// Where a parameter's value came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -76,6 +76,10 @@ pub enum ValueType {
 impl Kind {
     pub(super) const fn value_type(&self) -> ValueType {
         match *self {
+            Self::Int {
+                style: IntStyle::Size,
+                ..
+            } => ValueType::Size,
             Self::Int { max, .. } if max <= u32::MAX as u64 => ValueType::Integer,
             Self::Int { .. } => ValueType::Size,
             Self::Bool => ValueType::Boolean,
