@@ -34,15 +34,11 @@ static uint32_t job_size(void)
 {
     opal_process_name_t job = OPAL_PROC_MY_NAME;
     job.vpid = OPAL_VPID_WILDCARD;
-    uint32_t *size = NULL;
+    /* The value is unloaded into the storage the pointer points at. */
+    uint32_t size = 0, *into = &size;
     int rc;
-    OPAL_MODEX_RECV_VALUE_OPTIONAL(rc, OPAL_PMIX_JOB_SIZE, &job, &size, OPAL_UINT32);
-    if (OPAL_SUCCESS != rc || NULL == size) {
-        return 0;
-    }
-    uint32_t n = *size;
-    free(size);
-    return n;
+    OPAL_MODEX_RECV_VALUE_OPTIONAL(rc, OPAL_PMIX_JOB_SIZE, &job, &into, OPAL_UINT32);
+    return OPAL_SUCCESS == rc ? size : 0;
 }
 
 /* Who this process is and where its job runs: every process on this host

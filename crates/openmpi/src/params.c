@@ -245,6 +245,23 @@ static char *render(size_t i)
     }
 }
 
+/* The text the user gave parameter `i` on mpirun's command line or in the
+ * environment (both reach a process as OMPI_MCA_btl_udbtl_<name>), so that
+ * udbtl checks what was written ("many" for a number), not what Open MPI's
+ * typed parse made of it; NULL when the value came from elsewhere. */
+static char *written(size_t i)
+{
+    const char *name, *def, *help;
+    int type, level;
+    if (UDBTL_RS_OK != udbtl_rs_param(i, &name, &def, &help, &type, &level)) {
+        return NULL;
+    }
+    char variable[128];
+    snprintf(variable, sizeof(variable), "OMPI_MCA_btl_udbtl_%s", name);
+    const char *text = getenv(variable);
+    return NULL != text ? strdup(text) : NULL;
+}
+
 /* The values set through Open MPI, one per parameter (NULL where Open MPI
  * was given none), for udbtl_rs_init; free with
  * udbtl_params_free_explicit. NULL when out of memory. */
@@ -259,7 +276,10 @@ char **udbtl_params_explicit(void)
         if (params[i].index >= 0
             && OPAL_SUCCESS == mca_base_var_get_value(params[i].index, NULL, &source, NULL)
             && MCA_BASE_VAR_SOURCE_DEFAULT != source) {
-            values[i] = render(i);
+            values[i] = written(i);
+            if (NULL == values[i]) {
+                values[i] = render(i);
+            }
             if (NULL == values[i]) {
                 udbtl_params_free_explicit(values);
                 return NULL;

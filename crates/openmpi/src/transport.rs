@@ -260,7 +260,7 @@ impl<C: Context + Send + 'static> HostModule for Module<C> {
             "device={} sent={} received={} send_errors={} eager_limit={} rndv_eager_limit={} \
              max_send_size={}",
             self.device(),
-            s.sends_posted,
+            s.messages_sent,
             s.recvs_delivered,
             s.send_errors,
             limits.eager_limit,
@@ -291,7 +291,7 @@ impl<C: Context + Send + 'static> HostModule for Module<C> {
         let r = self.reliability_stats().unwrap_or_default();
         let socket_full = self.with_context(|ctx| ctx.stats().rx_kernel_drops);
         let values = [
-            s.sends_posted,
+            s.messages_sent,
             s.recvs_delivered,
             s.send_errors,
             r.retransmitted,

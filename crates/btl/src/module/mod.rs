@@ -196,6 +196,7 @@ impl<C: Context> Engine<C> {
         }
         frag.endpoint = endpoint.0;
         frag.tag = tag.0;
+        self.stats.messages_sent += 1;
         let header = btl::Repr {
             tag: tag.0,
             job_key: self.job_key,

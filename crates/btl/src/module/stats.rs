@@ -9,6 +9,9 @@ use super::Engine;
 /// Counters of one module.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ModuleStats {
+    /// Messages (descriptors) the caller sent, however many datagrams
+    /// carried them.
+    pub messages_sent: u64,
     /// Sends posted to the fabric.
     pub sends_posted: u64,
     /// Send completions processed.

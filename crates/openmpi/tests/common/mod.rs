@@ -327,26 +327,36 @@ pub fn stats_fields(stderr: &[u8]) -> Vec<Vec<(String, String)>> {
         .collect()
 }
 
-/// Every `udbtl-stats:` line in `stderr`.
+/// Each rank's counters from the `udbtl-stats:` lines in `stderr`, summed
+/// over its modules (a rank prints one line per module: loopback for the
+/// peers on its host, an interface for the others), in rank order.
 pub fn stats(stderr: &[u8]) -> Vec<Stats> {
-    stats_fields(stderr)
-        .iter()
-        .map(|fields| {
-            let mut stats = Stats::default();
-            for (key, value) in fields {
-                let value: u64 = value.parse().unwrap_or(0);
-                match key.as_str() {
-                    "rank" => stats.rank = value as u32,
-                    "sent" => stats.sent = value,
-                    "received" => stats.received = value,
-                    "retransmitted" => stats.retransmitted = value,
-                    "lost_peers" => stats.lost_peers = value,
-                    _ => {}
-                }
+    let mut ranks: Vec<Stats> = Vec::new();
+    for fields in stats_fields(stderr) {
+        let mut line = Stats::default();
+        for (key, value) in &fields {
+            let value: u64 = value.parse().unwrap_or(0);
+            match key.as_str() {
+                "rank" => line.rank = value as u32,
+                "sent" => line.sent = value,
+                "received" => line.received = value,
+                "retransmitted" => line.retransmitted = value,
+                "lost_peers" => line.lost_peers = value,
+                _ => {}
             }
-            stats
-        })
-        .collect()
+        }
+        match ranks.iter_mut().find(|s| s.rank == line.rank) {
+            Some(rank) => {
+                rank.sent += line.sent;
+                rank.received += line.received;
+                rank.retransmitted += line.retransmitted;
+                rank.lost_peers += line.lost_peers;
+            }
+            None => ranks.push(line),
+        }
+    }
+    ranks.sort_by_key(|s| s.rank);
+    ranks
 }
 
 /// Sum over the ranks' `udbtl-stats:` lines of the counter `key` (for the
@@ -367,7 +377,7 @@ pub fn assert_carried(out: &Output, np: u32) {
     assert_eq!(
         all.len(),
         np as usize,
-        "expected one udbtl-stats line per rank:\n{}",
+        "expected udbtl-stats lines from every rank:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     if np > 1 {
@@ -471,4 +481,31 @@ pub fn threshold_args() -> &'static [String] {
         eprintln!("ob1 thresholds (eager, rndv eager, max send): {limits:?}");
         limits.iter().map(u64::to_string).collect()
     })
+}
+
+/// A Python that has mpi4py built against this Open MPI (Debian's
+/// `python3-mpi4py` is for `/usr/bin/python3`, which may not be the first
+/// `python3` on the PATH), or why there is none.
+pub fn python_with_mpi4py() -> Result<&'static str, String> {
+    static FOUND: OnceLock<Result<&'static str, String>> = OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            ["/usr/bin/python3", "python3"]
+                .into_iter()
+                .find(|python| {
+                    Command::new(python)
+                        .args(["-c", "import mpi4py"])
+                        .output()
+                        .is_ok_and(|out| out.status.success())
+                })
+                .ok_or_else(|| "no python3 with mpi4py (apt-get install python3-mpi4py)".into())
+        })
+        .clone()
+}
+
+/// A Python program of `tests/programs`.
+pub fn python_program(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/programs")
+        .join(format!("{name}.py"))
 }
