@@ -695,7 +695,7 @@ fn build_modules(
         .map(|module| ModuleReport {
             device: module.device().to_owned(),
             port: module.port().clone(),
-            limits: *module.limits(),
+            limits: module.limits(),
             dump: dump.then(|| module.to_string()),
         })
         .collect();
