@@ -250,7 +250,7 @@ fn limits_follow_the_port_mtu_unless_set() {
         params(small()),
     )
     .unwrap();
-    let limits = *btl.modules()[0].limits();
+    let limits = btl.modules()[0].limits();
     assert_eq!(limits.eager_limit, 9000 - 8);
     assert_eq!(limits.max_send_size, 9000 - 8);
     assert_eq!(limits.rndv_eager_limit, 9000 - 8);
@@ -267,7 +267,7 @@ fn limits_follow_the_port_mtu_unless_set() {
         params(seed),
     )
     .unwrap();
-    let limits = *btl.modules()[0].limits();
+    let limits = btl.modules()[0].limits();
     assert_eq!(
         (
             limits.eager_limit,
