@@ -68,3 +68,63 @@ fn refused_posts_come_back_to_the_caller_or_the_callback() {
     btl.finalize().unwrap();
     peer.finalize().unwrap();
 }
+
+/// A peer whose port takes smaller datagrams (a 1500-byte host on a network
+/// of jumbo frames): adding it lowers this module's payload limits, so that
+/// every message fits the peer's receive buffers. Before, the larger
+/// datagrams were dropped at the peer (too long for its buffers) and resent
+/// until the peer was declared lost.
+#[test]
+fn a_peer_with_smaller_datagrams_gets_messages_that_fit() {
+    let mut big = component(BtlConfig {
+        udp_mtu: Some(8000),
+        ..suite::reliable()
+    });
+    let mut small = component(BtlConfig {
+        udp_mtu: Some(1400),
+        ..suite::reliable()
+    });
+    let jumbo = big.modules()[0].limits().eager_limit;
+    let to_small = big.add_procs(&[Some(&small.modex())]).unwrap()[0].endpoints[0].unwrap();
+    small.add_procs(&[Some(&big.modex())]).unwrap();
+    let fitted = big.modules()[0].limits().eager_limit;
+    assert!(jumbo > 7000, "{jumbo}");
+    assert_eq!(fitted, small.modules()[0].limits().eager_limit);
+
+    let received: Arc<Mutex<Vec<usize>>> = Arc::default();
+    let sink = received.clone();
+    small.modules_mut()[0].register(
+        PING,
+        Box::new(move |ev: &RecvEvent<'_>| sink.lock().unwrap().push(ev.payload.len())),
+    );
+    const MESSAGES: usize = 20;
+    for _ in 0..MESSAGES {
+        let module = &mut big.modules_mut()[0];
+        // The largest message the module offers now.
+        let des = module.alloc(NO_ORDER, fitted, DesFlags::BTL_OWNERSHIP).unwrap();
+        module.send(to_small, des, PING).unwrap();
+    }
+    let started = std::time::Instant::now();
+    while received.lock().unwrap().len() < MESSAGES {
+        big.progress();
+        small.progress();
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "only {} of {MESSAGES} messages arrived; lost peers: {:?}",
+            received.lock().unwrap().len(),
+            big.modules()[0].reliability_stats().map(|s| s.peers_lost)
+        );
+    }
+    assert!(received.lock().unwrap().iter().all(|&len| len == fitted));
+    assert_eq!(
+        small.modules()[0].with_context(|ctx| udbtl_fabric::Context::stats(ctx).rx_too_long),
+        0,
+        "no datagram was too long for the small peer"
+    );
+    while big.modules()[0].unacknowledged() > 0 {
+        big.progress();
+        small.progress();
+    }
+    big.finalize().unwrap();
+    small.finalize().unwrap();
+}
