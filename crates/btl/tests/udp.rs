@@ -101,7 +101,9 @@ fn a_peer_with_smaller_datagrams_gets_messages_that_fit() {
     for _ in 0..MESSAGES {
         let module = &mut big.modules_mut()[0];
         // The largest message the module offers now.
-        let des = module.alloc(NO_ORDER, fitted, DesFlags::BTL_OWNERSHIP).unwrap();
+        let des = module
+            .alloc(NO_ORDER, fitted, DesFlags::BTL_OWNERSHIP)
+            .unwrap();
         module.send(to_small, des, PING).unwrap();
     }
     let started = std::time::Instant::now();

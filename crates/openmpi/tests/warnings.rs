@@ -1,0 +1,96 @@
+//! udbtl's warnings reach the user under Open MPI, once per node: a
+//! misspelled `UDBTL_*` variable, and, for a user without CAP_NET_ADMIN, a
+//! socket buffer the kernel capped below what udbtl asked for (run as
+//! `nobody`, so the tests, which run as root, see what users see).
+
+mod common;
+
+use std::process::Command;
+
+use common::Run;
+
+fn text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn a_misspelled_variable_is_named_once_per_node() {
+    require_openmpi!();
+    let exe = common::program("hello");
+    let _turn = common::serial();
+    let out = Run::udbtl(3)
+        .env("UDBTL_PEER_TIMOUT", "5000")
+        .success(&exe, &[]);
+    let all = text(&out);
+    let warning = "UDBTL_PEER_TIMOUT is not a udbtl variable and is ignored; did you mean \
+                   UDBTL_PEER_TIMEOUT?";
+    assert_eq!(all.matches(warning).count(), 1, "{all}");
+}
+
+#[test]
+fn a_capped_socket_buffer_is_told_to_a_user_without_privileges() {
+    require_openmpi!();
+    if let Err(reason) = can_run_as_nobody() {
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let rmem_max: u64 = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(212_992);
+    // More than the kernel lets an unprivileged process have (at most the
+    // parameter's bound, 1 GiB).
+    let asked = (rmem_max * 4).clamp(4 << 20, 1 << 30);
+    let exe = common::program("hello");
+    let _turn = common::serial();
+    let run = Run::udbtl(2).mca("btl_udbtl_udp_sockbuf", &asked.to_string());
+    let mut cmd = Command::new("runuser");
+    let inner = run.command(&exe, &[]);
+    cmd.args(["-u", "nobody", "--", "env", "HOME=/tmp"]);
+    for (key, value) in inner.get_envs() {
+        if let Some(value) = value {
+            cmd.arg(format!(
+                "{}={}",
+                key.to_string_lossy(),
+                value.to_string_lossy()
+            ));
+        }
+    }
+    // As nobody: no --allow-run-as-root needed, but harmless.
+    cmd.arg(inner.get_program()).args(inner.get_args());
+    let out = cmd.output().expect("run mpirun as nobody");
+    let all = text(&out);
+    assert!(out.status.success(), "the job must run as nobody:\n{all}");
+    let capped = all.matches("warning: the kernel capped SO_RCVBUF").count();
+    assert_eq!(capped, 1, "one warning for the node:\n{all}");
+    assert!(
+        all.contains(&format!("below the {asked} asked for")),
+        "{all}"
+    );
+}
+
+/// Whether this test may switch to `nobody` and that user can run what the
+/// build made.
+fn can_run_as_nobody() -> Result<(), String> {
+    let uid = Command::new("id")
+        .arg("-u")
+        .output()
+        .map_err(|e| e.to_string())?;
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        return Err("switching to nobody needs root".into());
+    }
+    let exe = common::program("hello");
+    let probe = Command::new("runuser")
+        .args(["-u", "nobody", "--", "test", "-x"])
+        .arg(&exe)
+        .status()
+        .map_err(|e| format!("runuser: {e}"))?;
+    if !probe.success() {
+        return Err(format!("nobody cannot run {}", exe.display()));
+    }
+    Ok(())
+}
