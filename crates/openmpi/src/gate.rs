@@ -89,7 +89,8 @@ impl IdleGate {
         }
         let stride = self.stride.load(Ordering::Relaxed);
         if stride < MAX_STRIDE {
-            self.stride.store((stride * 2).min(MAX_STRIDE), Ordering::Relaxed);
+            self.stride
+                .store((stride * 2).min(MAX_STRIDE), Ordering::Relaxed);
         }
     }
 

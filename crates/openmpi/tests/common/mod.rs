@@ -216,8 +216,10 @@ pub struct Run {
     /// Killed (and the test failed) after this long.
     pub limit: Duration,
     /// The interface (name or subnet) for the out-of-band channel and the tcp
-    /// BTL: `oob_tcp_if_include` and `btl_tcp_if_include`. `lo` by default.
-    pub oob_if: String,
+    /// BTL: `oob_tcp_if_include` and `btl_tcp_if_include`. `lo` by default
+    /// (this machine's eth0 must not be used); `None` leaves Open MPI's
+    /// defaults, as across the stand-in hosts, which have no eth0.
+    pub oob_if: Option<String>,
 }
 
 impl Run {
@@ -230,7 +232,7 @@ impl Run {
             mpirun_args: vec!["--mca".into(), "btl_udbtl_print_stats".into(), "1".into()],
             env: Vec::new(),
             limit: Duration::from_secs(120),
-            oob_if: "lo".into(),
+            oob_if: Some("lo".into()),
         }
     }
 
@@ -259,8 +261,16 @@ impl Run {
             ])
             .args(["-np", &self.np.to_string()])
             .args(["--mca", "pml", "ob1", "--mca", "btl", &self.btl])
-            .args(["--mca", "oob_tcp_if_include", &self.oob_if])
-            .args(["--mca", "btl_tcp_if_include", &self.oob_if])
+            .args(self.oob_if.iter().flat_map(|i| {
+                [
+                    "--mca",
+                    "oob_tcp_if_include",
+                    i,
+                    "--mca",
+                    "btl_tcp_if_include",
+                    i,
+                ]
+            }))
             .args(&self.mpirun_args)
             .arg(exe)
             .args(args)
