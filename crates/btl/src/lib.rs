@@ -62,7 +62,10 @@ pub mod rcache;
 
 #[cfg(feature = "verbs")]
 pub use component::verbs_config;
-pub use component::{Component, UdpComponent, UdpComponentError, check_udp_settings, udp_config};
+pub use component::{
+    Component, JobLayout, UdpComponent, UdpComponentError, check_udp_settings, udp_config,
+    udp_config_in,
+};
 pub use convertor::Convertor;
 pub use error::{BtlError, SendFailure};
 pub use frag::{DesFlags, Descriptor, LentBytes};

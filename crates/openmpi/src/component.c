@@ -42,8 +42,7 @@ static uint32_t job_size(void)
 }
 
 /* Who this process is and where its job runs: every process on this host
- * (loopback only), or some elsewhere (every usable interface, and loopback
- * for the processes here). */
+ * (loopback only), or some elsewhere (every interface but loopback). */
 static void identify(struct udbtl_rs_identity *who)
 {
     udbtl_component_t *c = &mca_btl_udbtl_component;
@@ -54,7 +53,6 @@ static void identify(struct udbtl_rs_identity *who)
     who->job_id = me.jobid;
     who->vpid = me.vpid;
     who->local_rank = local_rank > 0 ? (uint32_t) local_rank : 0;
-    who->local_peers = local_peers > 0;
     /* A job of unknown size is taken to span hosts: that works on one host
      * too, at some cost, where the reverse would not work at all. */
     who->one_host = c->job_size > 0 && (uint32_t) (local_peers > 0 ? local_peers : 0) + 1

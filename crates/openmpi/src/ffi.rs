@@ -16,12 +16,12 @@ use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracing::Level;
-use udbtl_btl::{DesFlags, Descriptor, EndpointId, HostEvent, LentBytes, SendArgs, Tag};
+use udbtl_btl::{DesFlags, Descriptor, EndpointId, HostEvent, JobLayout, LentBytes, SendArgs, Tag};
 
 use crate::gate::IdleGate;
 use crate::log;
 use crate::params::{McaType, param_table};
-use crate::transport::{COUNTERS, HostModule, Identity, OmpiTransport, Placement, job_key};
+use crate::transport::{COUNTERS, HostModule, Identity, OmpiTransport, job_key};
 
 /// Statuses, as `udbtl.h` defines them.
 const OK: c_int = 0;
@@ -49,8 +49,6 @@ pub struct RsIdentity {
     job_id: u32,
     vpid: u32,
     local_rank: u32,
-    /// Other processes of the job on this host.
-    local_peers: c_int,
     /// Every process of the job is on this host.
     one_host: c_int,
 }
@@ -282,12 +280,10 @@ pub unsafe extern "C" fn udbtl_rs_init(
         job_id: who.job_id,
         vpid: who.vpid,
         local_rank: who.local_rank,
-        placement: if who.one_host != 0 {
-            Placement::OneHost
+        layout: if who.one_host != 0 {
+            JobLayout::OneHost
         } else {
-            Placement::SpansHosts {
-                local_peers: who.local_peers != 0,
-            }
+            JobLayout::SpansHosts
         },
     };
     match OmpiTransport::init(&explicit, identity) {

@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 
 use udbtl_btl::params::{ParamError, Source};
 use udbtl_btl::{
-    BtlConfig, BtlError, DesFlags, Descriptor, EndpointId, HostEvent, LentBytes, Limits, Module,
-    Polled, SendArgs, SendStatus, UdpComponent, with_udp_component,
+    BtlConfig, BtlError, DesFlags, Descriptor, EndpointId, HostEvent, JobLayout, LentBytes, Limits,
+    Module, Polled, SendArgs, SendStatus, UdpComponent, with_udp_component,
 };
 use udbtl_fabric::Context;
 use udbtl_wire::{hash, modex};
@@ -22,19 +22,6 @@ pub fn job_key(job_id: u32) -> u32 {
     (digest as u32) ^ ((digest >> 32) as u32)
 }
 
-/// Where the processes of this process's job run, as Open MPI tells it:
-/// which interfaces the modules open when `if_include` names none.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Placement {
-    /// Every process of the job is on this host.
-    OneHost,
-    /// Some are elsewhere; `local_peers` says whether others share this host.
-    SpansHosts {
-        /// Other processes of the job run on this host.
-        local_peers: bool,
-    },
-}
-
 /// Who this process is, as Open MPI names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Identity {
@@ -44,8 +31,9 @@ pub struct Identity {
     pub vpid: u32,
     /// Its rank among its job's processes on this host.
     pub local_rank: u32,
-    /// Where the job runs.
-    pub placement: Placement,
+    /// Where the job runs, as Open MPI tells it: which interfaces the
+    /// modules open when `if_include` names none.
+    pub layout: JobLayout,
 }
 
 /// The operations the Open MPI side needs of a module, whatever its fabric.
@@ -382,9 +370,8 @@ impl OmpiTransport {
             params.job_key = job_key(who.job_id);
         }
         let job_key = params.job_key;
-        let _ = who.placement;
-        let transport =
-            UdpComponent::init_in_job(params, Some(who.vpid)).map_err(|err| err.to_string())?;
+        let transport = UdpComponent::init_in_job(params, Some(who.vpid), who.layout)
+            .map_err(|err| err.to_string())?;
         with_udp_component!(&transport, c => {
             c.modules().iter().for_each(|m| m.set_process_id(who.vpid));
         });
@@ -529,7 +516,7 @@ mod tests {
             job_id: 1,
             vpid: 0,
             local_rank: 0,
-            placement: Placement::OneHost,
+            layout: JobLayout::OneHost,
         };
         let err = OmpiTransport::init(&explicit, who).expect_err("sd_num=many must be refused");
         assert!(

@@ -67,7 +67,6 @@ struct udbtl_rs_identity {
     uint32_t job_id;
     uint32_t vpid;
     uint32_t local_rank;
-    int local_peers;
     int one_host;
 };
 

@@ -338,9 +338,12 @@ parameters! {
     bandwidth: u32 = (800), int(0, 0xffff_ffff), seed,
         "Bandwidth in MB/s, for striping weights";
     if_include: Vec<PortSelector> = unset, PORTS, seed,
-        "Devices or ports to use (dev or dev:port, comma-separated); exclusive with if_exclude";
+        "Devices, ports or subnets to use (dev, dev:port or 10.0.0.0/24, comma-separated); \
+         unset: loopback for a job on one host, every other interface for a job across hosts; \
+         exclusive with if_exclude";
     if_exclude: Vec<PortSelector> = unset, PORTS, seed,
-        "Devices or ports to skip (dev or dev:port, comma-separated); exclusive with if_include";
+        "Devices, ports or subnets to skip (dev, dev:port or 10.0.0.0/24, comma-separated); \
+         exclusive with if_include";
     provider: String = (String::from("udp")), choice(&["udp", "sim", "verbs"]), udbtl,
         "Fabric provider: udp, sim, or verbs (RDMA; needs a build with the verbs feature)";
     rcache_max_entries: usize = (256), int(1, 65_536), udbtl,
@@ -407,7 +410,7 @@ parameters! {
     udp_if: String = unset, TEXT, udbtl,
         "Network interfaces for the udp provider, comma-separated: names (eth0) or subnets \
          (10.77.0.0/24, which name the same network on hosts whose interface names differ); \
-         unset: loopback";
+         takes precedence over if_include; unset: as if_include";
     udp_ipv6: bool = (false), BOOL, udbtl,
         "Prefer IPv6 addresses for the udp provider";
     udp_mtu: usize = unset, size(MIN_UDP_MTU as u64, MAX_UDP_PAYLOAD), udbtl,
@@ -465,10 +468,13 @@ impl Params {
     /// Whether `if_include`/`if_exclude` let a module be built on `port` of
     /// `device`: with an include list, only the ports it names; with an
     /// exclude list, all but those it names; with neither, every port.
+    /// Subnets are not judged here: the `udp` provider offers only the
+    /// interfaces they let through, so an include list with a subnet lets
+    /// every device the provider offers pass.
     pub fn port_allowed(&self, device: &str, port: u8) -> bool {
         let named = |list: &[PortSelector]| list.iter().any(|s| s.matches(device, port));
         match (&self.if_include, &self.if_exclude) {
-            (Some(include), _) => named(include),
+            (Some(include), _) => named(include) || include.iter().any(PortSelector::is_subnet),
             (None, Some(exclude)) => !named(exclude),
             (None, None) => true,
         }

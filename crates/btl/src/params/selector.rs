@@ -1,22 +1,32 @@
-//! Port selectors: the `dev` or `dev:port` items of `if_include` and
-//! `if_exclude`, parsed, matched against ports and rendered back.
+//! Port selectors: the `dev`, `dev:port` or subnet (`10.0.0.0/24`,
+//! `fd00::/64`) items of `if_include` and `if_exclude`, parsed, matched
+//! against ports and rendered back.
 
 use std::fmt;
 use std::str::FromStr;
 
-/// A device, or one port of a device, named in `if_include` or `if_exclude`.
+/// A device, one port of a device, or a subnet, named in `if_include` or
+/// `if_exclude`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PortSelector {
-    /// Device name, e.g. `mlx4_0`.
+    /// Device name, e.g. `mlx4_0`, or a subnet, e.g. `10.0.0.0/24`, which
+    /// the `udp` provider matches against its interfaces' addresses.
     pub device: String,
     /// Port number (from 1), or `None` for every port of the device.
     pub port: Option<u8>,
 }
 
 impl PortSelector {
-    /// `true` if this selector names `port` of `device`.
+    /// `true` if this selector names `port` of `device`. A subnet names
+    /// no device by name (see [`is_subnet`](Self::is_subnet)).
     pub fn matches(&self, device: &str, port: u8) -> bool {
         self.device == device && self.port.is_none_or(|p| p == port)
+    }
+
+    /// Whether this selector is a subnet (`address/prefix`) rather than a
+    /// device: a provider with IP interfaces applies it to their addresses.
+    pub fn is_subnet(&self) -> bool {
+        self.device.contains('/')
     }
 
     /// Parses a comma-separated list, e.g. `mlx4_0,mlx4_1:2`.
@@ -32,9 +42,10 @@ impl FromStr for PortSelector {
     type Err = SelectorError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
+        // A subnet's address may hold colons (IPv6): it has no port.
         let (device, port) = match text.split_once(':') {
-            Some((device, port)) => (device, Some(port)),
-            None => (text, None),
+            Some((device, port)) if !text.contains('/') => (device, Some(port)),
+            _ => (text, None),
         };
         if device.is_empty() {
             return Err(SelectorError::EmptyDevice {

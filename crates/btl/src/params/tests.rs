@@ -322,6 +322,29 @@ fn port_selectors_parse_and_match() {
 }
 
 #[test]
+fn subnets_are_selectors_without_a_port() {
+    let list = PortSelector::parse_list("10.77.0.0/24, fd00::/64, eth0").unwrap();
+    assert!(list[0].is_subnet() && list[1].is_subnet() && !list[2].is_subnet());
+    assert_eq!(list[1].port, None);
+    assert_eq!(list[1].to_string(), "fd00::/64");
+    // The provider judges subnets: by device name, an include list with
+    // one lets every device through, and an exclude list's subnet skips none.
+    let include = Params {
+        if_include: Some(list.clone()),
+        ..Params::default()
+    };
+    assert!(include.port_allowed("vB", 1));
+    let exclude = Params {
+        if_exclude: Some(list[..2].to_vec()),
+        ..Params::default()
+    };
+    assert!(exclude.port_allowed("vB", 1));
+    let config = crate::udp_config_in(&exclude, crate::JobLayout::SpansHosts);
+    assert_eq!(config.exclude, ["10.77.0.0/24", "fd00::/64"]);
+    assert_eq!(config.scope, udbtl_fabric::udp::InterfaceScope::Network);
+}
+
+#[test]
 fn port_lists_load_from_env_and_config() {
     let p = load_env(&[("UDBTL_IF_INCLUDE", "lo,eth0:1")]).unwrap();
     assert_eq!(p.if_include.as_ref().map(Vec::len), Some(2));

@@ -17,7 +17,10 @@
 //! and counted in [`FabricStats::tx_kernel_drops`]; the send still completes,
 //! as a UD send does once the datagram has left the HCA.
 
+mod netif;
 mod sys;
+
+pub use netif::InterfaceScope;
 
 use std::io::{self, IoSlice};
 use std::net::{IpAddr, SocketAddr};
@@ -61,9 +64,14 @@ pub struct UdpConfig {
     pub bind: Option<IpAddr>,
     /// Interfaces to offer as devices, by name (`eth0`) or by a subnet one of
     /// their addresses is in (`10.77.0.0/24`). When empty, and `bind`
-    /// is unset, only loopback devices are offered, which suits single-host
-    /// runs.
+    /// is unset, [`scope`](Self::scope) chooses.
     pub interfaces: Vec<String>,
+    /// Interfaces never to offer, by name or subnet, whatever chose them.
+    pub exclude: Vec<String>,
+    /// The interfaces offered when neither `interfaces` nor `bind` names
+    /// any: loopback (the default, for a job on one host) or every other
+    /// interface (for a job that spans hosts).
+    pub scope: InterfaceScope,
     /// Prefer IPv6 addresses when choosing a device's address.
     pub ipv6: bool,
     /// Largest payload per datagram. Defaults to the largest datagram on
@@ -94,6 +102,8 @@ impl Default for UdpConfig {
         Self {
             bind: None,
             interfaces: Vec::new(),
+            exclude: Vec::new(),
+            scope: InterfaceScope::Loopback,
             ipv6: false,
             mtu: None,
             send_buffer: 4 << 20,
@@ -137,7 +147,10 @@ impl UdpProvider {
             .config
             .interfaces
             .iter()
-            .filter(|wanted| !all.iter().any(|iface| interface_matches(iface, wanted)))
+            .filter(|wanted| {
+                !all.iter()
+                    .any(|iface| netif::interface_matches(iface, wanted))
+            })
             .cloned()
             .collect();
         let present = all
@@ -163,21 +176,15 @@ impl UdpProvider {
             operation: "getifaddrs",
             source,
         })?;
-        Ok(all
-            .into_iter()
-            .filter(|iface| {
-                if !self.config.interfaces.is_empty() {
-                    self.config
-                        .interfaces
-                        .iter()
-                        .any(|wanted| interface_matches(iface, wanted))
-                } else if let Some(bind) = self.config.bind {
-                    iface.addrs.iter().any(|(ip, _)| *ip == bind)
-                } else {
-                    iface.loopback
-                }
-            })
-            .collect())
+        Ok(netif::select(
+            all,
+            netif::Selection {
+                include: &self.config.interfaces,
+                exclude: &self.config.exclude,
+                bind: self.config.bind,
+                scope: self.config.scope,
+            },
+        ))
     }
 
     /// The address (and prefix length) queue pairs of `iface` bind to.
@@ -218,45 +225,6 @@ impl UdpProvider {
             }),
         }
     }
-}
-
-/// Names the IP network a port is on: the subnet (address masked by its
-/// prefix) for a real interface. A loopback network exists once per host, so
-/// its id also folds in the host's identity: two hosts' `127.0.0.1` must
-/// never look like the same network.
-fn network_id(iface: &sys::Interface, ip: IpAddr, prefix: u8) -> u64 {
-    // A stable hash: every process of a job must compute the same id.
-    let mut hash = udbtl_wire::hash::Fnv1a::new();
-    match ip {
-        IpAddr::V4(v4) => {
-            let mask = u32::MAX
-                .checked_shl(32 - u32::from(prefix.min(32)))
-                .unwrap_or(0);
-            hash.write(&[4, prefix]);
-            hash.write(&(u32::from(v4) & mask).to_be_bytes());
-        }
-        IpAddr::V6(v6) => {
-            let mask = u128::MAX
-                .checked_shl(128 - u32::from(prefix.min(128)))
-                .unwrap_or(0);
-            hash.write(&[6, prefix]);
-            hash.write(&(u128::from(v6) & mask).to_be_bytes());
-        }
-    }
-    if iface.loopback {
-        for file in [
-            "/proc/sys/kernel/hostname",
-            "/proc/sys/kernel/random/boot_id",
-        ] {
-            hash.write(
-                std::fs::read_to_string(file)
-                    .unwrap_or_default()
-                    .trim()
-                    .as_bytes(),
-            );
-        }
-    }
-    hash.finish()
 }
 
 fn device_attr() -> DeviceAttr {
@@ -316,7 +284,7 @@ impl Provider for UdpProvider {
             },
             addr: NodeAddr::Ip(ip),
             max_msg_size: self.max_msg_size(&iface, ip)?,
-            network: network_id(&iface, ip, prefix),
+            network: netif::network_id(&iface, ip, prefix, &netif::loopback_identity()),
             pkeys: vec![0xffff],
             link_layer: if ip.is_ipv6() { "udp/ipv6" } else { "udp/ipv4" },
         };
@@ -1278,67 +1246,5 @@ impl Context for UdpContext {
 
     fn resources(&self) -> ResourceCounts {
         self.verbs.resources()
-    }
-}
-
-/// Whether `iface` is the one `wanted` names: by name, or by a subnet
-/// (`10.77.0.0/24`) one of its addresses is in. A subnet names the same
-/// network on every host even where interface names differ.
-fn interface_matches(iface: &sys::Interface, wanted: &str) -> bool {
-    let Some((net, prefix)) = wanted.split_once('/') else {
-        return iface.name == wanted;
-    };
-    let (Ok(net), Ok(prefix)) = (net.parse::<IpAddr>(), prefix.parse::<u32>()) else {
-        return false;
-    };
-    iface
-        .addrs
-        .iter()
-        .any(|(ip, _)| same_subnet(*ip, net, prefix))
-}
-
-/// Whether `a` and `b` agree on their first `prefix` bits.
-fn same_subnet(a: IpAddr, b: IpAddr, prefix: u32) -> bool {
-    let masked = |bits: u128, width: u32| {
-        if prefix == 0 {
-            0
-        } else if prefix >= width {
-            bits
-        } else {
-            bits >> (width - prefix)
-        }
-    };
-    match (a, b) {
-        (IpAddr::V4(a), IpAddr::V4(b)) => {
-            masked(u32::from(a).into(), 32) == masked(u32::from(b).into(), 32)
-        }
-        (IpAddr::V6(a), IpAddr::V6(b)) => masked(u128::from(a), 128) == masked(u128::from(b), 128),
-        _ => false,
-    }
-}
-
-#[cfg(test)]
-mod subnet_tests {
-    use super::*;
-
-    #[test]
-    fn subnets_match_by_prefix() {
-        let ip = |s: &str| s.parse::<IpAddr>().expect("address");
-        assert!(same_subnet(ip("10.77.0.2"), ip("10.77.0.0"), 24));
-        assert!(!same_subnet(ip("10.77.1.2"), ip("10.77.0.0"), 24));
-        assert!(same_subnet(ip("10.77.1.2"), ip("10.0.0.0"), 8));
-        assert!(same_subnet(ip("192.168.0.1"), ip("10.0.0.0"), 0));
-        assert!(!same_subnet(ip("10.77.0.2"), ip("::1"), 8));
-        let iface = sys::Interface {
-            name: "vA".into(),
-            up: true,
-            loopback: false,
-            addrs: vec![(ip("10.77.0.1"), 24)],
-        };
-        assert!(interface_matches(&iface, "vA"));
-        assert!(interface_matches(&iface, "10.77.0.0/24"));
-        assert!(!interface_matches(&iface, "10.78.0.0/24"));
-        assert!(!interface_matches(&iface, "10.77.0.0/x"));
-        assert!(!interface_matches(&iface, "vB"));
     }
 }
