@@ -16,14 +16,16 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "../../../tests/support/stand_in_hosts.rs"]
+mod stand_in_hosts;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use common::Run;
+use stand_in_hosts::StandInHosts;
 
 /// `--host` for `np` ranks, the first half (rounded up) in udA.
-fn hosts(np: u32) -> String {
+fn host_list(np: u32) -> String {
     let here = np.div_ceil(2);
     let there = np - here;
     if here == 1 && there == 1 {
@@ -35,18 +37,19 @@ fn hosts(np: u32) -> String {
 
 /// `np` ranks across the two hosts, every peer over udbtl, Open MPI's
 /// defaults otherwise.
-fn across(tools: &Path, np: u32) -> Run {
-    let mut run = Run::udbtl(np).mca("plm_rsh_agent", &tools.join("nsssh").display().to_string());
-    run.mpirun_args.extend(["--host".into(), hosts(np)]);
+fn across(hosts: &StandInHosts, np: u32) -> Run {
+    let mut run = Run::udbtl(np).mca("plm_rsh_agent", &hosts.nsssh().display().to_string());
+    run.mpirun_args.extend(["--host".into(), host_list(np)]);
     run.oob_if = None;
     run
 }
 
 /// Runs `name args` with `run` inside udA, one launch at a time.
-fn run_in_a(run: &Run, name: &str, args: &[&str]) -> Output {
+fn run_in_a(hosts: &StandInHosts, run: &Run, name: &str, args: &[&str]) -> Output {
     let exe = common::program(name);
     let _turn = common::serial();
-    let out = in_host_a(&run.command(&exe, args))
+    let out = hosts
+        .in_a(&run.command(&exe, args))
         .output()
         .expect("run mpirun in udA");
     assert!(
@@ -80,9 +83,10 @@ fn assert_crossed(out: &Output, np: u32) {
 
 fn first_contact(np: u32, direction: &str) {
     require_openmpi!();
-    let Some(tools) = tools() else { return };
-    let _hosts = Hosts::up(&tools);
-    let out = run_in_a(&across(&tools, np), "first_contact", &[direction]);
+    let Some(hosts) = StandInHosts::up() else {
+        return;
+    };
+    let out = run_in_a(&hosts, &across(&hosts, np), "first_contact", &[direction]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     for rank in 0..np {
         assert!(
@@ -130,15 +134,16 @@ fn first_contact_upward_4_ranks() {
 
 fn programs(np: u32) {
     require_openmpi!();
-    let Some(tools) = tools() else { return };
-    let _hosts = Hosts::up(&tools);
-    let run = across(&tools, np);
+    let Some(hosts) = StandInHosts::up() else {
+        return;
+    };
+    let run = across(&hosts, np);
     let mut args = vec!["--max", "1048576"];
     args.extend(common::threshold_args().iter().map(String::as_str));
-    let out = run_in_a(&run, "p2p", &args);
+    let out = run_in_a(&hosts, &run, "p2p", &args);
     common::assert_said_ok("p2p", &out, &format!("{np} ranks across hosts"));
     assert_crossed(&out, np);
-    let out = run_in_a(&run, "collectives", &[]);
+    let out = run_in_a(&hosts, &run, "collectives", &[]);
     common::assert_said_ok("collectives", &out, &format!("{np} ranks across hosts"));
     assert_crossed(&out, np);
 }
@@ -161,12 +166,14 @@ fn p2p_and_collectives_4_ranks() {
 #[test]
 fn ring_and_collectives_checked_byte_by_byte() {
     require_openmpi!();
-    let Some(tools) = tools() else { return };
-    let _hosts = Hosts::up(&tools);
+    let Some(hosts) = StandInHosts::up() else {
+        return;
+    };
     let exe = common::program("failure_xhost");
     let out = {
         let _turn = common::serial();
-        in_host_a(&across(&tools, 2).command(&exe, &["3"]))
+        hosts
+            .in_a(&across(&hosts, 2).command(&exe, &["3"]))
             .output()
             .expect("run mpirun in udA")
     };
@@ -184,98 +191,4 @@ fn ring_and_collectives_checked_byte_by_byte() {
         );
     }
     common::assert_carried(&out, 2);
-}
-
-/// The shared tools, or `None` after saying why the test is skipped.
-fn tools() -> Option<PathBuf> {
-    match shared_tools() {
-        Ok(tools) => Some(tools),
-        Err(reason) => {
-            eprintln!("SKIPPED: {reason}");
-            None
-        }
-    }
-}
-
-/// The folder of `twohosts` and `nsssh`, or why the test cannot run.
-fn shared_tools() -> Result<PathBuf, String> {
-    let uid = Command::new("id")
-        .arg("-u")
-        .output()
-        .map_err(|e| format!("id -u: {e}"))?;
-    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-        return Err("twohosts needs root (network namespaces)".into());
-    }
-    let tools = std::env::var_os("UDBTL_SHARED_TOOLS").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tools"),
-        PathBuf::from,
-    );
-    for tool in ["twohosts", "nsssh"] {
-        if !tools.join(tool).is_file() {
-            return Err(format!(
-                "{} not found (set UDBTL_SHARED_TOOLS to the folder holding twohosts and nsssh)",
-                tools.join(tool).display()
-            ));
-        }
-    }
-    Ok(tools)
-}
-
-/// The two namespaces, brought up if they were not, and taken down again
-/// only then: another user may be running in namespaces it brought up.
-struct Hosts {
-    tools: PathBuf,
-    brought_up: bool,
-}
-
-impl Hosts {
-    fn up(tools: &Path) -> Self {
-        let list = Command::new("ip")
-            .args(["netns", "list"])
-            .output()
-            .expect("ip netns list");
-        let list = String::from_utf8_lossy(&list.stdout);
-        let present = |name: &str| {
-            list.lines()
-                .any(|l| l.split_whitespace().next() == Some(name))
-        };
-        let brought_up = !(present("udA") && present("udB"));
-        if brought_up {
-            let status = Command::new(tools.join("twohosts"))
-                .arg("up")
-                .status()
-                .expect("run twohosts up");
-            assert!(status.success(), "twohosts up failed: {status}");
-        }
-        Self {
-            tools: tools.to_owned(),
-            brought_up,
-        }
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        if self.brought_up {
-            let _ = Command::new(self.tools.join("twohosts"))
-                .arg("down")
-                .status();
-        }
-    }
-}
-
-/// `cmd` (the harness's `timeout … mpirun …`) run inside udA.
-fn in_host_a(cmd: &Command) -> Command {
-    let mut wrapped = Command::new("ip");
-    wrapped
-        .args(["netns", "exec", "udA"])
-        .arg(cmd.get_program())
-        .args(cmd.get_args());
-    for (key, value) in cmd.get_envs() {
-        match value {
-            Some(value) => wrapped.env(key, value),
-            None => wrapped.env_remove(key),
-        };
-    }
-    wrapped
 }

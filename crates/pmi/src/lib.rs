@@ -61,6 +61,7 @@
 pub mod auth;
 pub mod client;
 mod error;
+mod mapping;
 pub mod server;
 mod sys;
 pub mod wire;
@@ -68,6 +69,7 @@ pub mod wire;
 pub use auth::{JobSecret, SECRET_ENV, SecretError};
 pub use client::{Maxes, Mode, PmiClient};
 pub use error::PmiError;
+pub use mapping::ProcessMapping;
 pub use server::{
     Action, Handshake, KvsLimits, PortOptions, Refusal, Server, ServerCore, ServerError,
     ServerEvent, ServerStats,

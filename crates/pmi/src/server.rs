@@ -143,6 +143,7 @@ use tracing::{debug, trace, warn};
 
 use crate::auth::{self, JobSecret, NONCE_LEN};
 use crate::client::RESERVED_PREFIX;
+use crate::mapping::ProcessMapping;
 use crate::wire::{self, Message, ReadError, WireError};
 
 /// `kvsname_max` advertised by `get_maxes`.
@@ -410,6 +411,7 @@ pub struct ServerCore {
     appnum: u32,
     kvs: HashMap<String, Entry>,
     kvs_limits: KvsLimits,
+    process_mapping: ProcessMapping,
     ranks: Vec<RankState>,
     barrier_count: u32,
     barrier_epoch: u64,
@@ -447,6 +449,7 @@ impl ServerCore {
             appnum: 0,
             kvs: HashMap::new(),
             kvs_limits: KvsLimits::DEFAULT,
+            process_mapping: ProcessMapping::from_nodes(&vec![0; size as usize]),
             ranks: vec![RankState::default(); size as usize],
             barrier_count: 0,
             barrier_epoch: 0,
@@ -456,6 +459,12 @@ impl ServerCore {
     /// The number of ranks.
     pub fn size(&self) -> u32 {
         self.size
+    }
+
+    /// Sets the `PMI_process_mapping` ranks read: which node each runs on
+    /// (all on one node until set).
+    pub fn set_process_mapping(&mut self, mapping: ProcessMapping) {
+        self.process_mapping = mapping;
     }
 
     /// The key-value space name.
@@ -795,7 +804,7 @@ impl ServerCore {
             return reply.with("rc", "-1").with("msg", "missing_key");
         };
         let value = match key {
-            "PMI_process_mapping" => Some(format!("(vector,(0,1,{}))", self.size)),
+            "PMI_process_mapping" => Some(self.process_mapping.to_string()),
             _ => self.kvs.get(key).map(|e| e.value.clone()),
         };
         match value {
@@ -1168,6 +1177,12 @@ impl Server {
     /// before serving any rank to be sure to see the first barrier.
     pub fn report_barriers(&self) {
         self.shared.barrier_events.store(true, Ordering::Relaxed);
+    }
+
+    /// See [`ServerCore::set_process_mapping`]. Call it before serving any
+    /// rank.
+    pub fn set_process_mapping(&self, mapping: ProcessMapping) {
+        self.shared.lock().core.set_process_mapping(mapping);
     }
 
     /// Stops the server: ranks held in a barrier get `cmd=barrier_out rc=-1`
@@ -1640,6 +1655,9 @@ mod tests {
         );
         let r = reply(c.handle(1, &msg("cmd=get kvsname=kvs_test key=PMI_process_mapping")));
         assert_eq!(r.get("value"), Some("(vector,(0,1,2))"));
+        c.set_process_mapping(ProcessMapping::from_nodes(&[0, 1]));
+        let r = reply(c.handle(1, &msg("cmd=get kvsname=kvs_test key=PMI_process_mapping")));
+        assert_eq!(r.get("value"), Some("(vector,(0,1,1),(1,1,1))"));
         let r = reply(c.handle(1, &msg("cmd=get kvsname=other key=addr-0")));
         assert_eq!(r.get("rc"), Some("-1"));
     }

@@ -31,7 +31,7 @@ fn singleton_init_reaches_itself_and_finalizes() {
     }
     assert_eq!(*got.lock().unwrap(), [(Some(0), b"note to self".to_vec())]);
     assert!(matches!(
-        world.endpoint(1),
+        world.connect(1),
         Err(udbtl::InitError::NoSuchRank { rank: 1, size: 1 })
     ));
     world.finalize().unwrap();

@@ -11,6 +11,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use udbtl_pmi::ProcessMapping;
+
 /// One entry of a host list: a name and how many ranks it takes per round.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct HostSpec {
@@ -198,9 +200,34 @@ pub(crate) fn place(ranks: u32, hosts: &[HostSpec], this_host: Option<&str>) -> 
         .collect()
 }
 
+/// The `PMI_process_mapping` of `placements`: nodes numbered in the order
+/// the ranks first reach them.
+pub(crate) fn process_mapping(placements: &[Placement]) -> ProcessMapping {
+    let mut numbers: HashMap<Option<&str>, u32> = HashMap::new();
+    let nodes: Vec<u32> = placements
+        .iter()
+        .map(|p| {
+            let next = u32::try_from(numbers.len()).unwrap_or(u32::MAX);
+            *numbers.entry(p.host.as_deref()).or_insert(next)
+        })
+        .collect();
+    ProcessMapping::from_nodes(&nodes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_mapping_numbers_nodes_as_ranks_reach_them() {
+        let hosts = [host("localhost", 1), host("b", 2)];
+        let placements = place(4, &hosts, None);
+        assert_eq!(
+            process_mapping(&placements).to_string(),
+            "(vector,(0,1,1),(1,1,2),(0,1,1))"
+        );
+        assert_eq!(process_mapping(&place(3, &[], None)).node_count(), 1);
+    }
 
     fn host(name: &str, slots: u32) -> HostSpec {
         HostSpec {

@@ -145,6 +145,7 @@ pub(crate) fn run(cli: &Cli) -> Result<u8, Error> {
     let kvsname = format!("udrun-{}-{key:08x}", std::process::id());
     let (pmi_tx, pmi_rx) = mpsc::channel();
     let server = Server::new(cli.ranks, kvsname, pmi_tx)?;
+    server.set_process_mapping(hosts::process_mapping(&placements));
     if cli.report_startup {
         server.report_barriers();
     }

@@ -1,17 +1,20 @@
 //! Job wire-up: PMI, the transport, and the address exchange (the modex).
 
+mod failures;
+
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use udbtl_btl::params::Source;
 use udbtl_btl::{
-    BtlConfig, BtlError, DesFlags, EndpointId, ErrorEvent, NO_ORDER, Params, RecvEvent, SendEvent,
+    BtlConfig, BtlError, DesFlags, ErrorEvent, JobLayout, NO_ORDER, Params, RecvEvent, SendEvent,
     Tag, UdpComponent, UdpComponentError,
 };
-use udbtl_pmi::{JobSecret, PmiClient, PmiError, SECRET_ENV};
+use udbtl_pmi::{JobSecret, PmiClient, PmiError, ProcessMapping, SECRET_ENV};
 use udbtl_wire::datagram::AuthKey;
+
+use failures::{FailureLog, Route, peer_name};
 
 /// Runs `$body` with `$btl` bound to whichever component is in use.
 macro_rules! with_btl {
@@ -107,8 +110,9 @@ pub struct World {
     btl: UdpComponent,
     rank: u32,
     size: u32,
-    /// Module 0's endpoint for every rank, filled in bulk or lazily.
-    endpoints: Vec<Option<EndpointId>>,
+    /// The way to every rank (the first module that reaches it), filled in
+    /// bulk or lazily.
+    routes: Vec<Option<Route>>,
     modex: ModexMode,
     /// Whether the transport is reliable (`reliable`): a message of more
     /// than one datagram needs it.
@@ -122,71 +126,6 @@ pub struct World {
     arrivals: Arc<Mutex<HashSet<(u32, u8)>>>,
     /// Barriers this rank has entered.
     barriers: u32,
-}
-
-/// What the transport's callbacks reported as lost, with a flag that lets
-/// [`World::check`] answer "nothing" with one atomic load: programs call it
-/// in their busy-wait loops, where a lock would cost latency.
-#[derive(Debug, Default)]
-struct FailureLog {
-    any: AtomicBool,
-    failures: Mutex<Failures>,
-}
-
-impl FailureLog {
-    /// The failures, for recording one (which raises the flag) or reading.
-    fn lock(&self) -> MutexGuard<'_, Failures> {
-        self.failures.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn record_send(&self, event: &SendEvent) {
-        if event.status.is_err() {
-            self.lock().record_failed_send(event.endpoint);
-            self.any.store(true, Ordering::Release);
-        }
-    }
-
-    fn record_error(&self, event: &ErrorEvent) {
-        self.lock().record_error(event);
-        self.any.store(true, Ordering::Release);
-    }
-
-    fn any(&self) -> bool {
-        self.any.load(Ordering::Acquire)
-    }
-}
-
-#[derive(Debug, Default)]
-struct Failures {
-    /// Endpoints declared lost, with the transport's message.
-    lost: Vec<(EndpointId, String)>,
-    /// Sends that failed, per endpoint.
-    failed_sends: Vec<(EndpointId, u64)>,
-    /// Errors about no particular endpoint.
-    other: Vec<String>,
-}
-
-impl Failures {
-    fn is_empty(&self) -> bool {
-        self.lost.is_empty() && self.failed_sends.is_empty() && self.other.is_empty()
-    }
-
-    fn record_failed_send(&mut self, endpoint: EndpointId) {
-        match self.failed_sends.iter_mut().find(|(ep, _)| *ep == endpoint) {
-            Some((_, count)) => *count += 1,
-            None => self.failed_sends.push((endpoint, 1)),
-        }
-    }
-
-    fn record_error(&mut self, event: &ErrorEvent) {
-        match event.endpoint {
-            Some(endpoint) if !self.lost.iter().any(|(ep, _)| *ep == endpoint) => {
-                self.lost.push((endpoint, event.message.clone()));
-            }
-            Some(_) => {}
-            None => self.other.push(event.message.clone()),
-        }
-    }
 }
 
 impl std::fmt::Debug for World {
@@ -285,7 +224,8 @@ impl World {
             Some(other) => return Err(InitError::BadModexMode(other.to_owned())),
         };
         let reliable = params.reliable;
-        let mut btl = UdpComponent::init_in_job(params, Some(rank))?;
+        let layout = job_layout(&mut pmi)?;
+        let mut btl = UdpComponent::init_in_job(params, Some(rank), layout)?;
         // A process is named by its rank: unique in the job, and the job key
         // tells jobs apart. A sender a rank does not know yet is then found
         // by the id its datagrams carry, with no lookup.
@@ -298,7 +238,7 @@ impl World {
             btl,
             rank,
             size,
-            endpoints: vec![None; size as usize],
+            routes: vec![None; size as usize],
             modex,
             reliable,
             dump,
@@ -311,7 +251,7 @@ impl World {
         if modex == ModexMode::Bulk {
             world.connect_all()?;
         }
-        tracing::debug!(rank, size, ?modex, elapsed = ?world.started.elapsed(), "job started");
+        tracing::debug!(rank, size, ?modex, ?layout, elapsed = ?world.started.elapsed(), "job started");
         Ok(world)
     }
 
@@ -330,14 +270,17 @@ impl World {
     /// Records what the transport reports lost, and counts barrier
     /// messages.
     fn install_callbacks(&mut self) {
-        let failures = self.failures.clone();
-        let on_send = move |event: &SendEvent| failures.record_send(event);
-        let failures = self.failures.clone();
-        let on_error = move |event: &ErrorEvent| failures.record_error(event);
+        let failures = &self.failures;
         with_btl!(&mut self.btl, c => {
-            for module in c.modules_mut() {
-                module.set_send_callback(Box::new(on_send.clone()));
-                module.register_error(Box::new(on_error.clone()));
+            for (index, module) in c.modules_mut().iter_mut().enumerate() {
+                let log = failures.clone();
+                module.set_send_callback(Box::new(move |event: &SendEvent| {
+                    log.record_send(index, event);
+                }));
+                let log = failures.clone();
+                module.register_error(Box::new(move |event: &ErrorEvent| {
+                    log.record_error(index, event);
+                }));
             }
         });
         let arrivals = self.arrivals.clone();
@@ -358,20 +301,19 @@ impl World {
             .collect::<Result<_, _>>()?;
         let views: Vec<Option<&[u8]>> = blobs.iter().map(|b| Some(b.as_slice())).collect();
         let added = with_btl!(&mut self.btl, c => c.add_procs(&views))?;
-        for (rank, slot) in added[0].endpoints.iter().enumerate() {
-            let endpoint = slot.ok_or_else(|| InitError::Unreachable {
-                rank: rank as u32,
-                reason: "no address on a shared network".into(),
-            })?;
-            self.endpoints[rank] = Some(endpoint);
-            self.record_rank(endpoint, rank as u32)?;
+        for rank in 0..self.size {
+            let route = first_route(&added, rank as usize).ok_or_else(|| unreachable(rank))?;
+            self.routes[rank as usize] = Some(route);
+            self.record_rank(route, rank)?;
         }
         Ok(())
     }
 
-    /// Tags the endpoint with its rank, which receive callbacks get back.
-    fn record_rank(&mut self, endpoint: EndpointId, rank: u32) -> Result<(), InitError> {
-        with_btl!(&mut self.btl, c => c.modules_mut()[0].set_endpoint_context(endpoint, u64::from(rank)))?;
+    /// Tags the route's endpoint with its rank, which receive callbacks get
+    /// back.
+    fn record_rank(&mut self, route: Route, rank: u32) -> Result<(), InitError> {
+        with_btl!(&mut self.btl, c => c.modules_mut()[route.module]
+            .set_endpoint_context(route.endpoint, u64::from(rank)))?;
         Ok(())
     }
 
@@ -395,32 +337,35 @@ impl World {
         self.started.elapsed()
     }
 
-    /// The endpoint of `rank` on the first module, connecting on first use
-    /// when addresses are fetched lazily.
+    /// Connects to `rank` unless connected already: fetches its addresses
+    /// (when they are fetched lazily) and adds it to the modules that reach
+    /// it. Sends connect by themselves.
     ///
     /// # Errors
     /// A rank outside the job, or one that cannot be reached.
-    pub fn endpoint(&mut self, rank: u32) -> Result<EndpointId, InitError> {
+    pub fn connect(&mut self, rank: u32) -> Result<(), InitError> {
+        self.route(rank).map(drop)
+    }
+
+    /// The way to `rank`, connecting on first use.
+    fn route(&mut self, rank: u32) -> Result<Route, InitError> {
         let slot = self
-            .endpoints
+            .routes
             .get(rank as usize)
             .copied()
             .ok_or(InitError::NoSuchRank {
                 rank,
                 size: self.size,
             })?;
-        if let Some(endpoint) = slot {
-            return Ok(endpoint);
+        if let Some(route) = slot {
+            return Ok(route);
         }
         let blob = self.fetch(rank)?;
         let added = with_btl!(&mut self.btl, c => c.add_procs(&[Some(&blob)]))?;
-        let endpoint = added[0].endpoints[0].ok_or_else(|| InitError::Unreachable {
-            rank,
-            reason: "no address on a shared network".into(),
-        })?;
-        self.endpoints[rank as usize] = Some(endpoint);
-        self.record_rank(endpoint, rank)?;
-        Ok(endpoint)
+        let route = first_route(&added, 0).ok_or_else(|| unreachable(rank))?;
+        self.routes[rank as usize] = Some(route);
+        self.record_rank(route, rank)?;
+        Ok(route)
     }
 
     /// Installs a receive callback for `tag` on every module. The callback
@@ -454,7 +399,7 @@ impl World {
     /// peer declared lost, or no fragment freed within the time it takes to
     /// declare a peer lost (`peer_timeout` and a third, and a second).
     pub fn send_bytes(&mut self, rank: u32, tag: Tag, bytes: &[u8]) -> Result<(), InitError> {
-        let endpoint = self.endpoint(rank)?;
+        let Route { module, endpoint } = self.route(rank)?;
         let fail = |reason: String| InitError::Send {
             rank,
             len: bytes.len(),
@@ -462,7 +407,7 @@ impl World {
         };
         let mut refused = None;
         with_btl!(&mut self.btl, c => {
-            let eager = c.modules()[0].limits().eager_limit;
+            let eager = c.modules()[module].limits().eager_limit;
             if bytes.len() > eager {
                 return Err(fail(format!("over the eager limit of {eager}")));
             }
@@ -473,7 +418,7 @@ impl World {
             let peer_timeout = Duration::from_millis(u64::from(c.params().peer_timeout));
             let deadline = Instant::now() + peer_timeout + peer_timeout / 3 + Duration::from_secs(1);
             let des = loop {
-                if let Some(des) = c.modules_mut()[0].alloc(NO_ORDER, bytes.len(), DesFlags::BTL_OWNERSHIP) {
+                if let Some(des) = c.modules_mut()[module].alloc(NO_ORDER, bytes.len(), DesFlags::BTL_OWNERSHIP) {
                     break des;
                 }
                 if Instant::now() > deadline {
@@ -481,7 +426,7 @@ impl World {
                 }
                 c.progress();
             };
-            let module = &mut c.modules_mut()[0];
+            let module = &mut c.modules_mut()[module];
             let sent = module
                 .segment_mut(des)
                 .map(|mut segment| segment.copy_from_slice(bytes))
@@ -528,8 +473,8 @@ impl World {
                     other => other,
                 });
         }
-        let endpoint = self.endpoint(rank)?;
-        with_btl!(&mut self.btl, c => c.modules_mut()[0].send_message(endpoint, tag, message))
+        let Route { module, endpoint } = self.route(rank)?;
+        with_btl!(&mut self.btl, c => c.modules_mut()[module].send_message(endpoint, tag, message))
             .map_err(|e| InitError::Send {
                 rank,
                 len: message.len(),
@@ -564,14 +509,18 @@ impl World {
     /// address: their datagrams were dropped, and are accepted once
     /// retransmitted.
     fn connect_unknown_senders(&mut self) {
-        let unknown = with_btl!(&mut self.btl, c => c.modules_mut()[0].take_unknown_peers());
+        let unknown: Vec<u32> = with_btl!(&mut self.btl, c => c
+            .modules_mut()
+            .iter_mut()
+            .flat_map(|m| m.take_unknown_peers())
+            .collect());
         for rank in unknown {
             // The id a datagram carries is its sender's rank.
             if rank >= self.size {
                 tracing::debug!(rank, "datagrams naming a rank outside this job");
                 continue;
             }
-            if let Err(err) = self.endpoint(rank) {
+            if let Err(err) = self.route(rank) {
                 tracing::warn!(%err, rank, "connecting to a sender failed");
             }
         }
@@ -592,7 +541,7 @@ impl World {
         if failures.is_empty() {
             return Ok(());
         }
-        let rank_of = |endpoint: EndpointId| peer_name(&self.endpoints, endpoint);
+        let rank_of = |route: Route| peer_name(&self.routes, route);
         let mut parts: Vec<String> = failures
             .lost
             .iter()
@@ -764,15 +713,44 @@ fn dump_requested() -> Result<bool, InitError> {
     }
 }
 
-/// How `check` names the peer behind `endpoint`: by its rank, with the
-/// endpoint number the transport's own messages use when the two differ
-/// (addresses fetched lazily number endpoints in order of first use).
-fn peer_name(endpoints: &[Option<EndpointId>], endpoint: EndpointId) -> String {
-    match endpoints.iter().position(|e| *e == Some(endpoint)) {
-        Some(rank) if u32::try_from(rank) == Ok(endpoint.raw()) => format!("rank {rank}"),
-        Some(rank) => format!("rank {rank} (endpoint {})", endpoint.raw()),
-        None => format!("endpoint {}", endpoint.raw()),
+/// The route of peer `index` of an `add_procs` call: its endpoint on the
+/// first module that reaches it.
+fn first_route(added: &[udbtl_btl::AddProcs], index: usize) -> Option<Route> {
+    added.iter().enumerate().find_map(|(module, procs)| {
+        let endpoint = (*procs.endpoints.get(index)?)?;
+        Some(Route { module, endpoint })
+    })
+}
+
+fn unreachable(rank: u32) -> InitError {
+    InitError::Unreachable {
+        rank,
+        reason: "no address on a network this process reaches".into(),
     }
+}
+
+/// Where the job runs, from the launcher's `PMI_process_mapping`: on one
+/// node, or across several. A launcher that gives no mapping (or one this
+/// cannot read) leaves the job taken to span hosts when it has more than
+/// one rank: every interface but loopback works on one host too, where
+/// loopback alone would not work across hosts.
+fn job_layout(pmi: &mut PmiClient) -> Result<JobLayout, InitError> {
+    if pmi.size() == 1 {
+        return Ok(JobLayout::OneHost);
+    }
+    let text = pmi.get("PMI_process_mapping")?;
+    let mapping = text.as_deref().and_then(ProcessMapping::parse);
+    Ok(match mapping {
+        Some(mapping) if mapping.node_count() == 1 => JobLayout::OneHost,
+        Some(_) => JobLayout::SpansHosts,
+        None => {
+            tracing::debug!(
+                ?text,
+                "no PMI_process_mapping to read; taking the job to span hosts"
+            );
+            JobLayout::SpansHosts
+        }
+    })
 }
 
 /// A barrier message: the barrier's number and the round.
@@ -803,15 +781,6 @@ mod tests {
         );
         assert_eq!(parse_barrier_message(&[0; 4]), None);
         assert_eq!(parse_barrier_message(&[0; 6]), None);
-    }
-
-    #[test]
-    fn peers_are_named_by_rank_and_by_endpoint_when_it_differs() {
-        let id = EndpointId::from_raw;
-        let endpoints = [Some(id(1)), Some(id(0)), Some(id(2)), None];
-        assert_eq!(peer_name(&endpoints, id(2)), "rank 2");
-        assert_eq!(peer_name(&endpoints, id(1)), "rank 0 (endpoint 1)");
-        assert_eq!(peer_name(&endpoints, id(7)), "endpoint 7");
     }
 
     #[test]
