@@ -43,7 +43,7 @@ pgrep -x munged >/dev/null || runuser -u munge -- /usr/sbin/munged
 pgrep -x slurmctld >/dev/null || (slurmctld -D >"$STATE/ctld.out" 2>&1 &)
 pgrep -x slurmd >/dev/null || (slurmd -D >"$STATE/d.out" 2>&1 &)
 for _ in $(seq 1 60); do
-    if sinfo -h -o %T 2>/dev/null | grep -qE 'idle|mixed|alloc'; then
+    if grep -qE 'idle|mixed|alloc' <<<"$(sinfo -h -o %T 2>/dev/null)"; then
         echo "slurm: up"; exit 0
     fi
     sleep 0.5

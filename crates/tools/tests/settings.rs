@@ -253,10 +253,14 @@ fn a_missing_interface_is_named_with_those_that_exist() {
     assert!(stderr.contains("lo (127.0.0.1/8"), "{stderr}");
 }
 
-/// A port that exists but is filtered out is named in the error, with the
-/// filter that excluded it.
+/// Interfaces that exist but are all filtered out: the error names the
+/// filter and the interfaces the host has.
 #[test]
-fn an_excluded_port_is_named_in_the_error() {
+fn an_exclusion_of_every_interface_is_named_in_the_error() {
     let stderr = hello_fails(1, &[("UDBTL_IF_EXCLUDE", "lo")]);
-    assert!(stderr.contains("lo:1 (in if_exclude)"), "{stderr}");
+    assert!(
+        stderr.contains("UDBTL_IF_EXCLUDE=lo left out all of the interfaces"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("lo (127.0.0.1/8"), "{stderr}");
 }

@@ -133,12 +133,18 @@ pub enum UdpComponentError {
         /// Where the setting came from, e.g. `UDBTL_PROVIDER=sim`.
         from: String,
     },
-    /// The job spans hosts and this host has no interface but loopback.
+    /// No interface is left to use: the job spans hosts and the host has
+    /// loopback only, or `if_exclude` left out every one.
     #[error(
-        "the job spans hosts, and this host has no network interface but loopback (or \
-         if_exclude left out all the others): loopback cannot reach another host"
+        "no interface to use: {why}; this host's interfaces are: {}",
+        if .present.is_empty() { "none".to_owned() } else { .present.join(", ") }
     )]
-    NoNetworkInterface,
+    NoInterface {
+        /// Why none is left.
+        why: String,
+        /// The host's interfaces, with their addresses.
+        present: Vec<String>,
+    },
     /// The interfaces `udp_if` (or `if_include`) names are not on this host.
     #[error(
         "{setting} names {} this host does not have: {}; its interfaces are: {}",
@@ -168,30 +174,73 @@ fn setting(params: &Params, name: &str, value: &str) -> String {
 }
 
 /// Checks what [`UdpComponent::init`] checks before it opens the `udp`
-/// provider: that `provider` is not `sim`, and that the interfaces `udp_if`
+/// provider: that `provider` is not `sim`, that the interfaces `udp_if`
 /// or `if_include` name exist (listing those the host has when none does;
-/// warning when only some are missing).
+/// warning when only some are missing), and that some interface is left to
+/// use.
 ///
 /// # Errors
-/// [`UdpComponentError::SimulatedFabric`] or
-/// [`UdpComponentError::NoSuchInterface`].
+/// [`UdpComponentError::SimulatedFabric`],
+/// [`UdpComponentError::NoSuchInterface`] or
+/// [`UdpComponentError::NoInterface`].
 pub fn check_udp_settings(udp: &UdpProvider, params: &Params) -> Result<(), UdpComponentError> {
     if params.provider == sim::PROVIDER_NAME {
         return Err(UdpComponentError::SimulatedFabric {
             from: setting(params, "provider", &params.provider),
         });
     }
-    if udp.config().interfaces.is_empty() {
-        return Ok(());
-    }
     let (missing, present) = match udp.unmatched_interfaces() {
         Ok(found) => found,
         // Component::init reports a listing failure itself.
         Err(_) => return Ok(()),
     };
-    if missing.is_empty() {
-        return Ok(());
+    if !missing.is_empty() {
+        check_named_interfaces(udp, params, missing, present.clone())?;
     }
+    if udp.devices().is_ok_and(|devices| devices.is_empty()) {
+        return Err(UdpComponentError::NoInterface {
+            why: why_none_left(udp.config(), params),
+            present,
+        });
+    }
+    Ok(())
+}
+
+/// Why the provider offers no interface at all, for
+/// [`UdpComponentError::NoInterface`].
+fn why_none_left(config: &UdpConfig, params: &Params) -> String {
+    let would_use = match (config.interfaces.is_empty(), config.scope) {
+        (false, _) => "those named",
+        (true, InterfaceScope::Network) => "every interface but loopback, for a job across hosts",
+        (true, _) => "loopback, for a job on one host",
+    };
+    match &params.if_exclude {
+        Some(exclude) => {
+            let list: Vec<String> = exclude.iter().map(ToString::to_string).collect();
+            format!(
+                "{} left out all of the interfaces this process would use ({would_use})",
+                setting(params, "if_exclude", &list.join(","))
+            )
+        }
+        None if config.interfaces.is_empty() && config.scope == InterfaceScope::Network => {
+            "the job spans hosts, and this host has no interface but loopback, which cannot \
+             reach another host"
+                .to_owned()
+        }
+        None => {
+            format!("this host has none of the interfaces this process would use ({would_use})")
+        }
+    }
+}
+
+/// Fails when none of the interfaces `udp_if` or `if_include` names exists
+/// (`missing` of them do not), and warns when only some are missing.
+fn check_named_interfaces(
+    udp: &UdpProvider,
+    params: &Params,
+    missing: Vec<String>,
+    present: Vec<String>,
+) -> Result<(), UdpComponentError> {
     let setting = match (&params.udp_if, &params.if_include) {
         (Some(udp_if), _) => setting(params, "udp_if", udp_if),
         (None, Some(include)) => {
@@ -232,9 +281,8 @@ impl UdpComponent {
     /// by the others); `None` warns, as [`init`](Self::init) does.
     ///
     /// # Errors
-    /// As [`init`](Self::init), and
-    /// [`UdpComponentError::NoNetworkInterface`] for a job across hosts on
-    /// a host with loopback only.
+    /// As [`init`](Self::init), and [`UdpComponentError::NoInterface`]
+    /// when no interface is left to use.
     pub fn init_in_job(
         params: Params,
         rank: Option<u32>,
@@ -253,12 +301,6 @@ impl UdpComponent {
         }
         let udp = UdpProvider::new(udp_config_in(&params, layout));
         check_udp_settings(&udp, &params)?;
-        if udp.config().interfaces.is_empty()
-            && udp.config().scope == InterfaceScope::Network
-            && udp.devices().is_ok_and(|devices| devices.is_empty())
-        {
-            return Err(UdpComponentError::NoNetworkInterface);
-        }
         let faulty = FaultyProvider::from_env(udp.clone())?;
         Ok(if faulty.config().is_active() {
             let faults = faulty.config();
