@@ -12,7 +12,7 @@ use crate::error::BtlError;
 use crate::params::Params;
 
 /// Where a job's processes run: what decides the interfaces a component
-/// opens when `if_include` (or `udp_if`) names none.
+/// opens when `if_include` names none.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum JobLayout {
@@ -31,29 +31,18 @@ pub fn udp_config(params: &Params) -> UdpConfig {
 }
 
 /// The `udp` provider configuration the parameters ask for, for a job laid
-/// out as `layout`: `udp_if` (or the devices and subnets of `if_include`)
-/// as interfaces, else those `layout` calls for; those of `if_exclude` left
-/// out; `udp_ipv6`, `udp_mtu`, `udp_gso`, `udp_gro`, `udp_busy_poll`,
+/// out as `layout`: the devices and subnets of `if_include` as interfaces,
+/// else those `layout` calls for; those of `if_exclude` left out;
+/// `udp_ipv6`, `udp_mtu`, `udp_gso`, `udp_gro`, `udp_busy_poll`,
 /// `udp_sockbuf`.
 pub fn udp_config_in(params: &Params, layout: JobLayout) -> UdpConfig {
-    let mut interfaces: Vec<String> = params
-        .udp_if
-        .as_deref()
-        .map(|list| {
-            list.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(String::from)
-                .collect()
-        })
-        .unwrap_or_default();
-    if interfaces.is_empty() {
-        if let Some(include) = &params.if_include {
-            interfaces = include.iter().map(|sel| sel.device.clone()).collect();
-        }
-    }
     UdpConfig {
-        interfaces,
+        interfaces: params
+            .if_include
+            .iter()
+            .flatten()
+            .map(|sel| sel.device.clone())
+            .collect(),
         exclude: params
             .if_exclude
             .iter()
@@ -145,7 +134,7 @@ pub enum UdpComponentError {
         /// The host's interfaces, with their addresses.
         present: Vec<String>,
     },
-    /// The interfaces `udp_if` (or `if_include`) names are not on this host.
+    /// The interfaces `if_include` names are not on this host.
     #[error(
         "{setting} names {} this host does not have: {}; its interfaces are: {}",
         if .missing.len() == 1 { "an interface" } else { "interfaces" },
@@ -153,7 +142,7 @@ pub enum UdpComponentError {
         if .present.is_empty() { "none".to_owned() } else { .present.join(", ") }
     )]
     NoSuchInterface {
-        /// The setting, e.g. `UDBTL_UDP_IF=eth9`.
+        /// The setting, e.g. `UDBTL_IF_INCLUDE=eth9`.
         setting: String,
         /// The names or subnets no interface matches.
         missing: Vec<String>,
@@ -163,19 +152,20 @@ pub enum UdpComponentError {
 }
 
 /// How an error names the setting of parameter `name`: `UDBTL_NAME=value`
-/// when the environment set it, `parameter name=value` otherwise.
+/// (or the old name the user set) when the environment set it, `parameter
+/// name=value` otherwise.
 fn setting(params: &Params, name: &str, value: &str) -> String {
     match params.source(name) {
         Some(crate::params::Source::Environment) => {
-            format!("{}={value}", crate::params::env_var(name))
+            format!("{}={value}", crate::params::alias::spelled(name))
         }
         _ => format!("parameter {name}={value}"),
     }
 }
 
 /// Checks what [`UdpComponent::init`] checks before it opens the `udp`
-/// provider: that `provider` is not `sim`, that the interfaces `udp_if`
-/// or `if_include` name exist (listing those the host has when none does;
+/// provider: that `provider` is not `sim`, that the interfaces
+/// `if_include` names exist (listing those the host has when none does;
 /// warning when only some are missing), and that some interface is left to
 /// use.
 ///
@@ -233,7 +223,7 @@ fn why_none_left(config: &UdpConfig, params: &Params) -> String {
     }
 }
 
-/// Fails when none of the interfaces `udp_if` or `if_include` names exists
+/// Fails when none of the interfaces `if_include` names exists
 /// (`missing` of them do not), and warns when only some are missing.
 fn check_named_interfaces(
     udp: &UdpProvider,
@@ -241,13 +231,12 @@ fn check_named_interfaces(
     missing: Vec<String>,
     present: Vec<String>,
 ) -> Result<(), UdpComponentError> {
-    let setting = match (&params.udp_if, &params.if_include) {
-        (Some(udp_if), _) => setting(params, "udp_if", udp_if),
-        (None, Some(include)) => {
+    let setting = match &params.if_include {
+        Some(include) => {
             let list: Vec<String> = include.iter().map(ToString::to_string).collect();
             setting(params, "if_include", &list.join(","))
         }
-        (None, None) => "the udp provider's configuration".to_owned(),
+        None => "the udp provider's configuration".to_owned(),
     };
     let err = UdpComponentError::NoSuchInterface {
         setting,

@@ -128,6 +128,7 @@ pub fn known_vars() -> Vec<String> {
         .into_iter()
         .map(|info| info.env_var)
         .chain(OTHER_VARS.iter().map(|var| var.name.to_owned()))
+        .chain(super::alias::RENAMED.iter().map(|r| r.old.to_owned()))
         .collect()
 }
 

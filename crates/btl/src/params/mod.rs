@@ -48,6 +48,7 @@ use std::fmt;
 
 use udbtl_wire::datagram::AuthKey;
 
+pub mod alias;
 pub mod env;
 mod selector;
 #[cfg(test)]
@@ -55,7 +56,7 @@ mod tests;
 mod value;
 
 pub use selector::{PortSelector, SelectorError};
-use value::{BOOL, Kind, PORTS, TEXT, Value, choice, hex, int, size};
+use value::{BOOL, Kind, PORTS, Value, choice, hex, int, size};
 pub use value::{ValueType, parse_bool};
 
 /// Where a parameter's value came from.
@@ -112,6 +113,18 @@ pub enum ParamError {
         second_from: Source,
         /// Why they conflict.
         reason: &'static str,
+    },
+    /// A renamed parameter's old variable and its new one are both set.
+    #[error(
+        "{old} and {} are both set; {old} is the old name of {}: set only the second",
+        env_var(.now),
+        env_var(.now)
+    )]
+    Renamed {
+        /// The old variable.
+        old: &'static str,
+        /// The parameter it now sets.
+        now: &'static str,
     },
 }
 
@@ -407,10 +420,6 @@ parameters! {
          the job's key-value space. Needs reliable; every process of the job must set it";
     job_key: u32 = (0), int(0, 0xffff_ffff), udbtl,
         "Key carried in every BTL header; datagrams carrying another key are dropped";
-    udp_if: String = unset, TEXT, udbtl,
-        "Network interfaces for the udp provider, comma-separated: names (eth0) or subnets \
-         (10.77.0.0/24, which name the same network on hosts whose interface names differ); \
-         takes precedence over if_include; unset: as if_include";
     udp_ipv6: bool = (false), BOOL, udbtl,
         "Prefer IPv6 addresses for the udp provider";
     udp_mtu: usize = unset, size(MIN_UDP_MTU as u64, MAX_UDP_PAYLOAD), udbtl,
@@ -455,6 +464,7 @@ impl Params {
         config: &BtlConfig,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ParamError> {
+        let env = alias::follow(&env)?;
         let params = Self::resolve(config, &env)?;
         params.check_conflicts()?;
         Ok(params)

@@ -42,7 +42,6 @@ fn defaults_are_the_seeds() {
     assert_eq!(p.send_mem, 64 << 20);
     assert_eq!(p.user_frags_max, 8192);
     assert_eq!(p.job_key, 0);
-    assert_eq!(p.udp_if, None);
     assert!(!p.udp_ipv6);
     assert_eq!(p.udp_mtu, None);
     assert!(p.describe().iter().all(|i| i.source == Source::Default));
@@ -73,7 +72,7 @@ fn defaults_satisfy_their_own_bounds() {
 fn describe_renders_values_that_parse_back() {
     let p = Params::default();
     let infos = p.describe();
-    assert_eq!(infos.len(), 38);
+    assert_eq!(infos.len(), 37);
     let pairs: Vec<(String, String)> = infos
         .iter()
         .filter(|i| i.value != "unset")
@@ -220,12 +219,7 @@ fn bounds_are_enforced_from_env_and_config() {
 
 #[test]
 fn an_empty_environment_value_is_an_error() {
-    for var in [
-        "UDBTL_SD_NUM",
-        "UDBTL_UDP_IF",
-        "UDBTL_IF_INCLUDE",
-        "UDBTL_UDP_IPV6",
-    ] {
+    for var in ["UDBTL_SD_NUM", "UDBTL_IF_INCLUDE", "UDBTL_UDP_IPV6"] {
         let err = load_env(&[(var, "  ")]).unwrap_err();
         assert!(err.to_string().contains("empty value"), "{err}");
     }
@@ -441,8 +435,32 @@ fn auth_needs_reliable() {
 
 #[test]
 fn text_is_trimmed() {
-    let p = load_env(&[("UDBTL_UDP_IF", " eth0 ")]).unwrap();
-    assert_eq!(p.udp_if.as_deref(), Some("eth0"));
+    let p = load_env(&[("UDBTL_PROVIDER", " udp ")]).unwrap();
+    assert_eq!(p.provider, "udp");
+}
+
+#[test]
+fn the_old_interface_variable_sets_if_include() {
+    let p = load_env(&[("UDBTL_UDP_IF", "eth0,10.77.0.0/24")]).unwrap();
+    let include: Vec<String> = p
+        .if_include
+        .iter()
+        .flatten()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(include, ["eth0", "10.77.0.0/24"]);
+    assert_eq!(p.source("if_include"), Some(Source::Environment));
+    let err = load_env(&[("UDBTL_UDP_IF", "eth0"), ("UDBTL_IF_INCLUDE", "eth1")]).unwrap_err();
+    assert!(matches!(err, ParamError::Renamed { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("UDBTL_UDP_IF and UDBTL_IF_INCLUDE are both set"),
+        "{err}"
+    );
+    assert!(
+        env::unknown_vars(["UDBTL_UDP_IF"]).is_empty(),
+        "the old name is not unknown"
+    );
 }
 
 /// `udp_mtu` must leave room for the UD header, the BTL header with its

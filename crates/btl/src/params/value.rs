@@ -8,7 +8,6 @@ use super::PortSelector;
 pub(super) enum Kind {
     Int { min: u64, max: u64, style: IntStyle },
     Bool,
-    Text,
     Choice(&'static [&'static str]),
     Ports,
 }
@@ -51,7 +50,6 @@ pub(super) const fn choice(names: &'static [&'static str]) -> Kind {
 }
 
 pub(super) const BOOL: Kind = Kind::Bool;
-pub(super) const TEXT: Kind = Kind::Text;
 pub(super) const PORTS: Kind = Kind::Ports;
 
 /// What type a parameter's values have, for a host that registers the
@@ -84,7 +82,7 @@ impl Kind {
             Self::Int { .. } => ValueType::Size,
             Self::Bool => ValueType::Boolean,
             Self::Choice(names) => ValueType::Choice(names),
-            Self::Text | Self::Ports => ValueType::Text,
+            Self::Ports => ValueType::Text,
         }
     }
 
@@ -102,9 +100,8 @@ impl Kind {
                 )
             }
             Self::Bool => "bool (1/0, true/false, yes/no, on/off)".to_owned(),
-            Self::Text => "text".to_owned(),
             Self::Choice(names) => names.join("|"),
-            Self::Ports => "dev[:port],...".to_owned(),
+            Self::Ports => "dev[:port] or subnet,...".to_owned(),
         }
     }
 
@@ -252,8 +249,6 @@ impl Value for String {
 
     fn validate(self, kind: &Kind) -> Result<Self, String> {
         match *kind {
-            Kind::Text if self.trim().is_empty() => Err("empty value".to_owned()),
-            Kind::Text => Ok(self.trim().to_owned()),
             Kind::Choice(names) => {
                 let lower = self.trim().to_ascii_lowercase();
                 if names.contains(&lower.as_str()) {

@@ -6,7 +6,7 @@
 //! 1. **Providers**: `udp` (real) and `sim` (the in-process simulated fabric
 //!    of the tests, which has no devices outside a test).
 //! 2. **Devices**: the `udp` provider's devices and ports, configured as the
-//!    parameters ask (`udp_if`, `if_include`, `udp_ipv6`, `udp_mtu`), and
+//!    parameters ask (`if_include`, `if_exclude`, `udp_ipv6`, `udp_mtu`), and
 //!    whether a module may be built on each.
 //! 3. **Parameters**: every parameter with its value, default, source, the
 //!    environment variable that sets it and its help, marked as the seed's
@@ -344,7 +344,7 @@ fn devices(out: &mut Listing<'_>, udp: &UdpProvider, params: &Params) -> io::Res
     }
     out.heading(
         "Devices of provider udp",
-        &udp_settings(udp.config(), params),
+        &udp_settings(udp.config()),
     )?;
     if ports.is_empty() {
         return out.line("  (none)");
@@ -519,16 +519,13 @@ const fn state(state: PortState) -> &'static str {
 }
 
 /// The `udp` provider configuration, and which parameters chose it.
-fn udp_settings(config: &UdpConfig, params: &Params) -> String {
-    let interfaces = if !config.interfaces.is_empty() {
-        let from = if params.udp_if.is_some() {
-            "udp_if"
-        } else {
-            "if_include"
-        };
-        format!("interfaces: {} from {from}", config.interfaces.join(","))
+fn udp_settings(config: &UdpConfig) -> String {
+    let interfaces = if config.interfaces.is_empty() {
+        "interfaces: loopback (if_include unset: a job on one host; a job across hosts uses every \
+         other interface)"
+            .to_owned()
     } else {
-        "interfaces: loopback, udp_if unset".to_owned()
+        format!("interfaces: {} from if_include", config.interfaces.join(","))
     };
     let family = if config.ipv6 { "IPv6" } else { "IPv4" };
     let mtu = match config.mtu {
