@@ -218,7 +218,7 @@ impl<C: Context + Send + 'static> HostModule for Module<C> {
     }
 
     fn describe_address(&self) -> String {
-        format!("{} {}", self.device(), describe(&self.address()))
+        format!("{} {}", self.device(), self.address())
     }
 
     fn endpoint_context(&self, endpoint: EndpointId) -> Option<u64> {
@@ -298,17 +298,6 @@ impl<C: Context + Send + 'static> HostModule for Module<C> {
             *total += value;
         }
     }
-}
-
-/// A published address for messages: where, and which network.
-fn describe(address: &modex::Address) -> String {
-    let location = match address.location {
-        modex::Location::Ipv4(ip) => std::net::Ipv4Addr::from(ip).to_string(),
-        modex::Location::Ipv6(ip) => std::net::Ipv6Addr::from(ip).to_string(),
-        modex::Location::Sim(id) => format!("sim node {id}"),
-        modex::Location::Ib { lid, .. } => format!("InfiniBand LID {lid}"),
-    };
-    format!("{location} (network {:016x})", address.network)
 }
 
 /// The component's transport and its modules.
@@ -451,7 +440,7 @@ impl OmpiTransport {
             .filter_map(|i| self.module(i))
             .map(HostModule::describe_address)
             .collect();
-        let theirs: Vec<String> = theirs.iter().map(describe).collect();
+        let theirs: Vec<String> = theirs.iter().map(ToString::to_string).collect();
         tracing::warn!(
             "{peer} is unreachable over udbtl: it published {} and this process uses {}, with \
              no network in common; choose interfaces both reach with btl_udbtl_if_include \

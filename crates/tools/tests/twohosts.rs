@@ -158,3 +158,46 @@ fn udbench_between_hosts() {
     );
     assert_on_the_veth(&out, 2);
 }
+
+/// Ranks told to use loopback across hosts cannot reach each other: the
+/// job fails at once, each rank naming the peer's address and its own
+/// interface, and the setting to change (no wait for a timeout).
+#[test]
+fn unreachable_peers_are_named_with_both_addresses() {
+    let Some(hosts) = StandInHosts::up() else {
+        return;
+    };
+    let nsssh = hosts.nsssh().display().to_string();
+    let args = [
+        "-n",
+        "2",
+        "--host",
+        "localhost,udB",
+        "--launcher-exec",
+        &nsssh,
+        "-x",
+        "UDBTL_IF_INCLUDE",
+    ];
+    let udrun = common::clean_command(
+        env!("CARGO_BIN_EXE_udrun"),
+        &args,
+        &[("UDBTL_IF_INCLUDE", "lo")],
+    );
+    let mut command = hosts.in_a(&udrun);
+    command.arg(env!("CARGO_BIN_EXE_udhello"));
+    let child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("udrun starts in udA");
+    let finished = common::finish(child, LIMIT);
+    let (_, stderr) = common::text(&finished.output);
+    assert!(!finished.output.status.success(), "{stderr}");
+    assert!(stderr.contains("is unreachable"), "{stderr}");
+    assert!(stderr.contains("no network in common"), "{stderr}");
+    assert!(
+        stderr.contains("this process uses lo 127.0.0.1"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("UDBTL_IF_INCLUDE"), "{stderr}");
+}

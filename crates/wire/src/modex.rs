@@ -249,6 +249,24 @@ pub struct Address {
     pub auth: Auth,
 }
 
+impl core::fmt::Display for Location {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match *self {
+            Self::Ipv4(ip) => write!(f, "{}", core::net::Ipv4Addr::from(ip)),
+            Self::Ipv6(ip) => write!(f, "{}", core::net::Ipv6Addr::from(ip)),
+            Self::Sim(id) => write!(f, "sim node {id}"),
+            Self::Ib { lid, .. } => write!(f, "InfiniBand LID {lid}"),
+        }
+    }
+}
+
+/// For messages: where the port is, and its network.
+impl core::fmt::Display for Address {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{} (network {:016x})", self.location, self.network)
+    }
+}
+
 /// How a module authenticates the datagrams it receives: the key its peers
 /// MAC what they send it with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

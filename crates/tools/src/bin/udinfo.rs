@@ -342,10 +342,7 @@ fn devices(out: &mut Listing<'_>, udp: &UdpProvider, params: &Params) -> io::Res
         }
         return Ok(());
     }
-    out.heading(
-        "Devices of provider udp",
-        &udp_settings(udp.config()),
-    )?;
+    out.heading("Devices of provider udp", &udp_settings(udp.config()))?;
     if ports.is_empty() {
         return out.line("  (none)");
     }
@@ -525,7 +522,10 @@ fn udp_settings(config: &UdpConfig) -> String {
          other interface)"
             .to_owned()
     } else {
-        format!("interfaces: {} from if_include", config.interfaces.join(","))
+        format!(
+            "interfaces: {} from if_include",
+            config.interfaces.join(",")
+        )
     };
     let family = if config.ipv6 { "IPv6" } else { "IPv4" };
     let mtu = match config.mtu {

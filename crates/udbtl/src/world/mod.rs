@@ -1,6 +1,9 @@
 //! Job wire-up: PMI, the transport, and the address exchange (the modex).
 
+mod barrier;
+mod error;
 mod failures;
+mod startup;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -8,13 +11,15 @@ use std::time::{Duration, Instant};
 
 use udbtl_btl::params::Source;
 use udbtl_btl::{
-    BtlConfig, BtlError, DesFlags, ErrorEvent, JobLayout, NO_ORDER, Params, RecvEvent, SendEvent,
-    Tag, UdpComponent, UdpComponentError,
+    BtlConfig, DesFlags, ErrorEvent, NO_ORDER, Params, RecvEvent, SendEvent, Tag, UdpComponent,
 };
-use udbtl_pmi::{JobSecret, PmiClient, PmiError, ProcessMapping, SECRET_ENV};
-use udbtl_wire::datagram::AuthKey;
+use udbtl_pmi::PmiClient;
 
+use barrier::parse_barrier_message;
+pub use error::InitError;
 use failures::{FailureLog, Route, peer_name};
+pub use startup::log_to_stderr;
+use startup::{address_key, datagram_secret, dump_requested, job_key_from, job_layout};
 
 /// Runs `$body` with `$btl` bound to whichever component is in use.
 macro_rules! with_btl {
@@ -41,68 +46,6 @@ const CONTROL: Tag = Tag(Tag::PML.0 - 1);
 /// Jobs larger than this fetch addresses lazily unless `UDBTL_MODEX` says
 /// otherwise: most ranks of a large job talk to few peers.
 const BULK_MODEX_MAX_SIZE: u32 = 256;
-
-/// Starting the job failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum InitError {
-    /// The PMI exchange with the launcher failed.
-    #[error("PMI: {0}")]
-    Pmi(#[from] PmiError),
-    /// The transport could not be opened.
-    #[error("transport: {0}")]
-    Btl(#[from] BtlError),
-    /// A peer published no address, or one this process cannot reach.
-    #[error("rank {rank} is unreachable: {reason}")]
-    Unreachable {
-        /// The peer.
-        rank: u32,
-        /// Why.
-        reason: String,
-    },
-    /// `UDBTL_PMI_SECRET` is set (so authenticated datagrams would key from
-    /// it) but is not a job secret. The value is never quoted.
-    #[error("UDBTL_PMI_SECRET: {0}")]
-    BadJobSecret(#[source] udbtl_pmi::SecretError),
-    /// `UDBTL_MODEX` held something other than `bulk` or `lazy`.
-    #[error("UDBTL_MODEX={0:?}: expected bulk or lazy")]
-    BadModexMode(String),
-    /// `UDBTL_DUMP` held something other than a boolean.
-    #[error("UDBTL_DUMP={value:?}: {reason}")]
-    BadDump {
-        /// The value as set.
-        value: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// A peer's rank is outside the job.
-    #[error("rank {rank} is outside a job of {size}")]
-    NoSuchRank {
-        /// The rank asked for.
-        rank: u32,
-        /// The job size.
-        size: u32,
-    },
-    /// The transport could not start: an invalid `UDBTL_FAULT_*` rate, or
-    /// no module.
-    #[error(transparent)]
-    Transport(#[from] UdpComponentError),
-    /// Messages were lost: a peer was declared lost, or sends to it failed.
-    /// The transport never drops a message silently; this is how a rank
-    /// hears of it (at the latest from `finalize`).
-    #[error("messages were lost: {0}")]
-    Lost(String),
-    /// A message did not fit, or no fragment became free in time.
-    #[error("cannot send {len} bytes to rank {rank}: {reason}")]
-    Send {
-        /// Destination.
-        rank: u32,
-        /// Message length.
-        len: usize,
-        /// Why.
-        reason: String,
-    },
-}
 
 /// A started job, as one rank sees it.
 pub struct World {
@@ -138,19 +81,6 @@ impl std::fmt::Debug for World {
     }
 }
 
-/// The PMI key under which `rank` publishes its addresses.
-fn address_key(rank: u32) -> String {
-    format!("udbtl-addr-{rank}")
-}
-
-/// A job key from a launcher's job name: a stable hash, since every rank
-/// must derive the same key.
-fn job_key_from(name: &str) -> u32 {
-    let hash = udbtl_wire::hash::fnv1a(name.as_bytes());
-    // Zero means "no key"; any other value is a key.
-    ((hash >> 32) as u32 ^ hash as u32).max(1)
-}
-
 /// Starts the job: PMI when a launcher is present (a singleton otherwise),
 /// the transport on the `udp` provider with the parameters from the
 /// environment, the address exchange and one barrier.
@@ -173,22 +103,6 @@ pub fn init() -> Result<World, InitError> {
     World::init_with(BtlConfig::default())
 }
 
-/// The context under which the datagram secret derives from the job secret:
-/// no other use of the job secret may share it.
-const DATAGRAM_SECRET_CONTEXT: &str = "udbtl 2026-12 authenticated datagrams v1";
-
-/// The job's datagram secret, derived from the job secret its launcher
-/// handed it (`UDBTL_PMI_SECRET`: udrun gives it to every rank, local or
-/// remote, never on a command line), or `None` under a launcher that gives
-/// none: then each module publishes a random key through PMI instead.
-fn datagram_secret() -> Result<Option<AuthKey>, InitError> {
-    let Some(hex) = std::env::var_os(SECRET_ENV) else {
-        return Ok(None);
-    };
-    let secret = JobSecret::from_hex(&hex.to_string_lossy()).map_err(InitError::BadJobSecret)?;
-    Ok(Some(AuthKey(secret.derive_key(DATAGRAM_SECRET_CONTEXT))))
-}
-
 impl World {
     /// [`init`] with parameters chosen by the program (the environment still
     /// overrides them).
@@ -208,7 +122,7 @@ impl World {
             }
         }
         let dump = dump_requested()?;
-        let mut params = Params::load(&config).map_err(BtlError::from)?;
+        let mut params = Params::load(&config).map_err(udbtl_btl::BtlError::from)?;
         if params.auth {
             params.auth_secret = datagram_secret()?;
         }
@@ -302,11 +216,39 @@ impl World {
         let views: Vec<Option<&[u8]>> = blobs.iter().map(|b| Some(b.as_slice())).collect();
         let added = with_btl!(&mut self.btl, c => c.add_procs(&views))?;
         for rank in 0..self.size {
-            let route = first_route(&added, rank as usize).ok_or_else(|| unreachable(rank))?;
+            let route = first_route(&added, rank as usize)
+                .ok_or_else(|| self.unreachable(rank, &blobs[rank as usize]))?;
             self.routes[rank as usize] = Some(route);
             self.record_rank(route, rank)?;
         }
         Ok(())
+    }
+
+    /// Says why `rank`, which published `blob`, is on no network of this
+    /// process: both sides' addresses, and the setting to change.
+    fn unreachable(&self, rank: u32, blob: &[u8]) -> InitError {
+        let theirs = match udbtl_wire::modex::parse_blob(blob) {
+            Ok(addresses) => addresses
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            Err(_) => "an address that does not parse".to_owned(),
+        };
+        let ours = with_btl!(&self.btl, c => c
+            .modules()
+            .iter()
+            .map(|m| format!("{} {}", m.device(), m.address()))
+            .collect::<Vec<_>>()
+            .join(", "));
+        InitError::Unreachable {
+            rank,
+            reason: format!(
+                "it published {theirs} and this process uses {ours}, with no network in \
+                 common; choose interfaces both reach with UDBTL_IF_INCLUDE (names or subnets, \
+                 e.g. 10.0.0.0/24)"
+            ),
+        }
     }
 
     /// Tags the route's endpoint with its rank, which receive callbacks get
@@ -362,7 +304,7 @@ impl World {
         }
         let blob = self.fetch(rank)?;
         let added = with_btl!(&mut self.btl, c => c.add_procs(&[Some(&blob)]))?;
-        let route = first_route(&added, 0).ok_or_else(|| unreachable(rank))?;
+        let route = first_route(&added, 0).ok_or_else(|| self.unreachable(rank, &blob))?;
         self.routes[rank as usize] = Some(route);
         self.record_rank(route, rank)?;
         Ok(route)
@@ -573,44 +515,6 @@ impl World {
         self.check()
     }
 
-    /// Waits until every rank has called `barrier`, progressing the
-    /// transport meanwhile. The barrier runs over the transport itself (a
-    /// dissemination barrier: ⌈log₂ N⌉ rounds, in round k each rank
-    /// messages rank + 2^k and waits for rank − 2^k), through the same
-    /// progress as every other call, so peers not connected yet are
-    /// connected while it waits.
-    ///
-    /// # Errors
-    /// A barrier message could not be sent, or messages were lost.
-    pub fn barrier(&mut self) -> Result<(), InitError> {
-        let barrier = self.barriers;
-        self.barriers = self.barriers.wrapping_add(1);
-        let mut distance = 1u32;
-        let mut round = 0u8;
-        while distance < self.size {
-            let to = (self.rank + distance) % self.size;
-            self.send_bytes(to, CONTROL, &barrier_message(barrier, round))?;
-            let key = (barrier, round);
-            loop {
-                let arrived = self
-                    .arrivals
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&key);
-                if arrived {
-                    break;
-                }
-                self.check()?;
-                if self.progress() == 0 {
-                    std::thread::yield_now();
-                }
-            }
-            distance *= 2;
-            round += 1;
-        }
-        Ok(())
-    }
-
     /// Asks the launcher to end the whole job with `code`, then exits.
     pub fn abort(mut self, code: i32, message: &str) -> ! {
         if let Err(err) = self.pmi.abort(code, message) {
@@ -673,46 +577,6 @@ impl World {
     }
 }
 
-/// Sends log records to stderr: `RUST_LOG` when set (an invalid one is
-/// reported and replaced), `warn` otherwise, so that the library's warnings
-/// reach the user. A program that installed its own subscriber keeps it.
-/// [`init`] calls it; tools that do not call `init` may too.
-pub fn log_to_stderr() {
-    use tracing_subscriber::EnvFilter;
-    use tracing_subscriber::filter::LevelFilter;
-    let filter = EnvFilter::builder()
-        .with_default_directive(LevelFilter::WARN.into())
-        .from_env();
-    let (filter, rejected) = match filter {
-        Ok(filter) => (filter, None),
-        Err(err) => (EnvFilter::new("warn"), Some(err)),
-    };
-    let installed = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .without_time()
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init()
-        .is_ok();
-    if let (true, Some(err)) = (installed, rejected) {
-        tracing::warn!("ignoring RUST_LOG: {err}");
-    }
-}
-
-/// Whether `UDBTL_DUMP` asks for the transport's state at finalize, read
-/// as the boolean parameters are.
-fn dump_requested() -> Result<bool, InitError> {
-    match std::env::var_os("UDBTL_DUMP") {
-        None => Ok(false),
-        Some(value) => {
-            let value = value.to_string_lossy().into_owned();
-            udbtl_btl::params::parse_bool(&value)
-                .map_err(|reason| InitError::BadDump { value, reason })
-        }
-    }
-}
-
 /// The route of peer `index` of an `add_procs` call: its endpoint on the
 /// first module that reaches it.
 fn first_route(added: &[udbtl_btl::AddProcs], index: usize) -> Option<Route> {
@@ -720,72 +584,4 @@ fn first_route(added: &[udbtl_btl::AddProcs], index: usize) -> Option<Route> {
         let endpoint = (*procs.endpoints.get(index)?)?;
         Some(Route { module, endpoint })
     })
-}
-
-fn unreachable(rank: u32) -> InitError {
-    InitError::Unreachable {
-        rank,
-        reason: "no address on a network this process reaches".into(),
-    }
-}
-
-/// Where the job runs, from the launcher's `PMI_process_mapping`: on one
-/// node, or across several. A launcher that gives no mapping (or one this
-/// cannot read) leaves the job taken to span hosts when it has more than
-/// one rank: every interface but loopback works on one host too, where
-/// loopback alone would not work across hosts.
-fn job_layout(pmi: &mut PmiClient) -> Result<JobLayout, InitError> {
-    if pmi.size() == 1 {
-        return Ok(JobLayout::OneHost);
-    }
-    let text = pmi.get("PMI_process_mapping")?;
-    let mapping = text.as_deref().and_then(ProcessMapping::parse);
-    Ok(match mapping {
-        Some(mapping) if mapping.node_count() == 1 => JobLayout::OneHost,
-        Some(_) => JobLayout::SpansHosts,
-        None => {
-            tracing::debug!(
-                ?text,
-                "no PMI_process_mapping to read; taking the job to span hosts"
-            );
-            JobLayout::SpansHosts
-        }
-    })
-}
-
-/// A barrier message: the barrier's number and the round.
-fn barrier_message(barrier: u32, round: u8) -> [u8; 5] {
-    let mut message = [0; 5];
-    message[..4].copy_from_slice(&barrier.to_be_bytes());
-    message[4] = round;
-    message
-}
-
-fn parse_barrier_message(payload: &[u8]) -> Option<(u32, u8)> {
-    let (barrier, round) = payload.split_first_chunk::<4>()?;
-    match round {
-        [round] => Some((u32::from_be_bytes(*barrier), *round)),
-        _ => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn barrier_messages_round_trip_and_reject_other_lengths() {
-        assert_eq!(
-            parse_barrier_message(&barrier_message(0x0102_0304, 7)),
-            Some((0x0102_0304, 7))
-        );
-        assert_eq!(parse_barrier_message(&[0; 4]), None);
-        assert_eq!(parse_barrier_message(&[0; 6]), None);
-    }
-
-    #[test]
-    fn job_keys_from_names_differ_and_are_never_zero() {
-        assert_ne!(job_key_from("kvs_1"), job_key_from("kvs_2"));
-        assert_ne!(job_key_from(""), 0);
-    }
 }
