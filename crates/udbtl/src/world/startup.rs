@@ -39,7 +39,7 @@ pub(super) fn datagram_secret() -> Result<Option<AuthKey>, InitError> {
 /// Sends log records to stderr: `RUST_LOG` when set (an invalid one is
 /// reported and replaced), `warn` otherwise, so that the library's warnings
 /// reach the user. A program that installed its own subscriber keeps it.
-/// [`init`] calls it; tools that do not call `init` may too.
+/// [`init`](crate::init) calls it; tools that do not call `init` may too.
 pub fn log_to_stderr() {
     use tracing_subscriber::EnvFilter;
     use tracing_subscriber::filter::LevelFilter;
