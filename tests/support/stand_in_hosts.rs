@@ -11,13 +11,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-/// The namespaces, brought up if they were not and taken down again only
-/// then (another user may be running in namespaces it brought up). Tests
-/// of one binary hold them one at a time: one test's teardown must not pull
-/// them from under another.
+/// The namespaces, brought up if they were not, and left up: a test
+/// process cannot know whether another (a second `cargo test`, another
+/// crate's tests) still runs in them. Tests of one binary take them one at
+/// a time, so that their jobs do not crowd each other.
 pub(crate) struct StandInHosts {
     tools: PathBuf,
-    brought_up: bool,
     _turn: MutexGuard<'static, ()>,
 }
 
@@ -33,28 +32,17 @@ impl StandInHosts {
         };
         static TURN: Mutex<()> = Mutex::new(());
         let turn = TURN.lock().unwrap_or_else(PoisonError::into_inner);
-        let list = Command::new("ip")
-            .args(["netns", "list"])
-            .output()
-            .expect("ip netns list");
-        let list = String::from_utf8_lossy(&list.stdout);
-        let present = |name: &str| {
-            list.lines()
-                .any(|l| l.split_whitespace().next() == Some(name))
-        };
-        let brought_up = !(present("udA") && present("udB"));
-        if brought_up {
-            let status = Command::new(tools.join("twohosts"))
-                .arg("up")
-                .status()
-                .expect("run twohosts up");
-            assert!(status.success(), "twohosts up failed: {status}");
-        }
-        Some(Self {
-            tools,
-            brought_up,
-            _turn: turn,
-        })
+        // `twohosts up` first takes the hosts down, and they are usable only
+        // once it wrote their hosts files: the check and the bring-up happen
+        // under one lock that every test process takes.
+        let status = Command::new("flock")
+            .arg(std::env::temp_dir().join("udbtl-stand-in-hosts.lock"))
+            .args(["sh", "-c", BRING_UP_UNLESS_PRESENT])
+            .arg(tools.join("twohosts"))
+            .status()
+            .expect("run flock");
+        assert!(status.success(), "twohosts up failed: {status}");
+        Some(Self { tools, _turn: turn })
     }
 
     /// The `ssh` stand-in: `nsssh HOST COMMAND` runs COMMAND in namespace
@@ -83,15 +71,11 @@ impl StandInHosts {
     }
 }
 
-impl Drop for StandInHosts {
-    fn drop(&mut self) {
-        if self.brought_up {
-            let _ = Command::new(self.tools.join("twohosts"))
-                .arg("down")
-                .status();
-        }
-    }
-}
+/// Runs `$0 up` (`$0` is twohosts) unless both namespaces exist with their
+/// hosts files, which `twohosts up` writes last.
+const BRING_UP_UNLESS_PRESENT: &str = "for h in udA udB; do \
+     [ -e /run/netns/$h ] && [ -f /etc/netns/$h/hosts ] || exec \"$0\" up; \
+     done";
 
 /// The folder of `twohosts` and `nsssh`, or why a test cannot use them.
 fn shared_tools() -> Result<PathBuf, String> {
@@ -116,6 +100,9 @@ fn shared_tools() -> Result<PathBuf, String> {
     }
     if Command::new("ip").arg("-V").output().is_err() {
         return Err("ip (iproute2) is not installed".into());
+    }
+    if Command::new("flock").arg("-V").output().is_err() {
+        return Err("flock (util-linux) is not installed".into());
     }
     Ok(tools)
 }
