@@ -192,3 +192,31 @@ fn ring_and_collectives_checked_byte_by_byte() {
     }
     common::assert_carried(&out, 2);
 }
+
+/// Processes told to use loopback across hosts cannot reach each other:
+/// the job stops at start-up instead of timing out, and udbtl names the
+/// peer's address, its own interface and the setting to change.
+#[test]
+fn unreachable_peers_are_named_with_both_addresses() {
+    require_openmpi!();
+    let Some(hosts) = StandInHosts::up() else {
+        return;
+    };
+    let run = across(&hosts, 2).mca("btl_udbtl_if_include", "lo");
+    let exe = common::program("p2p");
+    let out = {
+        let _turn = common::serial();
+        hosts
+            .in_a(&run.command(&exe, &[]))
+            .output()
+            .expect("run mpirun in udA")
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("is unreachable over udbtl"), "{stderr}");
+    assert!(
+        stderr.contains("this process uses lo 127.0.0.1"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("btl_udbtl_if_include"), "{stderr}");
+}
