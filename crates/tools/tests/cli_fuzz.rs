@@ -122,8 +122,11 @@ fn arguments(rng: &mut fastrand::Rng, options: &[String], subcommands: &[&str]) 
 /// Runs `tool args`, bounded; panics on a crash, a hang or an error that
 /// is not one line naming the tool. Returns the exit code.
 fn check(tool: &str, name: &str, args: &[String], seed: u64) -> i32 {
+    // An empty PATH: a random word must not name a program that runs for
+    // ever (`yes`); udrun's ranks run `true` by its full path.
     let mut child = common::clean_command(tool, &[], &[])
         .args(args)
+        .env("PATH", "")
         .env("UDRUN_OVERSUBSCRIBE", "0")
         .stdin(Stdio::null())
         .spawn()
@@ -160,6 +163,16 @@ fn check(tool: &str, name: &str, args: &[String], seed: u64) -> i32 {
     code.unwrap_or(-1)
 }
 
+/// The full path of `true`, found on the test's own PATH.
+fn true_program() -> String {
+    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|dir| dir.join("true"))
+        .find(|path| path.is_file())
+        .expect("true on PATH")
+        .display()
+        .to_string()
+}
+
 #[test]
 fn random_command_lines_end_in_success_or_a_clear_error() {
     let runs: usize = std::env::var("CLI_FUZZ_RUNS")
@@ -190,7 +203,7 @@ fn random_command_lines_end_in_success_or_a_clear_error() {
                 // A rank count and a program, so that some lists parse whole.
                 let n = ["1", "2", "0", "3"][rng.usize(..4)];
                 args.splice(0..0, ["-n".to_owned(), n.to_owned()]);
-                args.extend(["--".into(), "true".into()]);
+                args.extend(["--".into(), true_program()]);
             }
             *codes.entry(check(tool, name, &args, seed)).or_default() += 1;
         }

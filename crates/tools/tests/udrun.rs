@@ -247,6 +247,11 @@ fn remote_args<'a>(ssh: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
         "localhost,node:2",
         "--launcher-exec",
         ssh.to_str().unwrap(),
+        // The fake node is this machine, which loopback reaches; a job
+        // across hosts would use every other interface, and a machine (or a
+        // test's network namespace) may have none.
+        "-x",
+        "UDBTL_IF_INCLUDE=lo",
     ];
     args.extend_from_slice(extra);
     args
@@ -1339,8 +1344,12 @@ fi"#,
     );
     assert!(connected >= 500, "only {connected} connections made it");
     let cap = 64; // udbtl_pmi::server::DEFAULT_MAX_HANDSHAKES
+    // A handshake thread gives its slot back before it has exited, so on a
+    // loaded machine a few finished ones are still counted beside the cap's
+    // worth of live ones (83 from 12 seen with two runs at once). Twice the
+    // cap still shows what matters: no thread per connection (1000).
     assert!(
-        threads_max <= threads_before + cap + 4,
+        threads_max <= threads_before + 2 * cap,
         "udrun went from {threads_before} to {threads_max} threads"
     );
     assert!(
