@@ -115,11 +115,14 @@
 //! `RUST_LOG` turns on udrun's (and the PMI server's) logs on stderr.
 
 mod cli;
+mod events;
 mod hosts;
 mod job;
 mod output;
+mod rank;
 mod remote;
 mod spawn;
+mod supervise;
 
 use std::fmt;
 use std::io::{self, IsTerminal, Write};

@@ -26,7 +26,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::job::Event;
+use crate::events::Event;
 
 /// The longest line kept whole; longer ones are cut.
 pub(crate) const MAX_LINE: usize = 64 * 1024;

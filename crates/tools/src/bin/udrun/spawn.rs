@@ -41,8 +41,8 @@ use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
 use udbtl_pmi::Server;
 
 use crate::cli::Export;
+use crate::events::Event;
 use crate::hosts::Placement;
-use crate::job::Event;
 
 /// A random, non-zero job key from the kernel's generator.
 pub(crate) fn job_key() -> io::Result<u32> {
