@@ -153,7 +153,7 @@ pub(crate) fn devices(out: &mut Listing<'_>, udp: &UdpProvider, params: &Params)
 }
 
 /// Why a module may or may not be built on a port, in the order
-/// [`Component::init`] decides it; `modules` counts the eligible ports so far.
+/// [`Component::init`](udbtl_btl::Component::init) decides it; `modules` counts the eligible ports so far.
 /// The verbs devices and ports, or why there are none.
 pub(crate) fn rdma_devices(out: &mut Listing<'_>, params: &Params) -> io::Result<()> {
     let listed = rdma_ports(params);
