@@ -39,10 +39,12 @@ pub const USER_RESERVE_MAX: usize = USER_FRAG_STRIDE - HEADER_MAX;
 /// Sizes a module works with, derived from the parameters and the port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Largest payload of an `alloc`ed fragment (max send size less the BTL
-    /// header).
+    /// Largest payload of an `alloc`ed fragment: the `max_send_size`
+    /// parameter (or, unset, the port's largest datagram) less the BTL
+    /// header.
     pub eager_limit: usize,
-    /// Largest payload of one fragment of any kind.
+    /// Largest payload of one fragment of any kind: equal to the eager
+    /// limit, since every fragment, prepared ones too, is one datagram.
     pub max_send_size: usize,
     /// Data size of the first fragment of a rendezvous (`min_send_size`).
     pub rndv_eager_limit: usize,

@@ -1,5 +1,6 @@
 //! The reliable path: drives the sans-IO reliability state with what the
-//! fabric delivers (the drive loop of `../shared/reference/architecture.md`).
+//! fabric delivers, and sends what it asks for: every progress call hands
+//! it the completions, then its due timers, then posts what it owes.
 //!
 //! * `send` hands a descriptor to the reliability state, which sequences it
 //!   and keeps a handle to it for retransmission: nothing is copied.
