@@ -4,7 +4,7 @@
 //! # The core
 //!
 //! [`ServerCore`] holds the job's key-value space and barrier. It does no
-//! I/O: a driver reads a [`Message`](crate::wire::Message) from rank `r`'s connection, calls
+//! I/O: a driver reads a [`Message`] from rank `r`'s connection, calls
 //! [`ServerCore::handle`]`(r, &msg)` and carries out the returned
 //! [`Action`]. Every request costs O(1) (a hash map look-up) except the
 //! barrier's release, which is O(size) once per barrier. In port mode
@@ -55,7 +55,7 @@
 //! With [`PortOptions::with_secret`] (or [`Server::listen_tcp_authenticated`])
 //! the server speaks first, with a fresh 32-byte nonce per connection, and
 //! the `initack` must carry `proof`, the BLAKE3 MAC of the nonce and the
-//! `pmiid` under a key derived from the job's [`JobSecret`](crate::auth::JobSecret) (see
+//! `pmiid` under a key derived from the job's [`JobSecret`] (see
 //! [`crate::auth`]; the hex values below are illustrative):
 //!
 //! ```text
@@ -99,7 +99,7 @@
 //!   (default [`DEFAULT_HANDSHAKE_TIMEOUT`]) from the accept: a deadline for
 //!   the whole exchange, so a peer that sends a byte at a time is cut off
 //!   too.
-//! * A line is read up to [`wire::MAX_LINE`](crate::wire::MAX_LINE) bytes and never buffered
+//! * A line is read up to [`wire::MAX_LINE`] bytes and never buffered
 //!   beyond: a longer one closes the connection with `PMI line longer than
 //!   65536 bytes` (before the handshake, and from a rank).
 //! * Each rank may hold [`KvsLimits`] of the key-value space (default 1 MiB
@@ -115,7 +115,7 @@
 //!
 //! # What a launcher does
 //!
-//! 1. [`JobSecret::generate`](crate::auth::JobSecret::generate) once per job.
+//! 1. [`JobSecret::generate`] once per job.
 //! 2. `server.listen_tcp_authenticated((addr, 0), secret.clone())` on the
 //!    address the remote ranks are told to use (not `0.0.0.0`), or
 //!    [`Server::listen_tcp_with`] to change the bounds.
@@ -129,6 +129,11 @@
 //!    shows up; the server does not know which ranks a launcher expects
 //!    when. [`ServerEvent::Connected`] tells when each port-mode rank
 //!    completed its handshake (udrun's `--startup-timeout` uses it).
+//!
+//! [`Message`]: crate::wire::Message
+//! [`JobSecret`]: crate::auth::JobSecret
+//! [`JobSecret::generate`]: crate::auth::JobSecret::generate
+//! [`wire::MAX_LINE`]: crate::wire::MAX_LINE
 
 use std::io;
 
