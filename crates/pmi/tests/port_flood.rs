@@ -159,17 +159,26 @@ fn junk_connections_leave_threads_and_memory_bounded() {
 
     // Ours beyond the server's: the junk threads, the rank clients and the
     // monitor. The server's: at most CAP handshake threads and one per
-    // rank.
+    // rank; a handshake thread gives its slot back before it has exited,
+    // so on a loaded machine up to another CAP finished ones may still be
+    // counted (33 against a bound of 32 was seen). What matters is that the
+    // count does not grow with the 1000 connections.
     let ours = JUNK_THREADS + SIZE as usize + 1;
     let peak = peak.load(Ordering::Relaxed);
     eprintln!("threads: baseline {baseline}, peak {peak}, cap {CAP}; {stats:?}");
     assert!(
-        peak <= baseline + CAP + SIZE as usize + ours,
+        peak <= baseline + 2 * CAP + SIZE as usize + ours,
         "peak {peak} threads, baseline {baseline}"
     );
-    // The rank threads ended with their connections; no handshake thread
-    // is left.
-    let after = threads();
+    // The rank threads ended with their connections, and every handshake
+    // thread ends: wait for the exiting ones (the limit only catches a
+    // leak).
+    let start = Instant::now();
+    let mut after = threads();
+    while after > baseline + 1 && start.elapsed() < Duration::from_secs(30) {
+        thread::sleep(Duration::from_millis(10));
+        after = threads();
+    }
     assert!(
         after <= baseline + 1,
         "{after} threads left, baseline {baseline}"
