@@ -10,8 +10,9 @@ use udbtl_wire::{btl, modex};
 
 use super::descriptors::{Frags, USER_FRAG_STRIDE};
 use super::endpoints::{Endpoints, module_address};
+use super::integrity::Integrity;
 use super::recv::{RecvPool, recv_work_request};
-use super::reliable::{Integrity, Reliable};
+use super::reliable::Reliable;
 use super::send::{PostBatch, SendQueue};
 use super::{Engine, ModuleStats, deregister};
 use crate::error::BtlError;

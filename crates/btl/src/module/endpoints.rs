@@ -10,7 +10,6 @@ use udbtl_wire::datagram::AuthKey;
 use udbtl_wire::modex;
 
 use super::Engine;
-use super::reliable::Reliable;
 use crate::error::{BtlError, SendFailure};
 use crate::params::MIN_EAGER_PAYLOAD;
 use crate::{EndpointId, NUM_QP};
@@ -218,7 +217,7 @@ impl<C: Context> Engine<C> {
         let auth = self
             .reliable
             .as_ref()
-            .map_or(modex::Auth::Off, Reliable::auth);
+            .map_or(modex::Auth::Off, |r| r.integrity.auth());
         module_address(&self.port, &self.qps, self.proc_id, auth)
     }
 
@@ -238,7 +237,7 @@ impl<C: Context> Engine<C> {
                 continue;
             };
             let peer_key = match self.reliable.as_ref() {
-                Some(reliable) => reliable.peer_key(&chosen),
+                Some(reliable) => reliable.integrity.peer_key(&chosen),
                 None if chosen.auth == modex::Auth::Off => Some(None),
                 None => None,
             };

@@ -539,7 +539,7 @@ impl<C: Context> Module<C> {
     /// whether nothing is left unacknowledged. A fabric whose clock stands
     /// still (a simulation nobody drives) ends the wait too.
     pub fn quiesce(&mut self, limit: Duration) -> bool {
-        let mut wait = super::reliable::Wait::new(self.now(), limit);
+        let mut wait = super::wait::Wait::new(self.now(), limit);
         while self.unacknowledged() > 0 {
             let handled = self.progress();
             if wait.over(self.now(), handled) {

@@ -6,10 +6,15 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use udbtl_fabric::Context;
+use udbtl_fabric::{Context, QpAddr};
 use udbtl_wire::rel;
 
-use super::reliable::Wait;
+use super::RecvEvent;
+use super::build::HEADER_MAX;
+use super::events::Callbacks;
+use super::recv::Held;
+
+use super::wait::Wait;
 use super::{Engine, Module};
 use crate::error::BtlError;
 use crate::frag::{DesFlags, Descriptor};
@@ -254,6 +259,91 @@ impl<C: Context> Engine<C> {
         frag.flags = DesFlags::BTL_OWNERSHIP;
         frag.msg_flags = rel::FLAG_LAST | rel::FLAG_ABORT;
         Ok(())
+    }
+}
+
+/// The receiving side: a reliable peer's pieces, put back together.
+impl<C: Context> Engine<C> {
+    /// Adds one piece of a multi-datagram message; runs the tag callback
+    /// when it completes one. Does not repost the buffer.
+    pub(super) fn reassemble(
+        &mut self,
+        callbacks: &mut Callbacks,
+        held: Held,
+        endpoint: EndpointId,
+        src: QpAddr,
+        tag: Tag,
+        flags: u16,
+    ) {
+        let Some((tag, message)) = self.add_piece(held, endpoint, tag, flags) else {
+            return;
+        };
+        let endpoint_context = self.endpoints.context(Some(endpoint));
+        match callbacks.recv[usize::from(tag.0)].as_mut() {
+            Some(callback) => {
+                callback(&RecvEvent {
+                    tag,
+                    endpoint: Some(endpoint),
+                    endpoint_context,
+                    src,
+                    payload: &message,
+                });
+                self.stats.recvs_delivered += 1;
+            }
+            None => self.stats.recv_no_callback += 1,
+        }
+        self.recycle_message(endpoint, message);
+    }
+
+    /// Adds one piece of a multi-datagram message; returns the message it
+    /// completes, with its tag.
+    /// Aborted messages and orphan pieces are counted. Does not repost the
+    /// buffer.
+    pub(super) fn add_piece(
+        &mut self,
+        held: Held,
+        endpoint: EndpointId,
+        tag: Tag,
+        flags: u16,
+    ) -> Option<(Tag, Vec<u8>)> {
+        let piece = match (
+            self.recv
+                .datagram(&self.ctx, held)
+                .and_then(|d| d.get(HEADER_MAX..)),
+            self.reliable.as_mut(),
+        ) {
+            (Some(payload), Some(reliable)) => reliable.reassembly.push(
+                endpoint,
+                tag.0,
+                flags & rel::FLAG_FIRST != 0,
+                flags & rel::FLAG_LAST != 0,
+                flags & rel::FLAG_ABORT != 0,
+                payload,
+            ),
+            _ => Piece::Orphan,
+        };
+        match piece {
+            Piece::Added => None,
+            Piece::Complete(tag, message) => {
+                self.stats.messages_reassembled += 1;
+                Some((Tag(tag), message))
+            }
+            Piece::Aborted => {
+                self.stats.messages_aborted += 1;
+                None
+            }
+            Piece::Orphan => {
+                self.stats.recv_orphan_pieces += 1;
+                None
+            }
+        }
+    }
+
+    /// Hands a reassembled message's bytes back, to keep the allocation.
+    pub(super) fn recycle_message(&mut self, endpoint: EndpointId, message: Vec<u8>) {
+        if let Some(reliable) = self.reliable.as_mut() {
+            reliable.reassembly.recycle(endpoint, message);
+        }
     }
 }
 

@@ -15,8 +15,12 @@
 //! * `send.rs`: send credits, the one queue of sends waiting for them, and
 //!   posting;
 //! * `recv.rs`: the receive pool, header checks, dispatch, reposting;
-//! * `reliable.rs`: the drive of the sans-IO reliability state, and
-//!   multi-datagram messages (`messages.rs`: cutting and reassembly);
+//! * `reliable/`: the drive of the sans-IO reliability state (`mod.rs`),
+//!   the reliable part's own state (`state.rs`: the reliability core, the
+//!   acknowledgement ring, unknown senders) and coalescing
+//!   (`coalesce.rs`); `integrity.rs`: sealing and checking datagrams;
+//!   `messages.rs`: multi-datagram messages, cut and reassembled;
+//!   `wait.rs`: waiting with a deadline on the fabric's clock;
 //! * `events.rs`: what callbacks receive, and the notices queued for them;
 //!   `host.rs`: the same as events, for hosts that run their callbacks
 //!   themselves with the module unlocked;
@@ -44,11 +48,13 @@ mod events;
 mod handle;
 mod helper;
 mod host;
+mod integrity;
 mod messages;
 mod recv;
 mod reliable;
 mod send;
 mod stats;
+mod wait;
 
 use std::collections::VecDeque;
 

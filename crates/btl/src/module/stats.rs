@@ -151,7 +151,7 @@ impl<C: Context> fmt::Display for Engine<C> {
                 f,
                 "                     integrity {} bad checksum {} unauthenticated {} \
                  unknown peer {} unacknowledged {}",
-                reliable.integrity_name(),
+                reliable.integrity.name(),
                 s.recv_bad_checksum,
                 s.recv_unauthenticated,
                 s.recv_unknown_peer,

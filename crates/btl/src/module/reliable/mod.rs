@@ -21,218 +21,27 @@
 //!   call, after timers that are due; while nothing is owed no timer is
 //!   armed, so an idle progress call costs one comparison.
 
-use std::hash::{BuildHasher, Hasher};
-use std::time::Duration;
+use udbtl_fabric::{Context, QpAddr};
+use udbtl_reliability::{Event, Instant, LossReason, PeerId, Receipt, Room, SendError};
+use udbtl_wire::{btl, datagram, rel};
 
-use udbtl_fabric::{Context, Mr, MrHandle, QpAddr, Sge};
-use udbtl_reliability::{
-    Config, ConfigError, Event, Instant, LossReason, PeerId, Receipt, Reliability, Room, SendError,
-};
-use udbtl_wire::datagram::AuthKey;
-use udbtl_wire::{btl, coalesced, datagram, modex, rel};
+mod coalesce;
+mod state;
+
+pub(super) use state::{Reliable, random_process_id};
 
 use super::build::HEADER_MAX;
-use super::events::Callbacks;
-use super::messages::{Piece, Reassembly};
+
+use super::integrity::{Check, Integrity, seal};
 use super::recv::{Delivery, Held};
 use super::send::{QueuedPost, WaitingSend};
-use super::{Engine, RecvEvent, SendStatus};
+use super::{Engine, SendStatus};
 use crate::error::{BtlError, SendFailure};
-use crate::frag::{DesFlags, Descriptor, FragKind, FragState};
-use crate::params::Params;
+use crate::frag::{Descriptor, FragState};
 use crate::{EndpointId, Tag};
 
 /// Most unknown senders remembered between two `take_unknown_peers` calls.
 const UNKNOWN_PEERS_MAX: usize = 1024;
-/// Registered buffers for acknowledgement-only datagrams, used in turn.
-const ACK_SLOTS: usize = 64;
-/// Bytes of one acknowledgement buffer.
-const ACK_LEN: usize = HEADER_MAX;
-
-/// How a reliable module protects its datagrams.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Integrity {
-    /// The fabric checks integrity end to end (InfiniBand's ICRC).
-    Fabric,
-    /// A CRC-32 of every datagram.
-    Checksum,
-    /// A MAC of every datagram under its receiver's key; `own` is the key
-    /// this module's peers use. With the job's datagram secret `job`, every
-    /// module's key derives from it and its address, so none is published;
-    /// without, `own` is random and published.
-    Mac { own: AuthKey, job: Option<AuthKey> },
-}
-
-/// What checking a received datagram found.
-enum Check {
-    Intact,
-    BadChecksum,
-    Unauthenticated,
-}
-
-/// Fills in the checksum or MAC that `header`'s flags ask for, over the
-/// datagram `head` followed by `rest`. `false` if it asks for a MAC and the
-/// peer has no key, which `add_procs` never lets happen.
-fn seal(head: &mut [u8], rest: &[&[u8]], header: &rel::Repr, peer_key: Option<AuthKey>) -> bool {
-    if header.has(rel::FLAG_CHECKSUM) {
-        datagram::fill_checksum(head, rest);
-    } else if header.has(rel::FLAG_MAC) {
-        let Some(key) = peer_key else {
-            return false;
-        };
-        datagram::fill_mac(head, rest, &key);
-    }
-    true
-}
-
-/// The reliable part of a module.
-#[derive(Debug)]
-pub(super) struct Reliable {
-    pub(super) core: Reliability<Descriptor, Held>,
-    /// How datagrams are protected.
-    integrity: Integrity,
-    /// Registered buffers for acknowledgement-only datagrams, used in turn:
-    /// such a datagram is unsignaled, so it needs no fragment and no credit.
-    ack_ring: Mr,
-    ack_next: usize,
-    /// Senders not known yet, by process id (see `take_unknown_peers`).
-    unknown_peers: Vec<u32>,
-    reassembly: Reassembly,
-    /// When the engine last ran (progress or helper), to notice that the
-    /// process was stopped.
-    last_run: Option<Instant>,
-}
-
-impl Reliable {
-    /// Bytes of the acknowledgement ring's registration.
-    pub(super) const ACK_RING_BYTES: usize = ACK_SLOTS * ACK_LEN;
-
-    /// The reliable part of a module whose datagrams carry up to `datagram`
-    /// payload bytes.
-    pub(super) fn new(
-        params: &Params,
-        datagram: usize,
-        ack_ring: Mr,
-        integrity: Integrity,
-    ) -> Result<Self, ConfigError> {
-        Ok(Self {
-            core: reliability_state(params, datagram)?,
-            integrity,
-            ack_ring,
-            ack_next: 0,
-            unknown_peers: Vec::new(),
-            reassembly: Reassembly::default(),
-            last_run: None,
-        })
-    }
-
-    /// The key peers authenticate their datagrams to this module with.
-    pub(super) const fn own_key(&self) -> Option<AuthKey> {
-        match self.integrity {
-            Integrity::Mac { own, .. } => Some(own),
-            _ => None,
-        }
-    }
-
-    /// How datagrams are protected, for the dump.
-    pub(super) const fn integrity_name(&self) -> &'static str {
-        match self.integrity {
-            Integrity::Fabric => "fabric",
-            Integrity::Checksum => "crc32",
-            Integrity::Mac { job: Some(_), .. } => "mac (keys from the job secret)",
-            Integrity::Mac { job: None, .. } => "mac (published keys)",
-        }
-    }
-
-    /// How this module's address says it authenticates.
-    pub(super) const fn auth(&self) -> modex::Auth {
-        match self.integrity {
-            Integrity::Mac { job: Some(_), .. } => modex::Auth::Derived,
-            Integrity::Mac { own, job: None } => modex::Auth::Key(own),
-            Integrity::Fabric | Integrity::Checksum => modex::Auth::Off,
-        }
-    }
-
-    /// The key to MAC datagrams to `peer` with (`Some(None)`: none, as
-    /// neither side authenticates), or `None` if the two sides cannot talk:
-    /// one authenticates and the other not, or one derives its keys from a
-    /// job secret and the other publishes them.
-    pub(super) fn peer_key(&self, peer: &modex::Address) -> Option<Option<AuthKey>> {
-        match (self.integrity, peer.auth) {
-            (Integrity::Fabric | Integrity::Checksum, modex::Auth::Off) => Some(None),
-            (Integrity::Mac { job: None, .. }, modex::Auth::Key(key)) => Some(Some(key)),
-            (Integrity::Mac { job: Some(job), .. }, modex::Auth::Derived) => {
-                Some(Some(modex::derive_receive_key(&job, peer)))
-            }
-            _ => None,
-        }
-    }
-
-    /// Peers with a multi-datagram message in progress.
-    pub(super) fn messages_in_progress(&self) -> usize {
-        self.reassembly.in_progress()
-    }
-
-    pub(super) const fn ack_ring_handle(&self) -> MrHandle {
-        self.ack_ring.handle
-    }
-
-    /// The next acknowledgement buffer.
-    fn next_ack_slot(&mut self) -> Sge {
-        let offset = (self.ack_next % ACK_SLOTS) * ACK_LEN;
-        self.ack_next = self.ack_next.wrapping_add(1);
-        Sge {
-            lkey: self.ack_ring.lkey,
-            offset,
-            len: ACK_LEN,
-        }
-    }
-}
-
-/// The reliability state the parameters ask for.
-fn reliability_state(
-    params: &Params,
-    datagram: usize,
-) -> Result<Reliability<Descriptor, Held>, ConfigError> {
-    let window = match params.rel_window {
-        0 => default_window(datagram),
-        asked => u16::try_from(asked).unwrap_or(udbtl_reliability::MAX_WINDOW),
-    };
-    // A lost peer is reported within one RTO of the timeout; keep the RTO
-    // well under it, as UCX does (a third).
-    let rto_max = Duration::from_millis(u64::from(params.peer_timeout) / 3)
-        .clamp(Duration::from_millis(3), Duration::from_secs(2));
-    let config = Config {
-        window,
-        initial_cwnd: window.min(16),
-        peer_timeout: Duration::from_millis(u64::from(params.peer_timeout)),
-        rto_max,
-        rto_min: Duration::from_micros(u64::from(params.rto_min)).min(rto_max),
-        rto_initial: Config::default().rto_initial.min(rto_max),
-        keepalive: params.keepalive,
-        ..Config::default()
-    };
-    Reliability::new(config)
-}
-
-/// The window `rel_window = 0` picks: about 1 MiB of datagrams in flight,
-/// so that a stream of MTU-sized datagrams is not held to 64 per round trip
-/// while 64 KiB datagrams keep to the socket buffers' size.
-fn default_window(datagram: usize) -> u16 {
-    const IN_FLIGHT: usize = 1 << 20;
-    let datagrams = IN_FLIGHT / datagram.max(1);
-    datagrams.clamp(64, usize::from(udbtl_reliability::MAX_WINDOW)) as u16
-}
-
-/// A random id for this process, for modules whose caller does not name the
-/// process (see `Module::set_process_id`): unique only with high
-/// probability.
-pub(super) fn random_process_id() -> u32 {
-    // RandomState is seeded from the OS's randomness once per process.
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u32(std::process::id());
-    hasher.finish() as u32
-}
 
 impl<C: Context> Engine<C> {
     /// The fabric's clock, as the reliability state counts time.
@@ -350,140 +159,6 @@ impl<C: Context> Engine<C> {
         Ok(())
     }
 
-    /// Hands the open carrier, with its riders, to the reliability state;
-    /// says whether there was one. Not flushed: the caller flushes. A peer
-    /// that can no longer be sent to fails the carrier and its riders.
-    pub(super) fn close_open_carrier(&mut self, now: Instant) -> bool {
-        let Some(des) = self.open_carrier.take() else {
-            return false;
-        };
-        let peer = PeerId(self.frags.get(des).map_or(u32::MAX, |f| f.endpoint));
-        if let Err(err) = self.sequence(now, peer, des, false) {
-            self.complete_with_riders(des, Err(SendFailure::Refused(err.to_string())));
-        }
-        true
-    }
-
-    /// Whether `des` may carry later messages to `peer` in its datagram:
-    /// the conditions [`ride`](Self::ride) puts on a carrier.
-    fn may_carry(&self, peer: PeerId, des: Descriptor) -> bool {
-        des.kind() == FragKind::Send
-            && self.frags.get(des).is_some_and(|f| {
-                f.flags.contains(DesFlags::BTL_OWNERSHIP) && f.endpoint == peer.0 && may_ride(f)
-            })
-    }
-
-    /// Packs the whole message in `des` into the datagram of `carrier`, a
-    /// fragment to `peer` that has never been sequenced nor transmitted (the
-    /// open carrier, or the newest of the peer's backlog), if both fit.
-    /// On success `des` becomes the carrier's last rider: Posted, owned by
-    /// the BTL until the carrier's acknowledgement (or failure) completes it
-    /// right after the carrier. On refusal nothing changed.
-    ///
-    /// Eligible are send fragments with their bytes in BTL registered memory
-    /// (no lent or user bytes), holding a whole message no longer than a
-    /// record may be; the carrier must also be BTL-owned (it is freed after
-    /// its callback, so its rewritten segment is never seen again).
-    fn ride(&mut self, carrier: Descriptor, peer: PeerId, des: Descriptor) -> bool {
-        let (Some(c), Some(r)) = (self.frags.get(carrier), self.frags.get(des)) else {
-            return false;
-        };
-        if carrier == des
-            || des.kind() != FragKind::Send
-            || c.state != FragState::Posted
-            || !may_ride(r)
-            || !self.may_carry(peer, carrier)
-        {
-            return false;
-        }
-        let packed = c.msg_flags & rel::FLAG_COALESCED != 0;
-        let list_len = if packed {
-            c.seg_len
-        } else {
-            coalesced::record_len(c.seg_len)
-        };
-        if list_len + coalesced::record_len(r.seg_len) > self.limits.eager_limit {
-            return false;
-        }
-        let (c_len, c_tag, c_tail, r_len, r_tag) =
-            (c.seg_len, c.tag, c.rider_tail, r.seg_len, r.tag);
-        // The rider's bytes go through the scratch buffer: the two fragments
-        // may share a registration, which cannot be borrowed twice.
-        let header_len = self.header_len;
-        let Some((r_mr, r_sge)) = self.frags.head(des, header_len + r_len) else {
-            return false;
-        };
-        let Some(bytes) = self
-            .ctx
-            .mr_bytes(r_mr.handle)
-            .ok()
-            .and_then(|b| b.get(r_sge.offset + header_len..r_sge.offset + r_sge.len))
-        else {
-            return false;
-        };
-        self.coalesce_scratch.clear();
-        self.coalesce_scratch.extend_from_slice(bytes);
-        let Some((c_mr, c_sge)) = self
-            .frags
-            .head(carrier, header_len + self.limits.eager_limit)
-        else {
-            return false;
-        };
-        let Some(list) = self
-            .ctx
-            .mr_bytes_mut(c_mr.handle)
-            .ok()
-            .and_then(|b| b.get_mut(c_sge.offset + header_len..c_sge.offset + c_sge.len))
-        else {
-            return false;
-        };
-        let start = if packed {
-            Ok(c_len)
-        } else {
-            coalesced::wrap_in_place(list, c_tag, c_len)
-        };
-        let Ok(end) =
-            start.and_then(|at| coalesced::append(list, at, r_tag, &self.coalesce_scratch))
-        else {
-            // Only on a fragment stride shorter than the eager limit, which
-            // the build never makes; the carrier is then as it was.
-            return false;
-        };
-        if let Some(c) = self.frags.get_mut(carrier) {
-            c.seg_len = end;
-            c.msg_flags |= rel::FLAG_COALESCED;
-            c.rider_tail = Some(des);
-            if c_tail.is_none() {
-                c.rider = Some(des);
-            }
-        }
-        if let Some(tail) = c_tail.and_then(|t| self.frags.get_mut(t)) {
-            tail.rider = Some(des);
-        }
-        if let Some(r) = self.frags.get_mut(des) {
-            r.rider = None;
-            r.rider_tail = None;
-            r.state = FragState::Posted;
-        }
-        self.riders_waiting += 1;
-        true
-    }
-
-    /// Completes a descriptor and then, in order, the messages that rode in
-    /// its datagram, with the same status.
-    fn complete_with_riders(&mut self, des: Descriptor, status: Result<(), SendFailure>) {
-        let mut next = self.frags.get_mut(des).and_then(|f| {
-            f.rider_tail = None;
-            f.rider.take()
-        });
-        self.complete_send(des, status.clone());
-        while let Some(rider) = next {
-            next = self.frags.get_mut(rider).and_then(|f| f.rider.take());
-            self.riders_waiting = self.riders_waiting.saturating_sub(1);
-            self.complete_send(rider, status.clone());
-        }
-    }
-
     /// Timers, transmissions and events, after a progress call's
     /// completions.
     ///
@@ -583,11 +258,7 @@ impl<C: Context> Engine<C> {
             };
             let mut header = tx.header;
             header.src = self.proc_id;
-            header.flags |= match reliable.integrity {
-                Integrity::Fabric => 0,
-                Integrity::Checksum => rel::FLAG_CHECKSUM,
-                Integrity::Mac { .. } => rel::FLAG_MAC,
-            };
+            header.flags |= reliable.integrity.flag();
             match tx.frag {
                 Some(des) if self.sends.can_post() => self.transmit_data(des, header),
                 Some(des) => self.sends.push(WaitingSend {
@@ -719,23 +390,15 @@ impl<C: Context> Engine<C> {
         job_key: u32,
         now: Instant,
     ) {
-        let own_key = self.reliable.as_ref().and_then(Reliable::own_key);
+        // An unreliable module never gets here; Fabric checks nothing.
+        let integrity = self
+            .reliable
+            .as_ref()
+            .map_or(Integrity::Fabric, |r| r.integrity);
         let parsed = self.recv.datagram(&self.ctx, held).and_then(|bytes| {
             let tag = btl::Packet::new_checked(bytes).ok()?.tag();
             let header = rel::Repr::parse(&datagram::extension(bytes).ok()?).ok()?;
-            // A module that authenticates checks its key before anything
-            // else about the sender; one that does not cannot check a MAC.
-            let check = match own_key {
-                Some(key) if header.has(rel::FLAG_MAC) && datagram::verify_mac(bytes, &key) => {
-                    Check::Intact
-                }
-                Some(_) => Check::Unauthenticated,
-                None if header.has(rel::FLAG_MAC) => Check::Unauthenticated,
-                None if header.has(rel::FLAG_CHECKSUM) && !datagram::verify_checksum(bytes) => {
-                    Check::BadChecksum
-                }
-                None => Check::Intact,
-            };
+            let check = integrity.check(bytes, &header);
             Some((tag, header, check))
         });
         let Some((tag, header, check)) = parsed else {
@@ -841,88 +504,6 @@ impl<C: Context> Engine<C> {
         });
     }
 
-    /// Adds one piece of a multi-datagram message; runs the tag callback
-    /// when it completes one. Does not repost the buffer.
-    pub(super) fn reassemble(
-        &mut self,
-        callbacks: &mut Callbacks,
-        held: Held,
-        endpoint: EndpointId,
-        src: QpAddr,
-        tag: Tag,
-        flags: u16,
-    ) {
-        let Some((tag, message)) = self.add_piece(held, endpoint, tag, flags) else {
-            return;
-        };
-        let endpoint_context = self.endpoints.context(Some(endpoint));
-        match callbacks.recv[usize::from(tag.0)].as_mut() {
-            Some(callback) => {
-                callback(&RecvEvent {
-                    tag,
-                    endpoint: Some(endpoint),
-                    endpoint_context,
-                    src,
-                    payload: &message,
-                });
-                self.stats.recvs_delivered += 1;
-            }
-            None => self.stats.recv_no_callback += 1,
-        }
-        self.recycle_message(endpoint, message);
-    }
-
-    /// Adds one piece of a multi-datagram message; returns the message it
-    /// completes, with its tag.
-    /// Aborted messages and orphan pieces are counted. Does not repost the
-    /// buffer.
-    pub(super) fn add_piece(
-        &mut self,
-        held: Held,
-        endpoint: EndpointId,
-        tag: Tag,
-        flags: u16,
-    ) -> Option<(Tag, Vec<u8>)> {
-        let piece = match (
-            self.recv
-                .datagram(&self.ctx, held)
-                .and_then(|d| d.get(HEADER_MAX..)),
-            self.reliable.as_mut(),
-        ) {
-            (Some(payload), Some(reliable)) => reliable.reassembly.push(
-                endpoint,
-                tag.0,
-                flags & rel::FLAG_FIRST != 0,
-                flags & rel::FLAG_LAST != 0,
-                flags & rel::FLAG_ABORT != 0,
-                payload,
-            ),
-            _ => Piece::Orphan,
-        };
-        match piece {
-            Piece::Added => None,
-            Piece::Complete(tag, message) => {
-                self.stats.messages_reassembled += 1;
-                Some((Tag(tag), message))
-            }
-            Piece::Aborted => {
-                self.stats.messages_aborted += 1;
-                None
-            }
-            Piece::Orphan => {
-                self.stats.recv_orphan_pieces += 1;
-                None
-            }
-        }
-    }
-
-    /// Hands a reassembled message's bytes back, to keep the allocation.
-    pub(super) fn recycle_message(&mut self, endpoint: EndpointId, message: Vec<u8>) {
-        if let Some(reliable) = self.reliable.as_mut() {
-            reliable.reassembly.recycle(endpoint, message);
-        }
-    }
-
     /// The engine's side of `Module::take_unknown_peers`, whose documentation is the
     /// contract.
     pub(super) fn take_unknown_peers(&mut self) -> Vec<u32> {
@@ -945,48 +526,5 @@ impl<C: Context> Engine<C> {
             .map(|(in_flight, backlog)| in_flight + backlog)
             .sum();
         carriers + usize::from(self.open_carrier.is_some()) + self.riders_waiting
-    }
-}
-
-/// Whether a fragment's message may travel as a record of a coalesced
-/// datagram: whole, not aborted, in BTL memory, short enough for a record.
-fn may_ride(f: &crate::frag::Frag) -> bool {
-    let whole = rel::FLAG_FIRST | rel::FLAG_LAST;
-    f.user.is_none()
-        && f.msg_flags & (whole | rel::FLAG_ABORT) == whole
-        && f.seg_len <= coalesced::MAX_RECORD_LEN
-}
-
-/// A wait on the fabric's clock that also ends when that clock stands still
-/// while nothing happens: on a simulated fabric only its driver moves time,
-/// and a caller waiting inside the BTL would otherwise spin for ever.
-pub(super) struct Wait {
-    end: Duration,
-    last: Duration,
-    idle: u32,
-}
-
-impl Wait {
-    /// Idle progress calls with a clock that did not move before giving up.
-    const STILL_CLOCK_POLLS: u32 = 100_000;
-
-    pub(super) fn new(now: Duration, limit: Duration) -> Self {
-        Self {
-            end: now.saturating_add(limit),
-            last: now,
-            idle: 0,
-        }
-    }
-
-    /// Whether the wait is over, after a progress call that handled
-    /// `handled` completions at `now`.
-    pub(super) fn over(&mut self, now: Duration, handled: usize) -> bool {
-        if handled > 0 || now != self.last {
-            self.idle = 0;
-            self.last = now;
-        } else {
-            self.idle += 1;
-        }
-        now >= self.end || self.idle >= Self::STILL_CLOCK_POLLS
     }
 }

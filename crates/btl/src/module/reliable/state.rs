@@ -1,0 +1,128 @@
+//! The reliable part of a module: the sans-IO reliability state, how
+//! datagrams are protected, the acknowledgement buffers, the senders not
+//! known yet and the messages being reassembled.
+
+use std::hash::{BuildHasher, Hasher};
+use std::time::Duration;
+
+use udbtl_fabric::{Mr, MrHandle, Sge};
+use udbtl_reliability::{Config, ConfigError, Instant, Reliability};
+
+use super::super::build::HEADER_MAX;
+use super::super::integrity::Integrity;
+use super::super::messages::Reassembly;
+use super::super::recv::Held;
+use crate::frag::Descriptor;
+use crate::params::Params;
+
+/// Registered buffers for acknowledgement-only datagrams, used in turn.
+const ACK_SLOTS: usize = 64;
+/// Bytes of one acknowledgement buffer.
+const ACK_LEN: usize = HEADER_MAX;
+
+/// The reliable part of a module.
+#[derive(Debug)]
+pub(in crate::module) struct Reliable {
+    pub(in crate::module) core: Reliability<Descriptor, Held>,
+    /// How datagrams are protected.
+    pub(in crate::module) integrity: Integrity,
+    /// Registered buffers for acknowledgement-only datagrams, used in turn:
+    /// such a datagram is unsignaled, so it needs no fragment and no credit.
+    pub(super) ack_ring: Mr,
+    ack_next: usize,
+    /// Senders not known yet, by process id (see `take_unknown_peers`).
+    pub(super) unknown_peers: Vec<u32>,
+    pub(in crate::module) reassembly: Reassembly,
+    /// When the engine last ran (progress or helper), to notice that the
+    /// process was stopped.
+    pub(super) last_run: Option<Instant>,
+}
+
+impl Reliable {
+    /// Bytes of the acknowledgement ring's registration.
+    pub(in crate::module) const ACK_RING_BYTES: usize = ACK_SLOTS * ACK_LEN;
+
+    /// The reliable part of a module whose datagrams carry up to `datagram`
+    /// payload bytes.
+    pub(in crate::module) fn new(
+        params: &Params,
+        datagram: usize,
+        ack_ring: Mr,
+        integrity: Integrity,
+    ) -> Result<Self, ConfigError> {
+        Ok(Self {
+            core: reliability_state(params, datagram)?,
+            integrity,
+            ack_ring,
+            ack_next: 0,
+            unknown_peers: Vec::new(),
+            reassembly: Reassembly::default(),
+            last_run: None,
+        })
+    }
+
+    /// Peers with a multi-datagram message in progress.
+    pub(in crate::module) fn messages_in_progress(&self) -> usize {
+        self.reassembly.in_progress()
+    }
+
+    pub(in crate::module) const fn ack_ring_handle(&self) -> MrHandle {
+        self.ack_ring.handle
+    }
+
+    /// The next acknowledgement buffer.
+    pub(super) fn next_ack_slot(&mut self) -> Sge {
+        let offset = (self.ack_next % ACK_SLOTS) * ACK_LEN;
+        self.ack_next = self.ack_next.wrapping_add(1);
+        Sge {
+            lkey: self.ack_ring.lkey,
+            offset,
+            len: ACK_LEN,
+        }
+    }
+}
+
+/// The reliability state the parameters ask for.
+fn reliability_state(
+    params: &Params,
+    datagram: usize,
+) -> Result<Reliability<Descriptor, Held>, ConfigError> {
+    let window = match params.rel_window {
+        0 => default_window(datagram),
+        asked => u16::try_from(asked).unwrap_or(udbtl_reliability::MAX_WINDOW),
+    };
+    // A lost peer is reported within one RTO of the timeout; keep the RTO
+    // well under it, as UCX does (a third).
+    let rto_max = Duration::from_millis(u64::from(params.peer_timeout) / 3)
+        .clamp(Duration::from_millis(3), Duration::from_secs(2));
+    let config = Config {
+        window,
+        initial_cwnd: window.min(16),
+        peer_timeout: Duration::from_millis(u64::from(params.peer_timeout)),
+        rto_max,
+        rto_min: Duration::from_micros(u64::from(params.rto_min)).min(rto_max),
+        rto_initial: Config::default().rto_initial.min(rto_max),
+        keepalive: params.keepalive,
+        ..Config::default()
+    };
+    Reliability::new(config)
+}
+
+/// The window `rel_window = 0` picks: about 1 MiB of datagrams in flight,
+/// so that a stream of MTU-sized datagrams is not held to 64 per round trip
+/// while 64 KiB datagrams keep to the socket buffers' size.
+fn default_window(datagram: usize) -> u16 {
+    const IN_FLIGHT: usize = 1 << 20;
+    let datagrams = IN_FLIGHT / datagram.max(1);
+    datagrams.clamp(64, usize::from(udbtl_reliability::MAX_WINDOW)) as u16
+}
+
+/// A random id for this process, for modules whose caller does not name the
+/// process (see `Module::set_process_id`): unique only with high
+/// probability.
+pub(in crate::module) fn random_process_id() -> u32 {
+    // RandomState is seeded from the OS's randomness once per process.
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher.finish() as u32
+}
