@@ -1,0 +1,66 @@
+//! The handle's diagnostic calls: limits, counters and the rest a tool or a
+//! test reads.
+
+use udbtl_fabric::{Context, PortAttr};
+
+use super::Module;
+use crate::module::{Limits, ModuleStats};
+use crate::rcache::RegCacheStats;
+
+impl<C: Context> Module<C> {
+    /// Sizes this module works with.
+    ///
+    /// They may shrink once, when a peer whose port takes smaller datagrams
+    /// is added (see [`add_procs`](Self::add_procs)).
+    pub fn limits(&self) -> Limits {
+        self.lock().limits
+    }
+
+    /// The port this module drives.
+    pub const fn port(&self) -> &PortAttr {
+        &self.port
+    }
+
+    /// The device name.
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ModuleStats {
+        self.lock().stats
+    }
+
+    /// The reliability layer's counters (retransmissions, peers lost, ...);
+    /// `None` when the module is unreliable.
+    pub fn reliability_stats(&self) -> Option<udbtl_reliability::Stats> {
+        self.lock().reliable.as_ref().map(|r| *r.core.stats())
+    }
+
+    /// Registration cache counters.
+    pub fn rcache_stats(&self) -> RegCacheStats {
+        self.lock().rcache.stats()
+    }
+
+    /// Runs `f` on the fabric context, for its counters, under the module's
+    /// lock.
+    pub fn with_context<R>(&self, f: impl FnOnce(&C) -> R) -> R {
+        f(&self.lock().ctx)
+    }
+
+    /// Descriptors waiting for a send credit.
+    pub fn pending_len(&self) -> usize {
+        self.lock().sends.len()
+    }
+
+    /// Send credits free.
+    pub fn send_credits(&self) -> u32 {
+        self.lock().sends.credits()
+    }
+
+    /// Checkpoint/restart notification. There is no checkpoint support, so
+    /// every state is accepted and nothing happens, as in the seed.
+    pub fn ft_event(&mut self, state: i32) {
+        tracing::debug!(state, "ft_event ignored: no checkpoint/restart support");
+    }
+}
