@@ -29,8 +29,8 @@ use std::os::fd::AsFd;
 use socket2::{Domain, Protocol, Socket, Type};
 use udbtl_wire::ud;
 
+use crate::bookkeeping::{Memory, QpEntry, Verbs};
 use crate::channel::Registration;
-use crate::verbs::{Memory, QpEntry, Verbs};
 use crate::{
     AhAttr, AhHandle, CompletionChannel, Context, CqHandle, DeviceAttr, DeviceInfo, FabricError,
     FabricStats, GRH_LEN, MrHandle, NodeAddr, PdHandle, PortAttr, PortState, PostError, Provider,
@@ -1037,7 +1037,7 @@ fn size_buffer(socket: &Socket, receive: bool, bytes: usize) {
 }
 
 impl Context for UdpContext {
-    crate::verbs::delegate_to_verbs!();
+    crate::bookkeeping::delegate_to_verbs!();
 
     fn check_send(&self, qp: QpHandle, wr: &SendWr<'_>) -> Result<usize> {
         check_udp_send(&self.verbs, self.verbs.qp(qp)?, wr)
@@ -1198,7 +1198,7 @@ impl Context for UdpContext {
             .verbs
             .cqs
             .get(cq.0)
-            .map(crate::verbs::CqEntry::queued)
+            .map(crate::bookkeeping::CqEntry::queued)
             .ok_or(FabricError::InvalidHandle {
                 kind: "completion queue",
             })?;
