@@ -349,3 +349,124 @@ fn classify_send_error(err: &io::Error, gso: bool) -> Outcome {
         _ => Outcome::Failed,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn to(port: u16) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    /// The trains [`gso_train_end`] cuts a batch into, as `start..end`.
+    fn trains(dests: &[SocketAddr], lens: &[usize]) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        let mut start = 0;
+        while start < lens.len() {
+            let end = gso_train_end(dests, lens, start);
+            out.push((start, end));
+            start = end;
+        }
+        out
+    }
+
+    #[test]
+    fn equal_sizes_to_one_destination_form_one_train() {
+        let dests = [to(1); 5];
+        assert_eq!(trains(&dests, &[1000; 5]), [(0, 5)]);
+    }
+
+    #[test]
+    fn a_single_datagram_is_a_train_of_one() {
+        assert_eq!(trains(&[to(1)], &[1000]), [(0, 1)]);
+    }
+
+    #[test]
+    fn a_shorter_datagram_joins_as_the_last() {
+        let dests = [to(1); 5];
+        assert_eq!(
+            trains(&dests, &[1000, 1000, 400, 1000, 1000]),
+            [(0, 3), (3, 5)]
+        );
+    }
+
+    #[test]
+    fn a_longer_datagram_starts_a_new_train() {
+        let dests = [to(1); 4];
+        assert_eq!(trains(&dests, &[400, 400, 1000, 1000]), [(0, 2), (2, 4)]);
+    }
+
+    #[test]
+    fn a_new_destination_starts_a_new_train() {
+        let dests = [to(1), to(1), to(2), to(2), to(1)];
+        assert_eq!(trains(&dests, &[100; 5]), [(0, 2), (2, 4), (4, 5)]);
+    }
+
+    #[test]
+    fn an_empty_datagram_never_joins_a_train() {
+        let dests = [to(1); 4];
+        assert_eq!(
+            trains(&dests, &[100, 0, 0, 100]),
+            [(0, 1), (1, 2), (2, 3), (3, 4)]
+        );
+    }
+
+    #[test]
+    fn a_train_stops_at_the_segment_limit() {
+        let dests = [to(1); 130];
+        assert_eq!(
+            trains(&dests, &[100; 130]),
+            [(0, 64), (64, 128), (128, 130)]
+        );
+    }
+
+    #[test]
+    fn a_train_stops_at_one_udp_payload() {
+        let len = 1400;
+        let fit = MAX_UDP_PAYLOAD_V4 / (len + ud::HEADER_LEN);
+        assert!(fit < MAX_GSO_SEGMENTS);
+        let dests = [to(1); 60];
+        let lens = [len; 60];
+        assert_eq!(gso_train_end(&dests, &lens, 0), fit);
+        assert_eq!(gso_train_end(&dests, &lens, fit), 60);
+    }
+
+    #[test]
+    fn a_train_may_start_inside_the_batch() {
+        let dests = [to(1), to(2), to(2), to(2), to(3)];
+        assert_eq!(gso_train_end(&dests, &[9, 500, 500, 200, 500], 1), 4);
+    }
+
+    proptest! {
+        /// Trains cover the batch in order, and each is one GSO send the
+        /// kernel takes: one destination, all but the last of the first's
+        /// size, the last no longer and not empty, within the segment and
+        /// payload limits.
+        #[test]
+        fn trains_are_sendable_and_cover_the_batch(
+            batch in prop::collection::vec((0u16..3, prop::sample::select(vec![0usize, 1, 700, 1400, 9000])), 1..200)
+        ) {
+            let dests: Vec<SocketAddr> = batch.iter().map(|(port, _)| to(*port)).collect();
+            let lens: Vec<usize> = batch.iter().map(|(_, len)| *len).collect();
+            let mut next = 0;
+            for (start, end) in trains(&dests, &lens) {
+                prop_assert_eq!(start, next);
+                prop_assert!(end > start && end <= lens.len());
+                next = end;
+                if end - start == 1 {
+                    continue;
+                }
+                let train = start..end;
+                prop_assert!(end - start <= MAX_GSO_SEGMENTS);
+                prop_assert!(dests[train.clone()].iter().all(|d| *d == dests[start]));
+                prop_assert!(lens[start..end - 1].iter().all(|l| *l == lens[start]));
+                prop_assert!(lens[end - 1] <= lens[start] && lens[end - 1] > 0);
+                let total: usize = lens[train].iter().map(|l| l + ud::HEADER_LEN).sum();
+                prop_assert!(total <= MAX_UDP_PAYLOAD_V4);
+            }
+            prop_assert_eq!(next, lens.len());
+        }
+    }
+}
