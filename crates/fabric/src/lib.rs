@@ -49,6 +49,7 @@
 //! time, does not.
 #![warn(missing_docs)]
 
+mod bookkeeping;
 mod channel;
 mod error;
 pub mod faulty;
@@ -57,7 +58,6 @@ pub mod sim;
 mod table;
 mod types;
 pub mod udp;
-mod verbs;
 
 pub use channel::{CompletionChannel, Waker, Wakeup};
 pub use error::{FabricError, PostError, Result};

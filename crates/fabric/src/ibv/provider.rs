@@ -30,7 +30,7 @@ use super::logic::{
     self, AhSpec, Gid, LinkLayer, LocalPort, Mtu, RecvLayout, SlotPool, Verb, WC_FLAG_GRH,
 };
 use super::sys::{self, Completion, QpCapRaw, SendReq, UdQp};
-use crate::verbs::{Memory, Verbs};
+use crate::bookkeeping::{Memory, Verbs};
 use crate::{
     AhAttr, AhHandle, CompletionChannel, Context, CqHandle, DeviceAttr, DeviceInfo, FabricError,
     FabricStats, GRH_LEN, Mr, MrHandle, NodeAddr, PdHandle, PortAttr, PortState, PostError,
@@ -1080,7 +1080,7 @@ impl Context for VerbsContext {
             .verbs
             .cqs
             .get(cq.0)
-            .map(crate::verbs::CqEntry::queued)
+            .map(crate::bookkeeping::CqEntry::queued)
             .ok_or_else(|| invalid("completion queue"))?;
         if queued < out.len() {
             let room = self.verbs.cq_room(cq).min(out.len() - queued);

@@ -4,8 +4,8 @@ use std::mem;
 
 use super::network::{Datagram, SimDeviceSpec, SimNetwork};
 use super::{DEVICE_ATTR, sim_port};
+use crate::bookkeeping::Verbs;
 use crate::types::*;
-use crate::verbs::Verbs;
 use crate::{CompletionChannel, Context, FabricError, PostError, Result};
 
 /// Top bit of a queue key in a send request: "use the sending queue pair's
@@ -126,7 +126,7 @@ impl Drop for SimContext {
 }
 
 impl Context for SimContext {
-    crate::verbs::delegate_to_verbs!();
+    crate::bookkeeping::delegate_to_verbs!();
 
     fn check_send(&self, qp: QpHandle, wr: &SendWr<'_>) -> Result<usize> {
         self.verbs.check_send(self.verbs.qp(qp)?, wr)

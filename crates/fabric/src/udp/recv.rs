@@ -1,0 +1,472 @@
+//! Receiving: `recvmmsg` into the buffers posted on a queue pair, splitting
+//! GRO trains back into datagrams, and draining queue pairs that have no
+//! receive posted.
+//!
+//! [`Receiver`] holds what receiving needs across queue pairs of one context
+//! (the scratch space a batch uses, so that a poll prepares nothing, and
+//! whether the kernel still takes GRO); [`RecvState`] holds what it needs per
+//! queue pair (the adaptive batch size, whether receives were ever posted).
+//! Datagrams land only while [`Context::poll_cq`](crate::Context::poll_cq)
+//! runs, which calls [`Receiver::receive`].
+
+use std::net::IpAddr;
+use std::os::fd::AsFd;
+
+use socket2::Socket;
+use udbtl_wire::ud;
+
+use super::context::UdpQp;
+use super::{MAX_UDP_PAYLOAD_V6, sys};
+use crate::bookkeeping::{Memory, Verbs};
+use crate::{
+    CqHandle, FabricError, GRH_LEN, MrHandle, NodeAddr, QpAddr, QpHandle, Result, Sge, WcOpcode,
+    WcStatus, WorkCompletion,
+};
+
+/// Empty queue pairs that never had a receive posted are drained (and their
+/// datagrams counted as dropped) only every this many polls, so send-only
+/// queue pairs cost no system call on the fast path.
+const IDLE_DRAIN_INTERVAL: u32 = 64;
+/// Most datagrams (or GRO trains) one drain of a queue pair with no
+/// receive posted reads: the rest wait for the next.
+const DISCARD_MAX: usize = 64;
+
+/// What one `recvmmsg` batch needs besides the buffers themselves.
+#[derive(Debug)]
+struct RecvScratch {
+    targets: [(usize, usize); sys::MAX_BATCH],
+    meta: [sys::RecvMeta; sys::MAX_BATCH],
+}
+
+const INVALID_QP: FabricError = FabricError::InvalidHandle { kind: "queue pair" };
+
+/// The receive side of a context: what every queue pair's receives share.
+#[derive(Debug)]
+pub(super) struct Receiver {
+    /// New queue pairs turn GRO on, until the kernel refuses it once.
+    gro: bool,
+    /// Where a GRO train continues past the buffer its first datagram
+    /// landed in: [`sys::GRO_OVERFLOW`] bytes per datagram of a receive
+    /// batch, made with the first queue pair that has GRO on.
+    gro_overflow: Option<Box<[u8]>>,
+    polls: u32,
+    /// Where datagrams that no receive was posted for are read and discarded.
+    drop_scratch: Box<[u8]>,
+    /// Per-batch receive bookkeeping, kept here so a poll prepares nothing.
+    scratch: Box<RecvScratch>,
+}
+
+/// The receive side of one queue pair.
+#[derive(Debug)]
+pub(super) struct RecvState {
+    /// A receive was posted at least once: the queue pair receives, so an
+    /// empty receive queue must drop arrivals promptly.
+    receives: bool,
+    /// How many datagrams the next receive batch asks for. It doubles while
+    /// consecutive polls keep finding full batches and halves on an empty
+    /// poll, so a ping-pong reads with one `recvfrom` per poll and a stream
+    /// grows to full `recvmmsg` batches within a few polls.
+    batch_hint: usize,
+    /// Consecutive polls that found data.
+    busy_polls: u32,
+    /// The socket has UDP GRO on: a read may return a train.
+    gro: bool,
+}
+
+impl RecvState {
+    /// Notes that a receive was posted: from now on the queue pair is
+    /// drained on every poll.
+    pub(super) const fn posted(&mut self) {
+        self.receives = true;
+    }
+}
+
+impl Receiver {
+    /// A receiver that turns GRO on for new queue pairs if `gro`.
+    pub(super) fn new(gro: bool) -> Self {
+        Self {
+            gro,
+            gro_overflow: None,
+            polls: 0,
+            drop_scratch: vec![0u8; MAX_UDP_PAYLOAD_V6 + GRH_LEN].into_boxed_slice(),
+            scratch: Box::new(RecvScratch {
+                targets: [(0, 0); sys::MAX_BATCH],
+                meta: [sys::RecvMeta::EMPTY; sys::MAX_BATCH],
+            }),
+        }
+    }
+
+    /// The receive state of a new queue pair on `socket`, with GRO on if
+    /// the kernel still takes it.
+    pub(super) fn new_qp(&mut self, socket: &Socket) -> RecvState {
+        let gro = self.gro && self.enable_gro(socket);
+        RecvState {
+            receives: false,
+            batch_hint: 1,
+            busy_polls: 0,
+            gro,
+        }
+    }
+
+    /// Turns GRO on for a new queue pair's socket; says whether it is on.
+    fn enable_gro(&mut self, socket: &Socket) -> bool {
+        if let Err(err) = sys::enable_gro(socket.as_fd()) {
+            tracing::debug!(%err, "UDP GRO refused by the kernel; receiving datagrams singly");
+            self.gro = false;
+            return false;
+        }
+        if self.gro_overflow.is_none() {
+            self.gro_overflow =
+                Some(vec![0u8; sys::MAX_BATCH * sys::GRO_OVERFLOW].into_boxed_slice());
+        }
+        true
+    }
+
+    /// Pulls datagrams for every receiving queue pair on `cq` into it.
+    pub(super) fn receive(
+        &mut self,
+        verbs: &mut Verbs<UdpQp, IpAddr>,
+        cq: CqHandle,
+        budget: usize,
+    ) -> Result<()> {
+        self.polls = self.polls.wrapping_add(1);
+        let idle_drain = self.polls % IDLE_DRAIN_INTERVAL == 0;
+        let handles: [Option<QpHandle>; 8] = {
+            let mut out = [None; 8];
+            let mut n = 0;
+            for (handle, qp) in verbs.qps.iter() {
+                if qp.recv_cq == cq && qp.can_receive() && n < out.len() {
+                    let empty = qp.recv_queue.is_empty();
+                    if !empty || qp.transport.rx.receives || idle_drain {
+                        out[n] = Some(QpHandle(handle));
+                        n += 1;
+                    }
+                }
+            }
+            out
+        };
+        let mut budget = budget;
+        for qp in handles.into_iter().flatten() {
+            budget = budget.min(verbs.cq_room(cq));
+            if budget == 0 {
+                break;
+            }
+            // A GRO train may complete more datagrams than the budget asked
+            // for (its tail goes wherever the completion queue has room).
+            budget = budget.saturating_sub(self.receive_on(verbs, qp, budget)?);
+        }
+        Ok(())
+    }
+
+    /// Receives up to `budget` datagrams on one queue pair and returns how
+    /// many completions it queued.
+    fn receive_on(
+        &mut self,
+        verbs: &mut Verbs<UdpQp, IpAddr>,
+        qp: QpHandle,
+        budget: usize,
+    ) -> Result<usize> {
+        let mut queued = 0;
+        loop {
+            let entry = verbs.qp(qp)?;
+            let Some(first) = entry.recv_queue.front().copied() else {
+                self.discard_unbuffered(verbs, qp)?;
+                return Ok(queued);
+            };
+            // One batch reads into one registration: posted buffers normally
+            // all come from a single receive slab.
+            let scratch = &mut *self.scratch;
+            let limit = (budget - queued).min(entry.transport.rx.batch_hint);
+            let mut count = 0;
+            for wr in entry.recv_queue.iter().take(limit) {
+                if wr.sge.lkey != first.sge.lkey {
+                    break;
+                }
+                scratch.targets[count] = (wr.sge.offset, wr.sge.len);
+                count += 1;
+            }
+            let mr = verbs.owned_range(first.sge, entry.pd)?;
+            let received = {
+                let Verbs { mrs, qps, .. } = &mut *verbs;
+                let transport = &qps.get(qp.0).ok_or(INVALID_QP)?.transport;
+                let socket = &transport.socket;
+                let overflow = match &mut self.gro_overflow {
+                    Some(space) if transport.rx.gro => Some(&mut space[..]),
+                    _ => None,
+                };
+                let region = match mrs.get_mut(mr.0).map(|m| &mut m.memory) {
+                    Some(Memory::Owned(bytes)) => &mut bytes[..],
+                    _ => {
+                        return Err(FabricError::ProtectionError {
+                            lkey: first.sge.lkey,
+                        });
+                    }
+                };
+                sys::recv_batch(
+                    socket.as_fd(),
+                    region,
+                    &scratch.targets[..count],
+                    &mut scratch.meta,
+                    transport.rx.gro,
+                    overflow,
+                )
+                .map_err(|source| FabricError::Io {
+                    operation: "recvmmsg",
+                    source,
+                })?
+            };
+            let transport = &mut verbs.qp_mut(qp)?.transport;
+            if received == 0 {
+                if queued == 0 {
+                    transport.rx.busy_polls = 0;
+                    transport.rx.batch_hint = (transport.rx.batch_hint / 2).max(1);
+                }
+                return Ok(queued);
+            }
+            if queued == 0 {
+                transport.rx.busy_polls = transport.rx.busy_polls.saturating_add(1);
+            }
+            let full = received == count;
+            if full && transport.rx.busy_polls >= 2 {
+                transport.rx.batch_hint = (count * 2).min(sys::MAX_BATCH);
+            }
+            queued += self.complete_receives(verbs, qp, mr, received)?;
+            // A full batch of more than one suggests more are waiting.
+            if !full || count == 1 || queued >= budget {
+                return Ok(queued);
+            }
+        }
+    }
+
+    /// Turns the `received` datagrams in the scratch space, which landed in
+    /// the first posted buffers of `qp` (all in registration `mr`), into
+    /// completions. A datagram that is malformed or carries the wrong keys
+    /// leaves its buffer posted.
+    ///
+    /// A coalesced GRO train is split back into its datagrams: the first
+    /// landed in place; each later one is copied into the next posted buffer
+    /// of the same registration, so that completions stay one per datagram,
+    /// in arrival order. A train longer than the buffers posted loses its
+    /// tail, as UD drops a datagram that finds no receive.
+    fn complete_receives(
+        &mut self,
+        verbs: &mut Verbs<UdpQp, IpAddr>,
+        qp: QpHandle,
+        mr: MrHandle,
+        received: usize,
+    ) -> Result<usize> {
+        const SKIP: usize = GRH_LEN - ud::HEADER_LEN;
+        let Verbs {
+            qps,
+            cqs,
+            mrs,
+            stats,
+            ..
+        } = &mut *verbs;
+        let entry = qps.get_mut(qp.0).ok_or(INVALID_QP)?;
+        let cq = cqs
+            .get_mut(entry.recv_cq.0)
+            .ok_or(FabricError::InvalidHandle {
+                kind: "completion queue",
+            })?;
+        let Some(Memory::Owned(region)) = mrs.get_mut(mr.0).map(|m| &mut m.memory) else {
+            return Err(FabricError::InvalidHandle {
+                kind: "memory region",
+            });
+        };
+        let overflow = self.gro_overflow.as_deref().unwrap_or(&[]);
+        let mut primary = [None; sys::MAX_BATCH];
+        for slot in primary.iter_mut().take(received) {
+            *slot = entry.recv_queue.pop_front();
+        }
+        // Buffers whose datagram was dropped go back, at the front.
+        // Only first datagrams are kept: a later one of a train is copied
+        // into the front posted buffer, which leaves the queue only once the
+        // datagram is accepted (a dropped one leaves it for the next).
+        let mut kept = [None; sys::MAX_BATCH];
+        let mut kept_count = 0;
+        let mut queued = 0;
+        for (i, meta) in self.scratch.meta[..received].iter().enumerate() {
+            let Some(first) = primary[i] else {
+                break;
+            };
+            let segments = if meta.stride > 0 && meta.len > meta.stride && !meta.truncated {
+                meta.len.div_ceil(meta.stride)
+            } else {
+                1
+            };
+            for k in 0..segments {
+                let extra = k > 0;
+                let (wr, len, header) = if segments == 1 {
+                    (first, meta.len, meta.header)
+                } else {
+                    let begin = k * meta.stride;
+                    let len = meta.stride.min(meta.len - begin);
+                    let wr = if k == 0 {
+                        first
+                    } else {
+                        match entry.recv_queue.front().copied() {
+                            Some(wr)
+                                if wr.sge.lkey == first.sge.lkey
+                                    && wr.sge.len >= SKIP + len
+                                    && cq.room() > 0 =>
+                            {
+                                copy_segment(region, overflow, first.sge, i, begin, len, wr.sge);
+                                wr
+                            }
+                            _ => {
+                                stats.rx_no_buffer += (segments - k) as u64;
+                                break;
+                            }
+                        }
+                    };
+                    // A datagram shorter than the header (junk) copies
+                    // what it has; parse_header then refuses it.
+                    let at = wr.sge.offset + SKIP;
+                    let have = ud::HEADER_LEN.min(len);
+                    let mut header = [0; ud::HEADER_LEN];
+                    header[..have].copy_from_slice(&region[at..at + have]);
+                    (wr, len, header)
+                };
+                let Some(repr) = parse_header(&header, len) else {
+                    stats.rx_malformed += 1;
+                    if !extra {
+                        kept[kept_count] = Some(wr);
+                        kept_count += 1;
+                    }
+                    continue;
+                };
+                if !entry.admit(repr.pkey, repr.qkey, stats) {
+                    if !extra {
+                        kept[kept_count] = Some(wr);
+                        kept_count += 1;
+                    }
+                    continue;
+                }
+                if extra {
+                    entry.recv_queue.pop_front();
+                }
+                let payload = len - ud::HEADER_LEN;
+                let (status, byte_len) = if meta.truncated {
+                    stats.rx_too_long += 1;
+                    (WcStatus::LocalLengthError, 0)
+                } else {
+                    stats.rx_datagrams += 1;
+                    stats.rx_bytes += payload as u64;
+                    (WcStatus::Success, (GRH_LEN + payload) as u32)
+                };
+                let src = meta.source.map(|s| QpAddr {
+                    node: NodeAddr::Ip(s.ip()),
+                    qpn: u32::from(s.port()),
+                });
+                let wc = WorkCompletion {
+                    wr_id: wr.wr_id,
+                    status,
+                    opcode: WcOpcode::Recv,
+                    byte_len,
+                    qp_num: entry.qp_num,
+                    src,
+                    imm: repr.imm,
+                };
+                cq.push(wc, qp);
+                queued += 1;
+            }
+            if segments > 1 {
+                stats.rx_gro_trains += 1;
+            }
+        }
+        for wr in kept[..kept_count].iter().rev().flatten() {
+            entry.recv_queue.push_front(*wr);
+        }
+        Ok(queued)
+    }
+
+    /// Reads and discards what arrived for a queue pair with no receive
+    /// posted, as UD drops such datagrams: each is counted as dropped for
+    /// want of a buffer, or as malformed when it is garbage.
+    ///
+    /// Datagrams are read one at a time into the whole scratch buffer, so
+    /// that each, or each datagram of a GRO train, is judged by its own
+    /// header. This path is not a fast one: it serves queue pairs that
+    /// only send, whose sockets nobody should write to.
+    fn discard_unbuffered(&mut self, verbs: &mut Verbs<UdpQp, IpAddr>, qp: QpHandle) -> Result<()> {
+        const SKIP: usize = GRH_LEN - ud::HEADER_LEN;
+        let transport = &verbs.qp(qp)?.transport;
+        let (socket, gro) = (&transport.socket, transport.rx.gro);
+        let target = [(0, self.drop_scratch.len())];
+        let meta = &mut self.scratch.meta[..1];
+        let (mut dropped, mut malformed) = (0, 0);
+        for _ in 0..DISCARD_MAX {
+            let n = sys::recv_batch(
+                socket.as_fd(),
+                &mut self.drop_scratch,
+                &target,
+                meta,
+                gro,
+                None,
+            )
+            .map_err(|source| FabricError::Io {
+                operation: "recvmsg",
+                source,
+            })?;
+            if n == 0 {
+                break;
+            }
+            let (len, stride) = (meta[0].len, meta[0].stride);
+            let stride = if stride > 0 && len > stride {
+                stride
+            } else {
+                len.max(1)
+            };
+            for begin in (0..len.max(1)).step_by(stride) {
+                let at = SKIP + begin;
+                let have = ud::HEADER_LEN.min(len - begin);
+                let mut header = [0; ud::HEADER_LEN];
+                header[..have].copy_from_slice(&self.drop_scratch[at..at + have]);
+                if parse_header(&header, len - begin).is_some() {
+                    dropped += 1;
+                } else {
+                    malformed += 1;
+                }
+            }
+        }
+        verbs.stats.rx_no_buffer += dropped;
+        verbs.stats.rx_malformed += malformed;
+        Ok(())
+    }
+}
+
+/// Copies datagram bytes `begin..begin + len` of the train received into the
+/// buffer `from` (continued in batch slot `slot` of `overflow`) to the
+/// buffer `to`, where a datagram lands as `recv_batch` places it.
+fn copy_segment(
+    region: &mut [u8],
+    overflow: &[u8],
+    from: Sge,
+    slot: usize,
+    begin: usize,
+    len: usize,
+    to: Sge,
+) {
+    const SKIP: usize = GRH_LEN - ud::HEADER_LEN;
+    let in_place = from.len - SKIP;
+    let dest = to.offset + SKIP;
+    // The part still inside the first buffer, then the part that spilled.
+    let head = in_place.saturating_sub(begin).min(len);
+    if head > 0 {
+        let src = from.offset + SKIP + begin;
+        region.copy_within(src..src + head, dest);
+    }
+    if head < len {
+        let spilled = slot * sys::GRO_OVERFLOW + (begin + head - in_place);
+        region[dest + head..dest + len].copy_from_slice(&overflow[spilled..spilled + len - head]);
+    }
+}
+
+/// The encapsulation header of a received datagram, if it has a valid one.
+fn parse_header(header: &[u8; ud::HEADER_LEN], len: usize) -> Option<ud::Repr> {
+    let header = header.get(..len.min(ud::HEADER_LEN))?;
+    ud::Packet::new_checked(header)
+        .and_then(|p| ud::Repr::parse(&p))
+        .ok()
+}
