@@ -1,5 +1,5 @@
 //! The `verbs` provider's safe layer: the [`Context`] over the objects
-//! of [`sys`](super::sys), [`VerbsContext`].
+//! of [`sys`], [`VerbsContext`].
 //!
 //! The shared bookkeeping ([`Verbs`]) checks every call exactly as it does
 //! for `udp` and `sim` (handles, states, keys, bounds, queue room), and
@@ -12,7 +12,7 @@
 //!   the 40-byte GRH and then the payload there and reports an overlong
 //!   datagram itself. When the completion is polled, inside
 //!   [`Context::poll_cq`], the filled bytes (GRH included) are copied to the
-//!   caller's buffer at the same offsets: the layout of [`GRH_LEN`].
+//!   caller's buffer at the same offsets: the layout of [`GRH_LEN`](crate::GRH_LEN).
 //! * A send is copied into a free send slot when posted (inline when it
 //!   fits the granted inline limit), so the caller's bytes are consumed
 //!   when `post_send` returns, as the fabric contract says. Every send is

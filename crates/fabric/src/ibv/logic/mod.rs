@@ -6,14 +6,14 @@
 //! * [`Mtu`] and [`LinkLayer`]: the verbs enums, with their numeric values.
 //! * [`AhSpec::build`] and [`select_gid_index`]: how an address handle is
 //!   routed (LID for InfiniBand, GRH for RoCE).
-//! * [`errno_error`] and [`post_errno_error`]: errno to [`FabricError`].
+//! * [`errno_error`] and [`post_errno_error`]: errno to [`FabricError`](crate::FabricError).
 //! * [`RecvLayout`] and [`SlotPool`]: where the device writes a receive,
 //!   GRH included, and which staging slots are free.
 //!
-//! Each part has its own file: [`port`](self::port) (GIDs, MTUs, link
-//! layers), [`route`](self::route) (address handles, GID index, network
-//! id), [`errno`](self::errno) (errno to error), and
-//! [`completion`](self::completion) (completion fields, receive layout,
+//! Each part has its own file: [`port`] (GIDs, MTUs, link
+//! layers), [`route`] (address handles, GID index, network
+//! id), [`errno`] (errno to error), and
+//! [`completion`] (completion fields, receive layout,
 //! staging slots). Everything is re-exported here.
 
 mod completion;
