@@ -31,15 +31,25 @@
 //! [`GRH_LEN`](crate::GRH_LEN) bytes, the payload after it, and
 //! `byte_len` counting both ([`RecvLayout`]).
 
+#[cfg(feature = "verbs")]
+mod context;
+#[cfg(feature = "verbs")]
+mod device;
 mod logic;
 #[cfg(feature = "verbs")]
-mod provider;
+mod poll;
+#[cfg(feature = "verbs")]
+mod post;
+#[cfg(feature = "verbs")]
+mod qp;
 #[cfg(feature = "verbs")]
 mod sys;
 
-pub use logic::*;
 #[cfg(feature = "verbs")]
-pub use provider::{NAME, PortDetail, VerbsConfig, VerbsContext, VerbsProvider};
+pub use context::VerbsContext;
+#[cfg(feature = "verbs")]
+pub use device::{NAME, PortDetail, VerbsConfig, VerbsProvider};
+pub use logic::*;
 
 /// The provider's name when the `verbs` feature is off, for listings that
 /// say why there is no device.
