@@ -1,0 +1,158 @@
+//! The receiving side: the receive window, buffering datagrams that
+//! arrive early, in-order delivery, duplicates, refusal for want of room,
+//! and when an acknowledgement is owed.
+
+use udbtl_wire::rel::{self, FLAG_ACK_ONLY, FLAG_ACK_REQ, FLAG_RESET};
+
+use super::peer::Mode;
+use super::types::{Discard, LossReason, PeerId, Receipt, Room};
+use super::{Pending, Reliability};
+use crate::config::SACK_SPAN;
+use crate::time::Instant;
+
+impl<F: Clone, R> Reliability<F, R> {
+    /// Handles a received datagram's reliability header; `buf` is the
+    /// buffer holding it and `room` what the caller can take of its data.
+    /// Acknowledgements it carries are processed first, whatever the room.
+    ///
+    /// * Any valid datagram shows the peer alive: its failure clock
+    ///   restarts.
+    /// * Data the room does not allow is refused
+    ///   ([`Discard::NoRoom`]): not acknowledged (the sender retransmits
+    ///   it), but an acknowledgement goes out at once with the current
+    ///   credit.
+    /// * An acknowledgement-only datagram that asks for one
+    ///   (`FLAG_ACK_REQ`, such as a zero-window probe) is answered.
+    /// * A reset ([`rel::FLAG_RESET`]) declares the peer lost
+    ///   ([`LossReason::Reset`]).
+    /// * A peer already declared lost is answered with a reset when it sends
+    ///   data or asks for an acknowledgement, never otherwise.
+    pub fn on_datagram(
+        &mut self,
+        now: Instant,
+        peer: PeerId,
+        header: &rel::Repr,
+        buf: R,
+        room: Room,
+    ) -> Receipt<R> {
+        let Some(p) = self.peers.get_mut(peer.0 as usize) else {
+            return Receipt::Discard(buf, Discard::PeerLost);
+        };
+        if p.mode == Mode::Lost {
+            // It still believes the streams alive: tell it they are broken.
+            // A reset or a plain acknowledgement gets no answer, so two
+            // sides that lost each other cannot loop.
+            if !header.has(FLAG_RESET) && (!header.has(FLAG_ACK_ONLY) || header.has(FLAG_ACK_REQ)) {
+                self.transmits.push_back(Pending::Reset(peer.0));
+            }
+            return Receipt::Discard(buf, Discard::PeerLost);
+        }
+        if !header.ack.is_after(p.snd_nxt) {
+            // A plausible header (a corrupt or stale one acknowledges what
+            // was never sent): the peer is alive, even if it grants nothing.
+            p.last_heard = now;
+        }
+        self.on_ack(now, peer.0, header);
+        if header.flags & (FLAG_ACK_ONLY | FLAG_RESET) != 0 {
+            if header.has(FLAG_RESET) {
+                self.declare_lost(peer.0, LossReason::Reset);
+                return Receipt::Discard(buf, Discard::PeerLost);
+            }
+            if header.has(FLAG_ACK_REQ) {
+                self.queue_ack(peer.0);
+            }
+            self.reschedule(peer.0);
+            return Receipt::Discard(buf, Discard::AckOnly);
+        }
+        let receipt = self.on_data(now, peer.0, header, buf, room);
+        self.reschedule(peer.0);
+        receipt
+    }
+
+    /// Refuses a data datagram for want of room: not acknowledged, but the
+    /// sender hears the current credit at once.
+    pub(super) fn refuse(&mut self, peer: u32, buf: R) -> Receipt<R> {
+        self.stats.refused_no_room += 1;
+        self.queue_ack(peer);
+        Receipt::Discard(buf, Discard::NoRoom)
+    }
+
+    pub(super) fn on_data(
+        &mut self,
+        now: Instant,
+        peer: u32,
+        header: &rel::Repr,
+        buf: R,
+        room: Room,
+    ) -> Receipt<R> {
+        let seq = header.seq;
+        let window = i32::from(self.config.window);
+        let p = &mut self.peers[peer as usize];
+        let offset = seq - p.rcv_nxt;
+        p.last_data = Some(now);
+        if header.has(FLAG_ACK_REQ) {
+            p.ack_now = true;
+        }
+        if offset < 0 {
+            // Our acknowledgement was lost, or the datagram was duplicated:
+            // acknowledge again so the sender stops.
+            self.stats.duplicates += 1;
+            self.queue_ack(peer);
+            return Receipt::Discard(buf, Discard::Duplicate);
+        }
+        // Further ahead of a gap than the selective ACK can say: dropped
+        // like one beyond the window, and sent again once the gap fills.
+        if offset >= window || offset > SACK_SPAN {
+            self.stats.out_of_window += 1;
+            self.queue_ack(peer);
+            return Receipt::Discard(buf, Discard::OutOfWindow);
+        }
+        if offset > 0 {
+            let bit = 1u64 << (offset - 1);
+            if p.rcv_sack & bit != 0 {
+                self.stats.duplicates += 1;
+                self.queue_ack(peer);
+                return Receipt::Discard(buf, Discard::Duplicate);
+            }
+            if !room.early {
+                return self.refuse(peer, buf);
+            }
+            p.rcv_sack |= bit;
+            self.early.insert((peer, seq.0), buf);
+            self.stats.out_of_order += 1;
+            self.stats.received += 1;
+            // A gap: tell the sender now, so it can fast-retransmit.
+            self.queue_ack(peer);
+            return Receipt::Buffered;
+        }
+        if !room.in_order {
+            return self.refuse(peer, buf);
+        }
+        // In order: deliver, then everything buffered behind it.
+        self.stats.received += 1;
+        p.rcv_nxt = p.rcv_nxt.next();
+        let mut delivered = 1u16;
+        while p.rcv_sack & 1 != 0 {
+            p.rcv_sack >>= 1;
+            if let Some(early) = self.early.remove(&(peer, p.rcv_nxt.0)) {
+                self.deliverable.push_back((PeerId(peer), early));
+            }
+            p.rcv_nxt = p.rcv_nxt.next();
+            delivered += 1;
+        }
+        p.rcv_sack >>= 1;
+        p.ack_pending = p.ack_pending.saturating_add(delivered);
+        if p.ack_now || p.ack_pending >= self.config.ack_every {
+            self.queue_ack(peer);
+        } else if p.ack_at.is_none() {
+            p.ack_at = Some(now + self.config.ack_delay);
+        }
+        Receipt::Deliver(buf)
+    }
+
+    /// Buffers that became deliverable, in order, after a
+    /// [`Receipt::Deliver`].
+    pub fn poll_deliver(&mut self) -> Option<(PeerId, R)> {
+        self.deliverable.pop_front()
+    }
+}
