@@ -7,6 +7,7 @@ use std::time::Duration;
 use udbtl_wire::rel;
 
 use super::peer::{CWND_UNIT, NIL, RELEASED, RETRANSMITTED, SACKED, SENT};
+use super::timer::Timer;
 use super::types::{Event, PeerId};
 use super::{Pending, Reliability};
 use crate::config::SACK_SPAN;
@@ -25,7 +26,7 @@ impl<F: Clone, R> Reliability<F, R> {
         let credit = self.credit;
         let p = &mut self.peers[peer as usize];
         p.ack_pending = 0;
-        p.ack_at = None;
+        p.timers.stop(Timer::Ack);
         p.ack_now = false;
         rel::Repr {
             ack: p.rcv_nxt,
@@ -139,7 +140,11 @@ impl<F: Clone, R> Reliability<F, R> {
         if newly_acked > 0 {
             p.rtt.end_backoff();
             p.resumed = false;
-            p.rto_at = (p.head != NIL).then(|| now + p.rtt.rto());
+            if p.head == NIL {
+                p.timers.stop(Timer::Rto);
+            } else {
+                p.timers.set(Timer::Rto, now + p.rtt.rto());
+            }
             // Additive increase: a datagram per acknowledged datagram in slow
             // start, a datagram per window afterwards.
             let grow = if p.cwnd < p.ssthresh {
@@ -158,7 +163,7 @@ impl<F: Clone, R> Reliability<F, R> {
             p.rtt.end_backoff();
             p.probed = false;
             if newly_acked == 0 {
-                p.rto_at = Some(now + p.rtt.rto());
+                p.timers.set(Timer::Rto, now + p.rtt.rto());
             }
         }
         if probing && p.can_send(config) {
@@ -166,7 +171,7 @@ impl<F: Clone, R> Reliability<F, R> {
             // the path, and the data about to go out gets a fresh timer.
             p.rtt.end_backoff();
             p.resumed = false;
-            p.rto_at = None;
+            p.timers.stop(Timer::Rto);
         }
         self.detect_losses(now, peer);
         self.fill_window(now, peer);

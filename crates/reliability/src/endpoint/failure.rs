@@ -56,10 +56,7 @@ impl<F: Clone, R> Reliability<F, R> {
     pub(super) fn end_peer(&mut self, peer: u32) {
         let p = &mut self.peers[peer as usize];
         p.mode = Mode::Lost;
-        p.rto_at = None;
-        p.ack_at = None;
-        p.loss_at = None;
-        p.pto_at = None;
+        p.timers.stop_all();
         p.resumed = false;
         // Its timer entry, if any, is left to be dropped as stale.
         p.scheduled = None;

@@ -1,10 +1,11 @@
 //! Loss detection: time-based (RACK, RFC 8985) and by duplicate threshold,
-//! the tail-loss probe, and the congestion response to loss.
+//! the tail-loss probe, the retransmission timeout, and the congestion
+//! response to loss.
 
 use std::time::Duration;
 
 use super::peer::{CWND_UNIT, NIL, Peer, QUEUED, RETRANSMITTED, SACKED, SENT};
-use super::timer::earliest;
+use super::timer::{Timer, earliest};
 use super::{Pending, Reliability};
 use crate::time::Instant;
 
@@ -49,7 +50,7 @@ impl<F: Clone, R> Reliability<F, R> {
     /// delivered itself, and older than a round trip plus the reordering
     /// window. A retransmission counts like any send, so a datagram lost
     /// again is found again. The earliest suspect not yet due arms
-    /// `loss_at`.
+    /// [`Timer::Loss`].
     ///
     /// Congestion response: each lost datagram takes a quarter datagram off
     /// the congestion window. Random loss at rate `p` then holds the window
@@ -58,7 +59,7 @@ impl<F: Clone, R> Reliability<F, R> {
     /// bursts, still shrinks it fast.
     pub(super) fn detect_losses(&mut self, now: Instant, peer: u32) {
         let p = &mut self.peers[peer as usize];
-        p.loss_at = None;
+        p.timers.stop(Timer::Loss);
         if p.rack_rtt_ns == 0 {
             // Nothing delivered yet: nothing to judge by.
             return;
@@ -106,7 +107,9 @@ impl<F: Clone, R> Reliability<F, R> {
                 loss_at = earliest(loss_at, Some(due));
             }
         }
-        p.loss_at = loss_at;
+        if let Some(at) = loss_at {
+            p.timers.set(Timer::Loss, at);
+        }
         if lost > 0 {
             self.stats.fast_retransmits += u64::from(lost);
             let floor = 2 * CWND_UNIT;
@@ -120,7 +123,11 @@ impl<F: Clone, R> Reliability<F, R> {
     /// before any sample, the initial timeout).
     pub(super) fn arm_probe(&mut self, now: Instant, peer: u32) {
         let p = &mut self.peers[peer as usize];
-        p.pto_at = (p.head != NIL && !p.probed).then(|| now + p.probe_timeout());
+        if p.head != NIL && !p.probed {
+            p.timers.set(Timer::Pto, now + p.probe_timeout());
+        } else {
+            p.timers.stop(Timer::Pto);
+        }
     }
 
     /// Sends the tail-loss probe: the newest datagram in flight that is
@@ -146,6 +153,58 @@ impl<F: Clone, R> Reliability<F, R> {
             self.slots[index as usize].flags |= QUEUED;
             self.transmits.push_back(Pending::Data(index));
             self.stats.tail_probes += 1;
+        }
+    }
+
+    /// The retransmission timer expired (it is due at `now`). Data in
+    /// flight: the timer backs off, the congestion window drops to one
+    /// datagram and the oldest datagram not known delivered goes again.
+    /// Only backlog (the credit lets nothing fly): a zero-window probe goes,
+    /// with the same backoff. Nothing waiting: the timer stops. After
+    /// [`resume`](crate::Reliability::resume) neither backs off.
+    pub(super) fn on_rto(&mut self, now: Instant, peer: u32) {
+        let rto_max = self.config.rto_max;
+        let p = &mut self.peers[peer as usize];
+        // After `resume` the timer refreshes the state without backing off:
+        // the caller not running is no evidence against the path.
+        let resumed = core::mem::take(&mut p.resumed);
+        if p.head == NIL {
+            if p.backlog_head == NIL {
+                p.timers.stop(Timer::Rto);
+            } else {
+                // Data waits but the peer's credit lets nothing fly: ask
+                // it for an acknowledgement, which carries its credit.
+                self.stats.probes += 1;
+                if !resumed {
+                    p.rtt.back_off(rto_max);
+                }
+                p.timers.set(Timer::Rto, now + p.rtt.rto());
+                self.transmits.push_back(Pending::Probe(peer));
+            }
+            return;
+        }
+        if !resumed {
+            self.stats.timeouts += 1;
+            p.rtt.back_off(rto_max);
+            p.ssthresh = (p.cwnd / 2).max(2 * CWND_UNIT);
+            p.cwnd = CWND_UNIT;
+        }
+        p.timers.set(Timer::Rto, now + p.rtt.rto());
+        // The congestion window is one datagram now: resend the oldest not
+        // known delivered, asking for an acknowledgement. Its answer tells
+        // RACK what else is missing (what was sent before it and is still
+        // not delivered a round trip later), so a spurious timeout (a
+        // receiver descheduled for a while) costs one datagram, and a real
+        // one repairs the rest at the pace acknowledgements come back.
+        let mut at = p.head;
+        while at != NIL {
+            let slot = &mut self.slots[at as usize];
+            if slot.flags & (SACKED | QUEUED) == 0 {
+                slot.flags |= QUEUED;
+                self.transmits.push_back(Pending::Data(at));
+                break;
+            }
+            at = slot.next;
         }
     }
 }

@@ -4,6 +4,7 @@
 
 use udbtl_wire::SeqNum;
 
+use super::timer::TimerTable;
 use crate::config::Config;
 use crate::rtt::Rtt;
 use crate::time::Instant;
@@ -68,7 +69,6 @@ pub(super) struct Peer {
     /// Datagrams past `snd_una` the peer last said it accepts.
     pub(super) peer_credit: u16,
     pub(super) rtt: Rtt,
-    pub(super) rto_at: Option<Instant>,
     /// Time-based loss detection (RACK, RFC 8985): when the newest
     /// datagram known delivered was sent, and its round trip. A datagram
     /// sent before it and not delivered a round trip plus the reordering
@@ -78,14 +78,8 @@ pub(super) struct Peer {
     /// The smallest round trip measured: a quarter of it is the reordering
     /// window.
     pub(super) min_rtt_ns: u32,
-    /// When the earliest datagram that RACK suspects becomes lost.
-    pub(super) loss_at: Option<Instant>,
     /// Datagrams in flight selectively acknowledged.
     pub(super) sacked: u16,
-    /// The tail-loss probe's deadline: with data in flight and nothing
-    /// acknowledged for two round trips, the newest datagram goes again and
-    /// asks for an acknowledgement, which lets RACK see a lost tail.
-    pub(super) pto_at: Option<Instant>,
     /// A tail-loss probe went and nothing new was acknowledged since: the
     /// retransmission timer decides next.
     pub(super) probed: bool,
@@ -108,11 +102,13 @@ pub(super) struct Peer {
     pub(super) rcv_sack: u64,
     /// Datagrams received since the last acknowledgement went out.
     pub(super) ack_pending: u16,
-    pub(super) ack_at: Option<Instant>,
     /// An acknowledgement must go out at the next transmit opportunity.
     pub(super) ack_now: bool,
     pub(super) ack_queued: bool,
     // ----- timers
+    /// The deadlines armed and stopped explicitly: retransmission, loss,
+    /// tail-loss probe and delayed acknowledgement.
+    pub(super) timers: TimerTable,
     /// Deadline of this peer's live entry in the timer heap.
     pub(super) scheduled: Option<Instant>,
 }
@@ -134,13 +130,10 @@ impl Peer {
             ssthresh: u32::MAX,
             peer_credit: config.initial_credit,
             rtt: Rtt::new(config.rto_initial),
-            rto_at: None,
             rack_sent: Instant::ZERO,
             rack_rtt_ns: 0,
             min_rtt_ns: u32::MAX,
-            loss_at: None,
             sacked: 0,
-            pto_at: None,
             probed: false,
             last_heard: now,
             last_data: None,
@@ -149,9 +142,9 @@ impl Peer {
             rcv_nxt: config.initial_seq,
             rcv_sack: 0,
             ack_pending: 0,
-            ack_at: None,
             ack_now: false,
             ack_queued: false,
+            timers: TimerTable::new(),
             scheduled: None,
         }
     }

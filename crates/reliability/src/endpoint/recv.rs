@@ -5,6 +5,7 @@
 use udbtl_wire::rel::{self, FLAG_ACK_ONLY, FLAG_ACK_REQ, FLAG_RESET};
 
 use super::peer::Mode;
+use super::timer::Timer;
 use super::types::{Discard, LossReason, PeerId, Receipt, Room};
 use super::{Pending, Reliability};
 use crate::config::SACK_SPAN;
@@ -144,8 +145,8 @@ impl<F: Clone, R> Reliability<F, R> {
         p.ack_pending = p.ack_pending.saturating_add(delivered);
         if p.ack_now || p.ack_pending >= self.config.ack_every {
             self.queue_ack(peer);
-        } else if p.ack_at.is_none() {
-            p.ack_at = Some(now + self.config.ack_delay);
+        } else if !p.timers.is_set(Timer::Ack) {
+            p.timers.set(Timer::Ack, now + self.config.ack_delay);
         }
         Receipt::Deliver(buf)
     }

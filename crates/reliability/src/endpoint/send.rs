@@ -6,6 +6,7 @@ use udbtl_wire::SeqNum;
 use udbtl_wire::rel::{FLAG_ACK_ONLY, FLAG_ACK_REQ, FLAG_RESET};
 
 use super::peer::{AWAITED, Mode, NIL, QUEUED, RETRANSMITTED, SENT, Slot};
+use super::timer::Timer;
 use super::types::{PeerId, SendError, Transmit};
 use super::{Pending, Reliability};
 use crate::time::Instant;
@@ -115,8 +116,8 @@ impl<F: Clone, R> Reliability<F, R> {
                 return;
             }
             if !p.can_send(&self.config) {
-                if p.rto_at.is_none() {
-                    p.rto_at = Some(now + p.rtt.rto());
+                if !p.timers.is_set(Timer::Rto) {
+                    p.timers.set(Timer::Rto, now + p.rtt.rto());
                 }
                 return;
             }
@@ -159,11 +160,11 @@ impl<F: Clone, R> Reliability<F, R> {
                         self.stats.sent += 1;
                     }
                     let p = &mut self.peers[peer as usize];
-                    if p.rto_at.is_none() {
-                        p.rto_at = Some(now + p.rtt.rto());
+                    if !p.timers.is_set(Timer::Rto) {
+                        p.timers.set(Timer::Rto, now + p.rtt.rto());
                     }
                     if !p.probed {
-                        p.pto_at = Some(now + p.probe_timeout());
+                        p.timers.set(Timer::Pto, now + p.probe_timeout());
                     }
                     let p = &self.peers[peer as usize];
                     let window_full = !p.can_send(&self.config);

@@ -1,22 +1,93 @@
-//! Timers: each peer's next deadline, the endpoint's heap of per-peer
-//! entries, and firing what is due.
+//! Timers: each peer's table of deadlines ([`TimerTable`]), its next
+//! deadline, the endpoint's heap of per-peer entries, and firing what is
+//! due.
 
 use std::cmp::Reverse;
 
-use super::peer::{CWND_UNIT, Mode, NIL, Peer, QUEUED, SACKED};
+use super::peer::{Mode, NIL, Peer};
 use super::types::{Event, LossReason, PeerId};
 use super::{Pending, Reliability};
 use crate::config::Config;
 use crate::time::Instant;
+
+/// A timer of a peer that is armed and stopped explicitly. The failure
+/// deadline, the keepalive and the end of lingering are not here: they
+/// follow from the peer's state ([`Peer::next_deadline`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Timer {
+    /// Retransmission timeout; while data waits and nothing can fly, the
+    /// zero-window probe.
+    Rto = 0,
+    /// When the earliest datagram that RACK suspects becomes lost.
+    Loss = 1,
+    /// The tail-loss probe: with data in flight and nothing acknowledged
+    /// for two round trips, the newest datagram goes again and asks for an
+    /// acknowledgement, which lets RACK see a lost tail.
+    Pto = 2,
+    /// A delayed acknowledgement is due.
+    Ack = 3,
+}
+
+impl Timer {
+    /// Number of timers.
+    const COUNT: usize = 4;
+}
+
+/// One deadline per [`Timer`], `None` while it is stopped: a fixed array,
+/// never allocated.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct TimerTable {
+    deadlines: [Option<Instant>; Timer::COUNT],
+}
+
+impl TimerTable {
+    /// Every timer stopped.
+    pub(super) const fn new() -> Self {
+        Self {
+            deadlines: [None; Timer::COUNT],
+        }
+    }
+
+    /// Arms `timer` for `at`, replacing any earlier setting.
+    pub(super) fn set(&mut self, timer: Timer, at: Instant) {
+        self.deadlines[timer as usize] = Some(at);
+    }
+
+    /// Stops `timer`.
+    pub(super) fn stop(&mut self, timer: Timer) {
+        self.deadlines[timer as usize] = None;
+    }
+
+    /// Stops every timer.
+    pub(super) fn stop_all(&mut self) {
+        self.deadlines = [None; Timer::COUNT];
+    }
+
+    /// `timer` is armed.
+    pub(super) const fn is_set(&self, timer: Timer) -> bool {
+        self.deadlines[timer as usize].is_some()
+    }
+
+    /// `timer` is armed and due at `now`.
+    pub(super) fn expired(&self, timer: Timer, now: Instant) -> bool {
+        self.deadlines[timer as usize].is_some_and(|at| at <= now)
+    }
+
+    /// The earliest armed deadline. Runs on every send and receive: plain
+    /// comparisons, no iterator.
+    pub(super) const fn next_timeout(&self) -> Option<Instant> {
+        let [rto, loss, pto, ack] = self.deadlines;
+        earliest(earliest(rto, ack), earliest(loss, pto))
+    }
+}
 
 impl Peer {
     /// The earliest timer. The failure deadline only counts when no
     /// retransmission timer runs: while one does, its expiries check for
     /// failure, which keeps the timer heap from gaining an entry per send.
     pub(super) fn next_deadline(&self, config: &Config) -> Option<Instant> {
-        let mut next = earliest(self.rto_at, self.ack_at);
-        next = earliest(next, earliest(self.loss_at, self.pto_at));
-        if self.rto_at.is_none() {
+        let mut next = self.timers.next_timeout();
+        if !self.timers.is_set(Timer::Rto) {
             next = earliest(next, self.fail_at(config));
             next = earliest(next, self.keepalive_at(config));
         }
@@ -100,7 +171,6 @@ impl<F: Clone, R> Reliability<F, R> {
     /// Handles the peer's due timers. Returns `true` if its failure was due
     /// but deferred.
     pub(super) fn expire(&mut self, now: Instant, peer: u32, defer_failure: bool) -> bool {
-        let rto_max = self.config.rto_max;
         let p = &mut self.peers[peer as usize];
         let mut deferred = false;
         if p.fail_at(&self.config).is_some_and(|at| at <= now) {
@@ -121,71 +191,27 @@ impl<F: Clone, R> Reliability<F, R> {
                 return deferred;
             }
         }
-        if p.ack_at.is_some_and(|at| at <= now) {
-            p.ack_at = None;
+        if p.timers.expired(Timer::Ack, now) {
+            p.timers.stop(Timer::Ack);
             self.queue_ack(peer);
         }
         let p = &mut self.peers[peer as usize];
-        if p.rto_at.is_none() && p.keepalive_at(&self.config).is_some_and(|at| at <= now) {
+        if !p.timers.is_set(Timer::Rto) && p.keepalive_at(&self.config).is_some_and(|at| at <= now)
+        {
             p.last_keepalive = Some(now);
             self.stats.keepalives += 1;
             self.transmits.push_back(Pending::Probe(peer));
         }
-        if self.peers[peer as usize]
-            .loss_at
-            .is_some_and(|at| at <= now)
-        {
+        if self.peers[peer as usize].timers.expired(Timer::Loss, now) {
             self.detect_losses(now, peer);
         }
         let p = &mut self.peers[peer as usize];
-        if p.pto_at.is_some_and(|at| at <= now) {
-            p.pto_at = None;
+        if p.timers.expired(Timer::Pto, now) {
+            p.timers.stop(Timer::Pto);
             self.probe_tail(peer);
         }
-        let p = &mut self.peers[peer as usize];
-        if p.rto_at.is_none_or(|at| at > now) {
-            return deferred;
-        }
-        // After `resume` the timer refreshes the state without backing off:
-        // the caller not running is no evidence against the path.
-        let resumed = core::mem::take(&mut p.resumed);
-        if p.head == NIL {
-            if p.backlog_head == NIL {
-                p.rto_at = None;
-            } else {
-                // Data waits but the peer's credit lets nothing fly: ask
-                // it for an acknowledgement, which carries its credit.
-                self.stats.probes += 1;
-                if !resumed {
-                    p.rtt.back_off(rto_max);
-                }
-                p.rto_at = Some(now + p.rtt.rto());
-                self.transmits.push_back(Pending::Probe(peer));
-            }
-            return deferred;
-        }
-        if !resumed {
-            self.stats.timeouts += 1;
-            p.rtt.back_off(rto_max);
-            p.ssthresh = (p.cwnd / 2).max(2 * CWND_UNIT);
-            p.cwnd = CWND_UNIT;
-        }
-        p.rto_at = Some(now + p.rtt.rto());
-        // The congestion window is one datagram now: resend the oldest not
-        // known delivered, asking for an acknowledgement. Its answer tells
-        // RACK what else is missing (what was sent before it and is still
-        // not delivered a round trip later), so a spurious timeout (a
-        // receiver descheduled for a while) costs one datagram, and a real
-        // one repairs the rest at the pace acknowledgements come back.
-        let mut at = p.head;
-        while at != NIL {
-            let slot = &mut self.slots[at as usize];
-            if slot.flags & (SACKED | QUEUED) == 0 {
-                slot.flags |= QUEUED;
-                self.transmits.push_back(Pending::Data(at));
-                break;
-            }
-            at = slot.next;
+        if self.peers[peer as usize].timers.expired(Timer::Rto, now) {
+            self.on_rto(now, peer);
         }
         deferred
     }
@@ -204,12 +230,12 @@ impl<F: Clone, R> Reliability<F, R> {
             p.last_heard = now;
             // Probe and loss timers count from sends made before the gap:
             // the refresh below replaces them.
-            p.pto_at = None;
-            p.loss_at = None;
+            p.timers.stop(Timer::Pto);
+            p.timers.stop(Timer::Loss);
             p.probed = false;
             if p.mode != Mode::Lost && (p.head != NIL || p.backlog_head != NIL) {
                 p.rtt.end_backoff();
-                p.rto_at = Some(now);
+                p.timers.set(Timer::Rto, now);
                 p.resumed = true;
             }
         }
