@@ -56,8 +56,10 @@ use peer::{Mode, NIL, Peer, Slot};
 ///   `handle_timeout` next).
 ///
 /// Every entry point takes `now`; nothing reads a clock. A spurious
-/// `handle_timeout` does nothing. While nothing is in flight and nothing is
-/// owed, no timer is armed and `poll_timeout` is `None`.
+/// `handle_timeout` does nothing. Once nothing is in flight and nothing is
+/// owed, no new deadline is armed, but the last one a peer armed is not
+/// withdrawn: `poll_timeout` still reports it, its `handle_timeout` finds
+/// nothing due, and `poll_timeout` is `None` after that.
 #[derive(Debug)]
 pub struct Reliability<F, R> {
     config: Config,

@@ -110,9 +110,13 @@ pub(super) const fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<I
 
 impl<F: Clone, R> Reliability<F, R> {
     /// When [`handle_timeout`](Self::handle_timeout) should next be called.
+    /// A peer that stopped needing a timer keeps the deadline it armed last
+    /// until that deadline fires (for nothing), so after the last work this
+    /// may report one deadline more before it is `None`.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
-        // Drop entries whose peer rescheduled or no longer needs a timer, so
-        // an idle endpoint reports no deadline at all.
+        // Drop entries a peer replaced with an earlier one, or left behind
+        // when it ended. The entry of a peer that merely stopped needing a
+        // timer is still live (see `schedule`) and is reported.
         while let Some(Reverse((at, peer))) = self.timers.peek().copied() {
             if self.peers[peer as usize].scheduled == Some(at) {
                 return Some(at);
