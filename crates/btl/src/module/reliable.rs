@@ -1,5 +1,9 @@
 //! The reliable path: drives the sans-IO reliability state with what the
-//! fabric delivers (the drive loop of `../shared/reference/architecture.md`).
+//! fabric delivers. Each progress call hands it every received header
+//! (taking the buffers it makes deliverable), sets the credit the receive
+//! pool allows, fires its timers if the earliest is due, then sends the
+//! datagrams it queued and reports its events (fragments acknowledged or
+//! failed, peers lost).
 //!
 //! * `send` hands a descriptor to the reliability state, which sequences it
 //!   and keeps a handle to it for retransmission: nothing is copied.
@@ -18,7 +22,8 @@
 //!   (`recv.rs`, `host.rs`).
 //! * Acknowledgements and retransmissions go out at the end of each progress
 //!   call, after timers that are due; while nothing is owed no timer is
-//!   armed, so an idle progress call costs one comparison.
+//!   armed (a peer's last deadline fires once, for nothing, after its work
+//!   ends), so an idle progress call costs one comparison.
 
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
