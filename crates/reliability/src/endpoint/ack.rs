@@ -25,12 +25,12 @@ impl<F: Clone, R> Reliability<F, R> {
     pub(super) fn ack_header(&mut self, peer: u32) -> rel::Repr {
         let credit = self.credit;
         let p = &mut self.peers[peer as usize];
-        p.ack_pending = 0;
+        p.rcv.ack_pending = 0;
         p.timers.stop(Timer::Ack);
-        p.ack_now = false;
+        p.rcv.ack_now = false;
         rel::Repr {
-            ack: p.rcv_nxt,
-            sack: p.rcv_sack,
+            ack: p.rcv.nxt,
+            sack: p.rcv.sack,
             credit,
             ..rel::Repr::default()
         }
@@ -38,9 +38,9 @@ impl<F: Clone, R> Reliability<F, R> {
 
     pub(super) fn queue_ack(&mut self, peer: u32) {
         let p = &mut self.peers[peer as usize];
-        p.ack_now = true;
-        if !p.ack_queued {
-            p.ack_queued = true;
+        p.rcv.ack_now = true;
+        if !p.rcv.ack_queued {
+            p.rcv.ack_queued = true;
             self.transmits.push_back(Pending::Ack(peer));
         }
     }

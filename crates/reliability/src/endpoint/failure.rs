@@ -98,7 +98,7 @@ impl<F: Clone, R> Reliability<F, R> {
                 self.reclaimed.push(buf);
             }
         }
-        self.peers[peer as usize].rcv_sack = 0;
+        self.peers[peer as usize].rcv.sack = 0;
     }
 
     /// A buffer the endpoint no longer holds (its peer was lost or closed

@@ -4,6 +4,7 @@
 
 use udbtl_wire::SeqNum;
 
+use super::recv::RecvState;
 use super::timer::TimerTable;
 use crate::config::Config;
 use crate::rtt::Rtt;
@@ -95,16 +96,8 @@ pub(super) struct Peer {
     /// The retransmission timer was set by [`Reliability::resume`](crate::Reliability::resume): its
     /// expiry refreshes the peer's state without backing off.
     pub(super) resumed: bool,
-    // ----- receiving
-    /// Next sequence number expected from the peer.
-    pub(super) rcv_nxt: SeqNum,
-    /// Bit `i`: `rcv_nxt + 1 + i` arrived and is buffered.
-    pub(super) rcv_sack: u64,
-    /// Datagrams received since the last acknowledgement went out.
-    pub(super) ack_pending: u16,
-    /// An acknowledgement must go out at the next transmit opportunity.
-    pub(super) ack_now: bool,
-    pub(super) ack_queued: bool,
+    /// The receiving side: window, early datagrams, acknowledgement owed.
+    pub(super) rcv: RecvState,
     // ----- timers
     /// The deadlines armed and stopped explicitly: retransmission, loss,
     /// tail-loss probe and delayed acknowledgement.
@@ -139,11 +132,7 @@ impl Peer {
             last_data: None,
             last_keepalive: None,
             resumed: false,
-            rcv_nxt: config.initial_seq,
-            rcv_sack: 0,
-            ack_pending: 0,
-            ack_now: false,
-            ack_queued: false,
+            rcv: RecvState::new(config.initial_seq),
             timers: TimerTable::new(),
             scheduled: None,
         }

@@ -2,6 +2,7 @@
 //! arrive early, in-order delivery, duplicates, refusal for want of room,
 //! and when an acknowledgement is owed.
 
+use udbtl_wire::SeqNum;
 use udbtl_wire::rel::{self, FLAG_ACK_ONLY, FLAG_ACK_REQ, FLAG_RESET};
 
 use super::peer::Mode;
@@ -10,6 +11,36 @@ use super::types::{Discard, LossReason, PeerId, Receipt, Room};
 use super::{Pending, Reliability};
 use crate::config::SACK_SPAN;
 use crate::time::Instant;
+
+/// One peer's receiving state: the receive window (the next sequence
+/// number expected and which later ones are buffered) and the
+/// acknowledgement owed to the peer.
+#[derive(Debug, Clone)]
+pub(super) struct RecvState {
+    /// Next sequence number expected from the peer.
+    pub(super) nxt: SeqNum,
+    /// Bit `i`: `nxt + 1 + i` arrived and is buffered.
+    pub(super) sack: u64,
+    /// Datagrams received since the last acknowledgement went out.
+    pub(super) ack_pending: u16,
+    /// An acknowledgement must go out at the next transmit opportunity.
+    pub(super) ack_now: bool,
+    /// An acknowledgement is queued for transmission.
+    pub(super) ack_queued: bool,
+}
+
+impl RecvState {
+    /// Nothing received yet: `initial` is expected first.
+    pub(super) const fn new(initial: SeqNum) -> Self {
+        Self {
+            nxt: initial,
+            sack: 0,
+            ack_pending: 0,
+            ack_now: false,
+            ack_queued: false,
+        }
+    }
+}
 
 impl<F: Clone, R> Reliability<F, R> {
     /// Handles a received datagram's reliability header; `buf` is the
@@ -89,10 +120,10 @@ impl<F: Clone, R> Reliability<F, R> {
         let seq = header.seq;
         let window = i32::from(self.config.window);
         let p = &mut self.peers[peer as usize];
-        let offset = seq - p.rcv_nxt;
+        let offset = seq - p.rcv.nxt;
         p.last_data = Some(now);
         if header.has(FLAG_ACK_REQ) {
-            p.ack_now = true;
+            p.rcv.ack_now = true;
         }
         if offset < 0 {
             // Our acknowledgement was lost, or the datagram was duplicated:
@@ -110,7 +141,7 @@ impl<F: Clone, R> Reliability<F, R> {
         }
         if offset > 0 {
             let bit = 1u64 << (offset - 1);
-            if p.rcv_sack & bit != 0 {
+            if p.rcv.sack & bit != 0 {
                 self.stats.duplicates += 1;
                 self.queue_ack(peer);
                 return Receipt::Discard(buf, Discard::Duplicate);
@@ -118,7 +149,7 @@ impl<F: Clone, R> Reliability<F, R> {
             if !room.early {
                 return self.refuse(peer, buf);
             }
-            p.rcv_sack |= bit;
+            p.rcv.sack |= bit;
             self.early.insert((peer, seq.0), buf);
             self.stats.out_of_order += 1;
             self.stats.received += 1;
@@ -131,19 +162,19 @@ impl<F: Clone, R> Reliability<F, R> {
         }
         // In order: deliver, then everything buffered behind it.
         self.stats.received += 1;
-        p.rcv_nxt = p.rcv_nxt.next();
+        p.rcv.nxt = p.rcv.nxt.next();
         let mut delivered = 1u16;
-        while p.rcv_sack & 1 != 0 {
-            p.rcv_sack >>= 1;
-            if let Some(early) = self.early.remove(&(peer, p.rcv_nxt.0)) {
+        while p.rcv.sack & 1 != 0 {
+            p.rcv.sack >>= 1;
+            if let Some(early) = self.early.remove(&(peer, p.rcv.nxt.0)) {
                 self.deliverable.push_back((PeerId(peer), early));
             }
-            p.rcv_nxt = p.rcv_nxt.next();
+            p.rcv.nxt = p.rcv.nxt.next();
             delivered += 1;
         }
-        p.rcv_sack >>= 1;
-        p.ack_pending = p.ack_pending.saturating_add(delivered);
-        if p.ack_now || p.ack_pending >= self.config.ack_every {
+        p.rcv.sack >>= 1;
+        p.rcv.ack_pending = p.rcv.ack_pending.saturating_add(delivered);
+        if p.rcv.ack_now || p.rcv.ack_pending >= self.config.ack_every {
             self.queue_ack(peer);
         } else if !p.timers.is_set(Timer::Ack) {
             p.timers.set(Timer::Ack, now + self.config.ack_delay);

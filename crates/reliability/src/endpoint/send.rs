@@ -193,8 +193,8 @@ impl<F: Clone, R> Reliability<F, R> {
                 }
                 Pending::Ack(peer) => {
                     let p = &mut self.peers[peer as usize];
-                    p.ack_queued = false;
-                    if (p.ack_pending == 0 && !p.ack_now) || p.mode == Mode::Lost {
+                    p.rcv.ack_queued = false;
+                    if (p.rcv.ack_pending == 0 && !p.rcv.ack_now) || p.mode == Mode::Lost {
                         // A data datagram carried it already, or the peer
                         // is gone.
                         continue;
