@@ -1,6 +1,9 @@
 //! The reliable path: drives the sans-IO reliability state with what the
-//! fabric delivers, and sends what it asks for: every progress call hands
-//! it the completions, then its due timers, then posts what it owes.
+//! fabric delivers. Each progress call hands it every received header
+//! (taking the buffers it makes deliverable), sets the credit the receive
+//! pool allows, fires its timers if the earliest is due, then sends the
+//! datagrams it queued and reports its events (fragments acknowledged or
+//! failed, peers lost).
 //!
 //! * `send` hands a descriptor to the reliability state, which sequences it
 //!   and keeps a handle to it for retransmission: nothing is copied.
@@ -11,7 +14,7 @@
 //!   whether to deliver it now, hold its buffer until an earlier one
 //!   arrives, or drop it (duplicate, acknowledgement only).
 //! * A small whole message rides in the datagram of an earlier one to the
-//!   same peer that has not left yet (`ride`): the newest fragment of a
+//!   same peer that has not left yet (`coalesce.rs`): the newest fragment of a
 //!   full window's backlog, or the open carrier, the small message of a
 //!   burst (sends with no progress call in between) held back until the
 //!   next progress call (`close_open_carrier`). It completes right after
@@ -19,7 +22,8 @@
 //!   (`recv.rs`, `host.rs`).
 //! * Acknowledgements and retransmissions go out at the end of each progress
 //!   call, after timers that are due; while nothing is owed no timer is
-//!   armed, so an idle progress call costs one comparison.
+//!   armed (a peer's last deadline fires once, for nothing, after its work
+//!   ends), so an idle progress call costs one comparison.
 
 use udbtl_fabric::{Context, QpAddr};
 use udbtl_reliability::{Event, Instant, LossReason, PeerId, Receipt, Room, SendError};

@@ -1,0 +1,180 @@
+//! Acknowledgements: building the ACK/SACK part of every header sent, and
+//! processing the one of every header received (releasing fragments, RTT
+//! samples, congestion window growth).
+
+use std::time::Duration;
+
+use udbtl_wire::rel;
+
+use super::peer::{CWND_UNIT, NIL, RELEASED, RETRANSMITTED, SACKED, SENT};
+use super::timer::Timer;
+use super::types::{Event, PeerId};
+use super::{Pending, Reliability};
+use crate::config::SACK_SPAN;
+use crate::time::Instant;
+
+/// The smaller of two RTT samples. A datagram acknowledged late, because
+/// the acknowledgement that first covered it was lost, overstates the RTT;
+/// the newest datagram an acknowledgement covers gives the truest sample.
+fn min_sample(current: Option<Duration>, sample: Duration) -> Option<Duration> {
+    Some(current.map_or(sample, |c| c.min(sample)))
+}
+
+impl<F: Clone, R> Reliability<F, R> {
+    /// A header acknowledging what the peer sent; clears what was owed.
+    pub(super) fn ack_header(&mut self, peer: u32) -> rel::Repr {
+        let credit = self.credit;
+        let p = &mut self.peers[peer as usize];
+        p.rcv.ack_pending = 0;
+        p.timers.stop(Timer::Ack);
+        p.rcv.ack_now = false;
+        rel::Repr {
+            ack: p.rcv.nxt,
+            sack: p.rcv.sack,
+            credit,
+            ..rel::Repr::default()
+        }
+    }
+
+    pub(super) fn queue_ack(&mut self, peer: u32) {
+        let p = &mut self.peers[peer as usize];
+        p.rcv.ack_now = true;
+        if !p.rcv.ack_queued {
+            p.rcv.ack_queued = true;
+            self.transmits.push_back(Pending::Ack(peer));
+        }
+    }
+
+    /// Processes the acknowledgement part of a header from `peer`.
+    pub(super) fn on_ack(&mut self, now: Instant, peer: u32, header: &rel::Repr) {
+        let config = &self.config;
+        let p = &mut self.peers[peer as usize];
+        if header.ack.is_after(p.snd_nxt) {
+            // Acknowledges what was never sent: a corrupt or stale header.
+            return;
+        }
+        p.peer_credit = header.credit.min(config.window);
+        // Nothing in flight while data waits: the timer runs for probes.
+        let probing = p.head == NIL && p.backlog_head != NIL;
+        let mut newly_acked = 0u32;
+        let mut newly_sacked = 0u32;
+        let mut spurious = 0u64;
+        let mut rtt_sample = None;
+        // The acknowledgement covers a retransmission, so it may answer that
+        // (a timeout's or a probe's resend asks for one at once): the first
+        // transmissions it also covers may have been delivered long before,
+        // their own acknowledgements lost, and would make the round trip
+        // look as long as the timeout. Karn's rule for the whole
+        // acknowledgement: no sample from it.
+        let mut repair_acked = false;
+        // Cumulative part: release everything before `ack`.
+        while p.head != NIL && self.slots[p.head as usize].seq.is_before(header.ack) {
+            let index = p.head;
+            let slot = &self.slots[index as usize];
+            p.head = slot.next;
+            if p.head == NIL {
+                p.tail = NIL;
+            }
+            p.in_flight -= 1;
+            newly_acked += 1;
+            if slot.flags & SACKED != 0 {
+                p.sacked -= 1;
+            }
+            if slot.flags & (RETRANSMITTED | SACKED) == 0 && slot.flags & SENT != 0 {
+                rtt_sample = min_sample(rtt_sample, now - slot.sent_at);
+            }
+            if slot.flags & (RETRANSMITTED | SACKED) == RETRANSMITTED {
+                repair_acked = true;
+            }
+            if slot.flags & (SACKED | SENT) == SENT {
+                spurious += u64::from(p.rack_delivered(now, slot.sent_at, slot.flags));
+            }
+            if slot.flags & RELEASED == 0 {
+                self.events.push_back(Event::Acked {
+                    peer: PeerId(peer),
+                    frag: slot.frag.clone(),
+                });
+            }
+            self.free_slots.push(index);
+        }
+        if header.ack.is_after(p.snd_una) {
+            p.snd_una = header.ack;
+        }
+        // Selective part: release early. Only the selective ACK's span can
+        // be marked, so the walk stops there, whatever the window.
+        let mut at = p.head;
+        while at != NIL {
+            let slot = &mut self.slots[at as usize];
+            let offset = slot.seq - header.ack;
+            if offset > SACK_SPAN {
+                break;
+            }
+            if offset > 0 && header.sack & (1u64 << (offset - 1)) != 0 && slot.flags & SACKED == 0 {
+                p.sacked += 1;
+                slot.flags |= SACKED;
+                newly_sacked += 1;
+                if slot.flags & RETRANSMITTED == 0 {
+                    rtt_sample = min_sample(rtt_sample, now - slot.sent_at);
+                } else {
+                    repair_acked = true;
+                }
+                if slot.flags & SENT != 0 {
+                    spurious += u64::from(p.rack_delivered(now, slot.sent_at, slot.flags));
+                }
+                if slot.flags & RELEASED == 0 {
+                    slot.flags |= RELEASED;
+                    self.events.push_back(Event::Acked {
+                        peer: PeerId(peer),
+                        frag: slot.frag.clone(),
+                    });
+                }
+            }
+            at = slot.next;
+        }
+        self.stats.spurious_retransmits += spurious;
+        if let Some(sample) = rtt_sample.filter(|_| !repair_acked) {
+            p.rtt.sample(sample, config.rto_min, config.rto_max);
+            let ns = u32::try_from(sample.as_nanos()).unwrap_or(u32::MAX);
+            p.min_rtt_ns = p.min_rtt_ns.min(ns.max(1));
+        }
+        if newly_acked > 0 {
+            p.rtt.end_backoff();
+            p.resumed = false;
+            if p.head == NIL {
+                p.timers.stop(Timer::Rto);
+            } else {
+                p.timers.set(Timer::Rto, now + p.rtt.rto());
+            }
+            // Additive increase: a datagram per acknowledged datagram in slow
+            // start, a datagram per window afterwards.
+            let grow = if p.cwnd < p.ssthresh {
+                newly_acked * CWND_UNIT
+            } else {
+                newly_acked * CWND_UNIT * CWND_UNIT / p.cwnd.max(1)
+            };
+            p.cwnd = (p.cwnd + grow).min(u32::from(config.window) * CWND_UNIT);
+        }
+        if newly_acked + newly_sacked > 0 {
+            // Something new arrived: the path works, so the retransmission
+            // timer starts again, without backoff (a hole under repair does
+            // not make it expire while later datagrams keep arriving, and a
+            // lossy path does not keep it at its maximum), and a new probe
+            // may go.
+            p.rtt.end_backoff();
+            p.probed = false;
+            if newly_acked == 0 {
+                p.timers.set(Timer::Rto, now + p.rtt.rto());
+            }
+        }
+        if probing && p.can_send(config) {
+            // The window reopened: the probes' backoff says nothing about
+            // the path, and the data about to go out gets a fresh timer.
+            p.rtt.end_backoff();
+            p.resumed = false;
+            p.timers.stop(Timer::Rto);
+        }
+        self.detect_losses(now, peer);
+        self.fill_window(now, peer);
+        self.arm_probe(now, peer);
+    }
+}

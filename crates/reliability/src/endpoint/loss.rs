@@ -1,0 +1,210 @@
+//! Loss detection: time-based (RACK, RFC 8985) and by duplicate threshold,
+//! the tail-loss probe, the retransmission timeout, and the congestion
+//! response to loss.
+
+use std::time::Duration;
+
+use super::peer::{CWND_UNIT, NIL, Peer, QUEUED, RETRANSMITTED, SACKED, SENT};
+use super::timer::{Timer, earliest};
+use super::{Pending, Reliability};
+use crate::time::Instant;
+
+/// The shortest tail-loss probe timeout: below it, timer granularity and
+/// scheduling noise would make most probes spurious.
+const PTO_MIN: Duration = Duration::from_micros(10);
+
+impl Peer {
+    /// Notes that a datagram sent at `sent_at` was delivered (acknowledged
+    /// cumulatively or selectively) at `now`, for RACK. Returns `true` if it
+    /// was a retransmission acknowledged sooner than any round trip: the
+    /// acknowledgement was for the first transmission, so the
+    /// retransmission was spurious, and it says nothing about when the
+    /// newest delivered datagram was sent.
+    pub(super) fn rack_delivered(&mut self, now: Instant, sent_at: Instant, flags: u8) -> bool {
+        let rtt = u32::try_from(now.saturating_since(sent_at).as_nanos()).unwrap_or(u32::MAX);
+        if flags & RETRANSMITTED != 0 && rtt < self.min_rtt_ns {
+            return true;
+        }
+        if sent_at >= self.rack_sent {
+            self.rack_sent = sent_at;
+            self.rack_rtt_ns = rtt.max(1);
+        }
+        false
+    }
+
+    /// Two smoothed round trips, at least [`PTO_MIN`]; the initial timeout
+    /// before any sample.
+    pub(super) fn probe_timeout(&self) -> Duration {
+        let srtt = self.rtt.srtt();
+        if srtt.is_zero() {
+            self.rtt.rto()
+        } else {
+            (2 * srtt).max(PTO_MIN)
+        }
+    }
+}
+
+impl<F: Clone, R> Reliability<F, R> {
+    /// Marks lost, and queues again, every datagram in flight that RACK
+    /// finds lost at `now`: sent before the newest delivered one, not
+    /// delivered itself, and older than a round trip plus the reordering
+    /// window. A retransmission counts like any send, so a datagram lost
+    /// again is found again. The earliest suspect not yet due arms
+    /// [`Timer::Loss`].
+    ///
+    /// Congestion response: each lost datagram takes a quarter datagram off
+    /// the congestion window. Random loss at rate `p` then holds the window
+    /// near `4 / p` datagrams (80 at 5 %), where halving once per round trip
+    /// would hold it near a handful; loss from overflow, which comes in
+    /// bursts, still shrinks it fast.
+    pub(super) fn detect_losses(&mut self, now: Instant, peer: u32) {
+        let p = &mut self.peers[peer as usize];
+        p.timers.stop(Timer::Loss);
+        if p.rack_rtt_ns == 0 {
+            // Nothing delivered yet: nothing to judge by.
+            return;
+        }
+        let reo_wnd = Duration::from_nanos(u64::from(p.min_rtt_ns.min(p.rack_rtt_ns.max(1)) / 4));
+        let wait = Duration::from_nanos(u64::from(p.rack_rtt_ns)) + reo_wnd;
+        let mut lost = 0u32;
+        let mut loss_at = None;
+        // Selectively acknowledged datagrams after the one examined: at
+        // `dup_threshold` of them a first transmission is lost at once,
+        // without waiting out the reordering window.
+        let mut sacked_after = u32::from(p.sacked);
+        let mut at = p.head;
+        while at != NIL {
+            let index = at;
+            let slot = &mut self.slots[index as usize];
+            at = slot.next;
+            if slot.flags & SACKED != 0 {
+                sacked_after = sacked_after.saturating_sub(1);
+                continue;
+            }
+            if slot.flags & QUEUED != 0 || slot.flags & SENT == 0 {
+                continue;
+            }
+            if slot.flags & RETRANSMITTED == 0 && sacked_after >= self.config.dup_threshold {
+                slot.flags |= QUEUED;
+                self.transmits.push_back(Pending::Data(index));
+                lost += 1;
+                continue;
+            }
+            if slot.sent_at >= p.rack_sent {
+                // Sent after the newest delivered datagram: so is every
+                // later first transmission, and every later retransmission.
+                if slot.flags & RETRANSMITTED == 0 {
+                    break;
+                }
+                continue;
+            }
+            let due = slot.sent_at + wait;
+            if due <= now {
+                slot.flags |= QUEUED;
+                self.transmits.push_back(Pending::Data(index));
+                lost += 1;
+            } else {
+                loss_at = earliest(loss_at, Some(due));
+            }
+        }
+        if let Some(at) = loss_at {
+            p.timers.set(Timer::Loss, at);
+        }
+        if lost > 0 {
+            self.stats.fast_retransmits += u64::from(lost);
+            let floor = 2 * CWND_UNIT;
+            p.cwnd = p.cwnd.saturating_sub(lost * CWND_UNIT / 4).max(floor);
+            p.ssthresh = p.cwnd;
+        }
+    }
+
+    /// Arms the tail-loss probe: while data is in flight and no probe is
+    /// out, two smoothed round trips after now (or after the first send,
+    /// before any sample, the initial timeout).
+    pub(super) fn arm_probe(&mut self, now: Instant, peer: u32) {
+        let p = &mut self.peers[peer as usize];
+        if p.head != NIL && !p.probed {
+            p.timers.set(Timer::Pto, now + p.probe_timeout());
+        } else {
+            p.timers.stop(Timer::Pto);
+        }
+    }
+
+    /// Sends the tail-loss probe: the newest datagram in flight that is
+    /// neither known delivered nor queued goes again, asking for an
+    /// acknowledgement at once. Whether it or an earlier one was lost, the
+    /// answer lets RACK see it.
+    pub(super) fn probe_tail(&mut self, peer: u32) {
+        let p = &mut self.peers[peer as usize];
+        if p.head == NIL || p.probed {
+            return;
+        }
+        p.probed = true;
+        let mut newest = None;
+        let mut at = p.head;
+        while at != NIL {
+            let slot = &self.slots[at as usize];
+            if slot.flags & (SACKED | QUEUED) == 0 && slot.flags & SENT != 0 {
+                newest = Some(at);
+            }
+            at = slot.next;
+        }
+        if let Some(index) = newest {
+            self.slots[index as usize].flags |= QUEUED;
+            self.transmits.push_back(Pending::Data(index));
+            self.stats.tail_probes += 1;
+        }
+    }
+
+    /// The retransmission timer expired (it is due at `now`). Data in
+    /// flight: the timer backs off, the congestion window drops to one
+    /// datagram and the oldest datagram not known delivered goes again.
+    /// Only backlog (the credit lets nothing fly): a zero-window probe goes,
+    /// with the same backoff. Nothing waiting: the timer stops. After
+    /// [`resume`](crate::Reliability::resume) neither backs off.
+    pub(super) fn on_rto(&mut self, now: Instant, peer: u32) {
+        let rto_max = self.config.rto_max;
+        let p = &mut self.peers[peer as usize];
+        // After `resume` the timer refreshes the state without backing off:
+        // the caller not running is no evidence against the path.
+        let resumed = core::mem::take(&mut p.resumed);
+        if p.head == NIL {
+            if p.backlog_head == NIL {
+                p.timers.stop(Timer::Rto);
+            } else {
+                // Data waits but the peer's credit lets nothing fly: ask
+                // it for an acknowledgement, which carries its credit.
+                self.stats.probes += 1;
+                if !resumed {
+                    p.rtt.back_off(rto_max);
+                }
+                p.timers.set(Timer::Rto, now + p.rtt.rto());
+                self.transmits.push_back(Pending::Probe(peer));
+            }
+            return;
+        }
+        if !resumed {
+            self.stats.timeouts += 1;
+            p.rtt.back_off(rto_max);
+            p.ssthresh = (p.cwnd / 2).max(2 * CWND_UNIT);
+            p.cwnd = CWND_UNIT;
+        }
+        p.timers.set(Timer::Rto, now + p.rtt.rto());
+        // The congestion window is one datagram now: resend the oldest not
+        // known delivered, asking for an acknowledgement. Its answer tells
+        // RACK what else is missing (what was sent before it and is still
+        // not delivered a round trip later), so a spurious timeout (a
+        // receiver descheduled for a while) costs one datagram, and a real
+        // one repairs the rest at the pace acknowledgements come back.
+        let mut at = p.head;
+        while at != NIL {
+            let slot = &mut self.slots[at as usize];
+            if slot.flags & (SACKED | QUEUED) == 0 {
+                slot.flags |= QUEUED;
+                self.transmits.push_back(Pending::Data(at));
+                break;
+            }
+            at = slot.next;
+        }
+    }
+}

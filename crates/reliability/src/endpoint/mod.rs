@@ -1,0 +1,247 @@
+//! The protocol state of every peer of one endpoint: [`Reliability`], split
+//! by concern. Each submodule holds one part of the state machine:
+//!
+//! * `types`: what the caller exchanges with it ([`PeerId`], [`Receipt`],
+//!   [`Transmit`], [`Event`], [`Stats`], ...);
+//! * `peer`: one peer's state and the shared slot table's entries;
+//! * `send`: the backlog, the send window and handing out datagrams;
+//! * `recv`: the receive window, early datagrams, duplicates, delivery;
+//! * `ack`: acknowledgements built and processed;
+//! * `loss`: loss detection, fast retransmission and tail-loss probes;
+//! * `timer`: per-peer deadlines and firing them;
+//! * `failure`: peer failure by time, keepalives, resets and closing.
+
+mod ack;
+mod failure;
+mod loss;
+mod peer;
+mod recv;
+mod send;
+mod timer;
+mod types;
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::time::Duration;
+
+pub use types::{Discard, Event, LossReason, PeerId, Receipt, Room, SendError, Stats, Transmit};
+
+use crate::config::{Config, ConfigError};
+use crate::time::Instant;
+use peer::{Mode, NIL, Peer, Slot};
+
+/// Reliable, ordered, exactly-once delivery for every peer of an endpoint,
+/// as a sans-IO state machine.
+///
+/// `F` names a fragment the caller sends (it keeps the bytes: retransmission
+/// sends the same fragment again, nothing is copied here); `R` names a
+/// receive buffer the endpoint holds while its datagram waits for an earlier
+/// one.
+///
+/// # Driving it
+///
+/// * Inputs: [`send`](Self::send) (a fragment for a peer),
+///   [`on_datagram`](Self::on_datagram) (a received header, its buffer and
+///   the [`Room`] the caller has for it),
+///   [`handle_timeout`](Self::handle_timeout) (or
+///   [`handle_timeout_deferring_failures`](Self::handle_timeout_deferring_failures)
+///   while datagrams may still wait to be read),
+///   [`set_credit`](Self::set_credit), and [`resume`](Self::resume) after
+///   the caller did not run for a while.
+/// * Outputs, pulled after any input, in this order:
+///   [`poll_deliver`](Self::poll_deliver) (buffers now in order),
+///   [`poll_transmit`](Self::poll_transmit) (datagrams to send),
+///   [`poll_event`](Self::poll_event) (fragments acknowledged or failed,
+///   peers lost), [`poll_timeout`](Self::poll_timeout) (when to call
+///   `handle_timeout` next).
+///
+/// Every entry point takes `now`; nothing reads a clock. A spurious
+/// `handle_timeout` does nothing. Once nothing is in flight and nothing is
+/// owed, no new deadline is armed, but the last one a peer armed is not
+/// withdrawn: `poll_timeout` still reports it, its `handle_timeout` finds
+/// nothing due, and `poll_timeout` is `None` after that.
+#[derive(Debug)]
+pub struct Reliability<F, R> {
+    config: Config,
+    peers: Vec<Peer>,
+    slots: Vec<Slot<F>>,
+    free_slots: Vec<u32>,
+    /// Buffers that arrived early, by (peer, sequence number).
+    early: HashMap<(u32, u32), R>,
+    /// Buffers that became deliverable, in order.
+    deliverable: VecDeque<(PeerId, R)>,
+    /// Buffers the endpoint held for a peer that is gone: never deliverable.
+    reclaimed: Vec<R>,
+    transmits: VecDeque<Pending>,
+    events: VecDeque<Event<F>>,
+    timers: BinaryHeap<Reverse<(Instant, u32)>>,
+    credit: u16,
+    stats: Stats,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Pending {
+    Data(u32),
+    Ack(u32),
+    /// An acknowledgement-only datagram that asks for one back.
+    Probe(u32),
+    /// An acknowledgement-only datagram that tells the peer it was lost.
+    Reset(u32),
+}
+
+impl<F: Clone, R> Reliability<F, R> {
+    /// An endpoint with no peers.
+    ///
+    /// # Errors
+    /// An invalid configuration.
+    pub fn new(config: Config) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self {
+            credit: config.window,
+            config,
+            peers: Vec::new(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            early: HashMap::new(),
+            deliverable: VecDeque::new(),
+            reclaimed: Vec::new(),
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+            timers: BinaryHeap::new(),
+            stats: Stats::default(),
+        })
+    }
+
+    /// The configuration.
+    pub const fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Counters.
+    pub const fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Adds a peer and returns its id (ids are dense, from 0).
+    pub fn add_peer(&mut self, now: Instant) -> PeerId {
+        self.peers.push(Peer::new(&self.config, now));
+        // A retransmission timeout queues the peer's whole window, beside an
+        // acknowledgement and a probe: room for that now, so that a timeout
+        // does not allocate.
+        let room = self.peers.len() * (usize::from(self.config.window) + 2);
+        self.transmits
+            .reserve(room.saturating_sub(self.transmits.len()));
+        PeerId((self.peers.len() - 1) as u32)
+    }
+
+    /// Number of peers ever added.
+    pub fn peer_count(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// The current retransmission timeout of a peer.
+    pub fn rto(&self, peer: PeerId) -> Option<Duration> {
+        self.peers.get(peer.0 as usize).map(|p| p.rtt.rto())
+    }
+
+    /// The smoothed round-trip time of a peer (zero before the first sample).
+    pub fn srtt(&self, peer: PeerId) -> Option<Duration> {
+        self.peers.get(peer.0 as usize).map(|p| p.rtt.srtt())
+    }
+
+    /// Datagrams in flight to a peer, and waiting for its window.
+    pub fn queued(&self, peer: PeerId) -> Option<(usize, usize)> {
+        let p = self.peers.get(peer.0 as usize)?;
+        let mut backlog = 0;
+        let mut at = p.backlog_head;
+        while at != NIL {
+            backlog += 1;
+            at = self.slots[at as usize].next;
+        }
+        Some((usize::from(p.in_flight), backlog))
+    }
+
+    /// The newest fragment waiting in a peer's backlog (queued by
+    /// [`send`](Self::send) but not yet sequenced: the window or the
+    /// credit is full), if the peer is active. Such a fragment has never
+    /// been handed out by [`poll_transmit`](Self::poll_transmit) and will
+    /// not be before every fragment queued earlier, so its caller may still
+    /// change what it carries (append another message to it) before it
+    /// leaves. `None` while the backlog is empty, or the peer is unknown,
+    /// closed or lost.
+    pub fn backlog_tail(&self, peer: PeerId) -> Option<&F> {
+        let p = self.peers.get(peer.0 as usize)?;
+        if p.mode != Mode::Active || p.backlog_tail == NIL {
+            return None;
+        }
+        self.slots
+            .get(p.backlog_tail as usize)
+            .map(|slot| &slot.frag)
+    }
+
+    /// `true` once the peer was declared lost.
+    pub fn is_lost(&self, peer: PeerId) -> bool {
+        self.peers
+            .get(peer.0 as usize)
+            .is_some_and(|p| p.mode == Mode::Lost)
+    }
+
+    /// Sets the credit this side advertises to every peer (datagrams past
+    /// the cumulative acknowledgement it will accept), e.g. from the free
+    /// share of a receive pool. Capped at the window; 0 stops the peers
+    /// sending new data (they probe until credit returns). The new value
+    /// rides on the next header sent to each peer; raising it queues
+    /// nothing by itself, so a peer that is probing learns it from its next
+    /// probe's answer (at most `rto_max` later).
+    pub fn set_credit(&mut self, credit: u16) {
+        self.credit = credit.min(self.config.window);
+    }
+
+    /// Size in bytes of one peer's state: constant, whatever the traffic.
+    pub const fn peer_state_size() -> usize {
+        size_of::<Peer>()
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<Event<F>> {
+        self.events.pop_front()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backlog_tail_is_the_newest_unsequenced_fragment() {
+        let config = Config {
+            window: 2,
+            initial_cwnd: 2,
+            initial_credit: 2,
+            ..Config::default()
+        };
+        let mut r: Reliability<u32, u32> = Reliability::new(config).expect("config");
+        let now = Instant::from_nanos(0);
+        let peer = r.add_peer(now);
+        assert_eq!(r.backlog_tail(peer), None);
+        assert_eq!(r.backlog_tail(PeerId(9)), None);
+        // The first two are sequenced at once: no backlog.
+        r.send(now, peer, 1).expect("send");
+        r.send(now, peer, 2).expect("send");
+        assert_eq!(r.backlog_tail(peer), None);
+        r.send(now, peer, 3).expect("send");
+        assert_eq!(r.backlog_tail(peer), Some(&3));
+        r.send(now, peer, 4).expect("send");
+        assert_eq!(r.backlog_tail(peer), Some(&4));
+        assert_eq!(r.queued(peer), Some((2, 2)));
+        // Only what is in flight is handed out for transmission.
+        let mut sent = Vec::new();
+        while let Some(tx) = r.poll_transmit(now) {
+            sent.extend(tx.frag);
+        }
+        assert_eq!(sent, [1, 2]);
+        // A closed peer has no backlog to add to.
+        r.close_peer(now, peer);
+        assert_eq!(r.backlog_tail(peer), None);
+    }
+}

@@ -1,0 +1,155 @@
+//! One peer's protocol state ([`Peer`]) and the shared slot table's entries
+//! ([`Slot`]): the datagrams of every peer's stream, in flight or waiting
+//! for the window, threaded into per-peer lists.
+
+use udbtl_wire::SeqNum;
+
+use super::recv::RecvState;
+use super::timer::TimerTable;
+use crate::config::Config;
+use crate::rtt::Rtt;
+use crate::time::Instant;
+
+/// "No entry" in the intrusive lists threaded through the slot table.
+pub(super) const NIL: u32 = u32::MAX;
+
+/// Slot flags.
+pub(super) const SACKED: u8 = 0x1;
+pub(super) const SENT: u8 = 0x2;
+pub(super) const RETRANSMITTED: u8 = 0x4;
+pub(super) const QUEUED: u8 = 0x8;
+/// The caller has been told the fragment is done (acknowledged or failed).
+pub(super) const RELEASED: u8 = 0x10;
+/// The sender waits for this datagram's acknowledgement: every transmission
+/// asks for it at once.
+pub(super) const AWAITED: u8 = 0x20;
+
+/// One datagram of one peer's stream: in flight, or waiting for the window.
+#[derive(Debug, Clone)]
+pub(super) struct Slot<F> {
+    pub(super) frag: F,
+    pub(super) peer: u32,
+    pub(super) seq: SeqNum,
+    pub(super) sent_at: Instant,
+    pub(super) next: u32,
+    pub(super) flags: u8,
+}
+
+/// Where a peer is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    Active,
+    /// Closed by the caller: no new sends; still acknowledges until then.
+    Lingering(Instant),
+    /// Declared lost (nothing heard for `peer_timeout` while data waited,
+    /// or the peer sent a reset), or finished lingering.
+    Lost,
+}
+
+/// The state of one peer. Its size does not depend on traffic: datagrams in
+/// flight live in the endpoint's shared slot table, linked from here.
+#[derive(Debug, Clone)]
+pub(super) struct Peer {
+    pub(super) mode: Mode,
+    // ----- sending
+    /// Oldest sequence number not cumulatively acknowledged.
+    pub(super) snd_una: SeqNum,
+    /// Next sequence number to assign.
+    pub(super) snd_nxt: SeqNum,
+    /// In-flight list (sequenced), oldest first.
+    pub(super) head: u32,
+    pub(super) tail: u32,
+    pub(super) in_flight: u16,
+    /// Backlog (not yet sequenced: the window was full), oldest first.
+    pub(super) backlog_head: u32,
+    pub(super) backlog_tail: u32,
+    /// Congestion window, in 1/1024 datagrams (so additive increase needs
+    /// no floating point).
+    pub(super) cwnd: u32,
+    pub(super) ssthresh: u32,
+    /// Datagrams past `snd_una` the peer last said it accepts.
+    pub(super) peer_credit: u16,
+    pub(super) rtt: Rtt,
+    /// Time-based loss detection (RACK, RFC 8985): when the newest
+    /// datagram known delivered was sent, and its round trip. A datagram
+    /// sent before it and not delivered a round trip plus the reordering
+    /// window after its own send is lost, however often it was sent.
+    pub(super) rack_sent: Instant,
+    pub(super) rack_rtt_ns: u32,
+    /// The smallest round trip measured: a quarter of it is the reordering
+    /// window.
+    pub(super) min_rtt_ns: u32,
+    /// Datagrams in flight selectively acknowledged.
+    pub(super) sacked: u16,
+    /// A tail-loss probe went and nothing new was acknowledged since: the
+    /// retransmission timer decides next.
+    pub(super) probed: bool,
+    /// Last time a valid datagram from the peer was handled, or when it
+    /// was first owed an acknowledgement, or the last
+    /// [`Reliability::resume`](crate::Reliability::resume): the failure clock.
+    pub(super) last_heard: Instant,
+    /// Last time data was sequenced for the peer or arrived from it; starts
+    /// the keepalive watch (see [`Config::keepalive`](crate::Config::keepalive)).
+    pub(super) last_data: Option<Instant>,
+    /// Last keepalive probe sent.
+    pub(super) last_keepalive: Option<Instant>,
+    /// The retransmission timer was set by [`Reliability::resume`](crate::Reliability::resume): its
+    /// expiry refreshes the peer's state without backing off.
+    pub(super) resumed: bool,
+    /// The receiving side: window, early datagrams, acknowledgement owed.
+    pub(super) rcv: RecvState,
+    // ----- timers
+    /// The deadlines armed and stopped explicitly: retransmission, loss,
+    /// tail-loss probe and delayed acknowledgement.
+    pub(super) timers: TimerTable,
+    /// Deadline of this peer's live entry in the timer heap.
+    pub(super) scheduled: Option<Instant>,
+}
+
+pub(super) const CWND_UNIT: u32 = 1024;
+
+impl Peer {
+    pub(super) fn new(config: &Config, now: Instant) -> Self {
+        Self {
+            mode: Mode::Active,
+            snd_una: config.initial_seq,
+            snd_nxt: config.initial_seq,
+            head: NIL,
+            tail: NIL,
+            in_flight: 0,
+            backlog_head: NIL,
+            backlog_tail: NIL,
+            cwnd: u32::from(config.initial_cwnd) * CWND_UNIT,
+            ssthresh: u32::MAX,
+            peer_credit: config.initial_credit,
+            rtt: Rtt::new(config.rto_initial),
+            rack_sent: Instant::ZERO,
+            rack_rtt_ns: 0,
+            min_rtt_ns: u32::MAX,
+            sacked: 0,
+            probed: false,
+            last_heard: now,
+            last_data: None,
+            last_keepalive: None,
+            resumed: false,
+            rcv: RecvState::new(config.initial_seq),
+            timers: TimerTable::new(),
+            scheduled: None,
+        }
+    }
+
+    pub(super) fn window(&self, config: &Config) -> u32 {
+        (self.cwnd / CWND_UNIT).clamp(1, u32::from(config.window))
+    }
+
+    /// A new datagram may be sequenced: congestion window and peer credit.
+    pub(super) fn can_send(&self, config: &Config) -> bool {
+        u32::from(self.in_flight) < self.window(config)
+            && (self.snd_nxt - self.snd_una) < i32::from(self.peer_credit)
+    }
+
+    /// Nothing is in flight or waiting for the peer.
+    pub(super) fn idle(&self) -> bool {
+        self.head == NIL && self.backlog_head == NIL
+    }
+}

@@ -1,0 +1,190 @@
+//! The receiving side: the receive window, buffering datagrams that
+//! arrive early, in-order delivery, duplicates, refusal for want of room,
+//! and when an acknowledgement is owed.
+
+use udbtl_wire::SeqNum;
+use udbtl_wire::rel::{self, FLAG_ACK_ONLY, FLAG_ACK_REQ, FLAG_RESET};
+
+use super::peer::Mode;
+use super::timer::Timer;
+use super::types::{Discard, LossReason, PeerId, Receipt, Room};
+use super::{Pending, Reliability};
+use crate::config::SACK_SPAN;
+use crate::time::Instant;
+
+/// One peer's receiving state: the receive window (the next sequence
+/// number expected and which later ones are buffered) and the
+/// acknowledgement owed to the peer.
+#[derive(Debug, Clone)]
+pub(super) struct RecvState {
+    /// Next sequence number expected from the peer.
+    pub(super) nxt: SeqNum,
+    /// Bit `i`: `nxt + 1 + i` arrived and is buffered.
+    pub(super) sack: u64,
+    /// Datagrams received since the last acknowledgement went out.
+    pub(super) ack_pending: u16,
+    /// An acknowledgement must go out at the next transmit opportunity.
+    pub(super) ack_now: bool,
+    /// An acknowledgement is queued for transmission.
+    pub(super) ack_queued: bool,
+}
+
+impl RecvState {
+    /// Nothing received yet: `initial` is expected first.
+    pub(super) const fn new(initial: SeqNum) -> Self {
+        Self {
+            nxt: initial,
+            sack: 0,
+            ack_pending: 0,
+            ack_now: false,
+            ack_queued: false,
+        }
+    }
+}
+
+impl<F: Clone, R> Reliability<F, R> {
+    /// Handles a received datagram's reliability header; `buf` is the
+    /// buffer holding it and `room` what the caller can take of its data.
+    /// Acknowledgements it carries are processed first, whatever the room.
+    ///
+    /// * Any valid datagram shows the peer alive: its failure clock
+    ///   restarts.
+    /// * Data the room does not allow is refused
+    ///   ([`Discard::NoRoom`]): not acknowledged (the sender retransmits
+    ///   it), but an acknowledgement goes out at once with the current
+    ///   credit.
+    /// * An acknowledgement-only datagram that asks for one
+    ///   (`FLAG_ACK_REQ`, such as a zero-window probe) is answered.
+    /// * A reset ([`rel::FLAG_RESET`]) declares the peer lost
+    ///   ([`LossReason::Reset`]).
+    /// * A peer already declared lost is answered with a reset when it sends
+    ///   data or asks for an acknowledgement, never otherwise.
+    pub fn on_datagram(
+        &mut self,
+        now: Instant,
+        peer: PeerId,
+        header: &rel::Repr,
+        buf: R,
+        room: Room,
+    ) -> Receipt<R> {
+        let Some(p) = self.peers.get_mut(peer.0 as usize) else {
+            return Receipt::Discard(buf, Discard::PeerLost);
+        };
+        if p.mode == Mode::Lost {
+            // It still believes the streams alive: tell it they are broken.
+            // A reset or a plain acknowledgement gets no answer, so two
+            // sides that lost each other cannot loop.
+            if !header.has(FLAG_RESET) && (!header.has(FLAG_ACK_ONLY) || header.has(FLAG_ACK_REQ)) {
+                self.transmits.push_back(Pending::Reset(peer.0));
+            }
+            return Receipt::Discard(buf, Discard::PeerLost);
+        }
+        if !header.ack.is_after(p.snd_nxt) {
+            // A plausible header (a corrupt or stale one acknowledges what
+            // was never sent): the peer is alive, even if it grants nothing.
+            p.last_heard = now;
+        }
+        self.on_ack(now, peer.0, header);
+        if header.flags & (FLAG_ACK_ONLY | FLAG_RESET) != 0 {
+            if header.has(FLAG_RESET) {
+                self.declare_lost(peer.0, LossReason::Reset);
+                return Receipt::Discard(buf, Discard::PeerLost);
+            }
+            if header.has(FLAG_ACK_REQ) {
+                self.queue_ack(peer.0);
+            }
+            self.reschedule(peer.0);
+            return Receipt::Discard(buf, Discard::AckOnly);
+        }
+        let receipt = self.on_data(now, peer.0, header, buf, room);
+        self.reschedule(peer.0);
+        receipt
+    }
+
+    /// Refuses a data datagram for want of room: not acknowledged, but the
+    /// sender hears the current credit at once.
+    pub(super) fn refuse(&mut self, peer: u32, buf: R) -> Receipt<R> {
+        self.stats.refused_no_room += 1;
+        self.queue_ack(peer);
+        Receipt::Discard(buf, Discard::NoRoom)
+    }
+
+    pub(super) fn on_data(
+        &mut self,
+        now: Instant,
+        peer: u32,
+        header: &rel::Repr,
+        buf: R,
+        room: Room,
+    ) -> Receipt<R> {
+        let seq = header.seq;
+        let window = i32::from(self.config.window);
+        let p = &mut self.peers[peer as usize];
+        let offset = seq - p.rcv.nxt;
+        p.last_data = Some(now);
+        if header.has(FLAG_ACK_REQ) {
+            p.rcv.ack_now = true;
+        }
+        if offset < 0 {
+            // Our acknowledgement was lost, or the datagram was duplicated:
+            // acknowledge again so the sender stops.
+            self.stats.duplicates += 1;
+            self.queue_ack(peer);
+            return Receipt::Discard(buf, Discard::Duplicate);
+        }
+        // Further ahead of a gap than the selective ACK can say: dropped
+        // like one beyond the window, and sent again once the gap fills.
+        if offset >= window || offset > SACK_SPAN {
+            self.stats.out_of_window += 1;
+            self.queue_ack(peer);
+            return Receipt::Discard(buf, Discard::OutOfWindow);
+        }
+        if offset > 0 {
+            let bit = 1u64 << (offset - 1);
+            if p.rcv.sack & bit != 0 {
+                self.stats.duplicates += 1;
+                self.queue_ack(peer);
+                return Receipt::Discard(buf, Discard::Duplicate);
+            }
+            if !room.early {
+                return self.refuse(peer, buf);
+            }
+            p.rcv.sack |= bit;
+            self.early.insert((peer, seq.0), buf);
+            self.stats.out_of_order += 1;
+            self.stats.received += 1;
+            // A gap: tell the sender now, so it can fast-retransmit.
+            self.queue_ack(peer);
+            return Receipt::Buffered;
+        }
+        if !room.in_order {
+            return self.refuse(peer, buf);
+        }
+        // In order: deliver, then everything buffered behind it.
+        self.stats.received += 1;
+        p.rcv.nxt = p.rcv.nxt.next();
+        let mut delivered = 1u16;
+        while p.rcv.sack & 1 != 0 {
+            p.rcv.sack >>= 1;
+            if let Some(early) = self.early.remove(&(peer, p.rcv.nxt.0)) {
+                self.deliverable.push_back((PeerId(peer), early));
+            }
+            p.rcv.nxt = p.rcv.nxt.next();
+            delivered += 1;
+        }
+        p.rcv.sack >>= 1;
+        p.rcv.ack_pending = p.rcv.ack_pending.saturating_add(delivered);
+        if p.rcv.ack_now || p.rcv.ack_pending >= self.config.ack_every {
+            self.queue_ack(peer);
+        } else if !p.timers.is_set(Timer::Ack) {
+            p.timers.set(Timer::Ack, now + self.config.ack_delay);
+        }
+        Receipt::Deliver(buf)
+    }
+
+    /// Buffers that became deliverable, in order, after a
+    /// [`Receipt::Deliver`].
+    pub fn poll_deliver(&mut self) -> Option<(PeerId, R)> {
+        self.deliverable.pop_front()
+    }
+}

@@ -1,0 +1,233 @@
+//! The sending side: queueing fragments, the backlog, moving it into the
+//! send window as congestion window and credit allow, and handing out
+//! datagrams (first transmissions and retransmissions) with their headers.
+
+use udbtl_wire::SeqNum;
+use udbtl_wire::rel::{FLAG_ACK_ONLY, FLAG_ACK_REQ, FLAG_RESET};
+
+use super::peer::{AWAITED, Mode, NIL, QUEUED, RETRANSMITTED, SENT, Slot};
+use super::timer::Timer;
+use super::types::{PeerId, SendError, Transmit};
+use super::{Pending, Reliability};
+use crate::time::Instant;
+
+impl<F: Clone, R> Reliability<F, R> {
+    /// Queues a fragment for a peer. It is sequenced at once if the window
+    /// allows, else when acknowledgements open it; either way it is
+    /// retransmitted until acknowledged, and reported by an
+    /// [`Event::Acked`](crate::Event::Acked) or, if the peer is lost, an [`Event::Failed`](crate::Event::Failed).
+    ///
+    /// # Errors
+    /// An unknown, lost or closed peer; the fragment stays the caller's.
+    pub fn send(&mut self, now: Instant, peer: PeerId, frag: F) -> Result<(), SendError> {
+        self.queue(now, peer, frag, 0)
+    }
+
+    /// As [`send`](Self::send), for a fragment whose sender waits for its
+    /// acknowledgement (its memory is released only then): every
+    /// transmission asks the peer to acknowledge at once, instead of after
+    /// [`Config::ack_every`](crate::Config::ack_every) datagrams or [`Config::ack_delay`](crate::Config::ack_delay).
+    ///
+    /// # Errors
+    /// As [`send`](Self::send).
+    pub fn send_awaited(&mut self, now: Instant, peer: PeerId, frag: F) -> Result<(), SendError> {
+        self.queue(now, peer, frag, AWAITED)
+    }
+
+    /// Whether [`send`](Self::send) to `peer` would accept a fragment now,
+    /// and if not, the error it would return.
+    ///
+    /// # Errors
+    /// An unknown, lost or closed peer.
+    pub fn accepts(&self, peer: PeerId) -> Result<(), SendError> {
+        let p = self
+            .peers
+            .get(peer.0 as usize)
+            .ok_or(SendError::NoPeer(peer.0))?;
+        match p.mode {
+            Mode::Active => Ok(()),
+            Mode::Lost => Err(SendError::PeerLost(peer.0)),
+            Mode::Lingering(_) => Err(SendError::Closed(peer.0)),
+        }
+    }
+
+    pub(super) fn queue(
+        &mut self,
+        now: Instant,
+        peer: PeerId,
+        frag: F,
+        flags: u8,
+    ) -> Result<(), SendError> {
+        self.accepts(peer)?;
+        let slot = self.alloc_slot(Slot {
+            frag,
+            peer: peer.0,
+            seq: SeqNum(0),
+            sent_at: now,
+            next: NIL,
+            flags,
+        });
+        let p = &mut self.peers[peer.0 as usize];
+        if p.head == NIL && p.backlog_head == NIL {
+            // The peer owes us nothing until now: the failure clock starts.
+            p.last_heard = now;
+        }
+        Self::append(
+            &mut self.slots,
+            &mut p.backlog_head,
+            &mut p.backlog_tail,
+            slot,
+        );
+        self.fill_window(now, peer.0);
+        self.reschedule(peer.0);
+        Ok(())
+    }
+
+    pub(super) fn alloc_slot(&mut self, slot: Slot<F>) -> u32 {
+        match self.free_slots.pop() {
+            Some(index) => {
+                self.slots[index as usize] = slot;
+                index
+            }
+            None => {
+                self.slots.push(slot);
+                (self.slots.len() - 1) as u32
+            }
+        }
+    }
+
+    pub(super) fn append(slots: &mut [Slot<F>], head: &mut u32, tail: &mut u32, index: u32) {
+        slots[index as usize].next = NIL;
+        if *tail == NIL {
+            *head = index;
+        } else {
+            slots[*tail as usize].next = index;
+        }
+        *tail = index;
+    }
+
+    /// Moves backlog into flight while the window allows. Backlog left with
+    /// no timer running (nothing in flight: the credit allows nothing) arms
+    /// the retransmission timer, whose expiry sends a zero-window probe.
+    pub(super) fn fill_window(&mut self, now: Instant, peer: u32) {
+        loop {
+            let p = &mut self.peers[peer as usize];
+            if p.backlog_head == NIL {
+                return;
+            }
+            if !p.can_send(&self.config) {
+                if !p.timers.is_set(Timer::Rto) {
+                    p.timers.set(Timer::Rto, now + p.rtt.rto());
+                }
+                return;
+            }
+            let index = p.backlog_head;
+            p.backlog_head = self.slots[index as usize].next;
+            if p.backlog_head == NIL {
+                p.backlog_tail = NIL;
+            }
+            let seq = p.snd_nxt;
+            p.snd_nxt = seq.next();
+            p.in_flight += 1;
+            p.last_data = Some(now);
+            Self::append(&mut self.slots, &mut p.head, &mut p.tail, index);
+            let slot = &mut self.slots[index as usize];
+            slot.seq = seq;
+            slot.flags |= QUEUED;
+            self.transmits.push_back(Pending::Data(index));
+        }
+    }
+
+    /// The next datagram to send, with its header. Acknowledgements owed to
+    /// the peer ride on it.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit<F>> {
+        while let Some(pending) = self.transmits.pop_front() {
+            match pending {
+                Pending::Data(index) => {
+                    let slot = &mut self.slots[index as usize];
+                    if slot.flags & QUEUED == 0 {
+                        continue;
+                    }
+                    slot.flags &= !QUEUED;
+                    let awaited = slot.flags & AWAITED != 0;
+                    let retransmission = slot.flags & SENT != 0;
+                    slot.flags |= SENT | if retransmission { RETRANSMITTED } else { 0 };
+                    slot.sent_at = now;
+                    let (peer, seq, frag) = (slot.peer, slot.seq, slot.frag.clone());
+                    if retransmission {
+                        self.stats.retransmitted += 1;
+                    } else {
+                        self.stats.sent += 1;
+                    }
+                    let p = &mut self.peers[peer as usize];
+                    if !p.timers.is_set(Timer::Rto) {
+                        p.timers.set(Timer::Rto, now + p.rtt.rto());
+                    }
+                    if !p.probed {
+                        p.timers.set(Timer::Pto, now + p.probe_timeout());
+                    }
+                    let p = &self.peers[peer as usize];
+                    let window_full = !p.can_send(&self.config);
+                    // The newest datagram of a flight of several, with
+                    // nothing waiting behind it: the end of a burst.
+                    let burst_end = p.tail == index && p.backlog_head == NIL && p.in_flight > 1;
+                    let mut header = self.ack_header(peer);
+                    header.seq = seq;
+                    if retransmission || window_full || awaited || burst_end {
+                        // Ask for an acknowledgement at once: the sender is
+                        // waiting, to repair a loss or for window to send
+                        // more, or a burst ends, whose last datagrams the
+                        // receiver would otherwise acknowledge only after
+                        // `ack_delay`, long after the tail-loss probe is due.
+                        // Without this a window smaller than `ack_every`
+                        // would also stall for `ack_delay` per window.
+                        header.flags |= FLAG_ACK_REQ;
+                    }
+                    self.reschedule(peer);
+                    return Some(Transmit {
+                        peer: PeerId(peer),
+                        frag: Some(frag),
+                        header,
+                        retransmission,
+                    });
+                }
+                Pending::Ack(peer) => {
+                    let p = &mut self.peers[peer as usize];
+                    p.rcv.ack_queued = false;
+                    if (p.rcv.ack_pending == 0 && !p.rcv.ack_now) || p.mode == Mode::Lost {
+                        // A data datagram carried it already, or the peer
+                        // is gone.
+                        continue;
+                    }
+                    self.stats.acks_sent += 1;
+                    return Some(self.control(peer, FLAG_ACK_ONLY));
+                }
+                Pending::Probe(peer) => {
+                    if self.peers[peer as usize].mode == Mode::Lost {
+                        continue;
+                    }
+                    return Some(self.control(peer, FLAG_ACK_ONLY | FLAG_ACK_REQ));
+                }
+                Pending::Reset(peer) => {
+                    self.stats.resets_sent += 1;
+                    return Some(self.control(peer, FLAG_ACK_ONLY | FLAG_RESET));
+                }
+            }
+        }
+        None
+    }
+
+    /// A datagram without data: an acknowledgement with `flags`.
+    pub(super) fn control(&mut self, peer: u32, flags: u16) -> Transmit<F> {
+        let mut header = self.ack_header(peer);
+        header.flags |= flags;
+        header.seq = self.peers[peer as usize].snd_nxt;
+        self.reschedule(peer);
+        Transmit {
+            peer: PeerId(peer),
+            frag: None,
+            header,
+            retransmission: false,
+        }
+    }
+}
