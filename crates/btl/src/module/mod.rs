@@ -1,7 +1,7 @@
 //! A BTL module: one active port, its queue pairs, its receive pool, its
 //! fragments and its endpoints.
 //!
-//! The public [`Module`] (`handle.rs`) is a handle on the module's state,
+//! The public [`Module`] (`handle/`) is a handle on the module's state,
 //! the `Engine`, which sits behind a lock so that the progress helper
 //! (`helper.rs`) can service the fabric while the application is away; the
 //! caller's callbacks stay with the handle and run only in the caller's own
@@ -135,7 +135,7 @@ struct Engine<C: Context> {
     /// reliability extension when reliable.
     header_len: usize,
     /// Small messages may ride in the datagram of an earlier one to the
-    /// same peer (the `coalesce` parameter; `reliable.rs`).
+    /// same peer (the `coalesce` parameter; `reliable/coalesce.rs`).
     coalesce: bool,
     /// A rider's bytes on their way into its carrier (both live in
     /// registered memory, possibly of one registration): reserved once, at
