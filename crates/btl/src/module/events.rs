@@ -3,7 +3,7 @@
 
 use udbtl_fabric::QpAddr;
 
-use super::recv::Delivery;
+use super::delivery::Delivery;
 use crate::error::SendFailure;
 use crate::frag::Descriptor;
 use crate::{EndpointId, Tag};

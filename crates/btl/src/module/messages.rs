@@ -6,13 +6,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use udbtl_fabric::{Context, QpAddr};
+use udbtl_fabric::Context;
 use udbtl_wire::rel;
 
-use super::RecvEvent;
-use super::build::HEADER_MAX;
-use super::events::Callbacks;
-use super::recv::Held;
+use super::delivery::Held;
+use super::limits::HEADER_MAX;
 
 use super::wait::Wait;
 use super::{Engine, Module};
@@ -264,37 +262,6 @@ impl<C: Context> Engine<C> {
 
 /// The receiving side: a reliable peer's pieces, put back together.
 impl<C: Context> Engine<C> {
-    /// Adds one piece of a multi-datagram message; runs the tag callback
-    /// when it completes one. Does not repost the buffer.
-    pub(super) fn reassemble(
-        &mut self,
-        callbacks: &mut Callbacks,
-        held: Held,
-        endpoint: EndpointId,
-        src: QpAddr,
-        tag: Tag,
-        flags: u16,
-    ) {
-        let Some((tag, message)) = self.add_piece(held, endpoint, tag, flags) else {
-            return;
-        };
-        let endpoint_context = self.endpoints.context(Some(endpoint));
-        match callbacks.recv[usize::from(tag.0)].as_mut() {
-            Some(callback) => {
-                callback(&RecvEvent {
-                    tag,
-                    endpoint: Some(endpoint),
-                    endpoint_context,
-                    src,
-                    payload: &message,
-                });
-                self.stats.recvs_delivered += 1;
-            }
-            None => self.stats.recv_no_callback += 1,
-        }
-        self.recycle_message(endpoint, message);
-    }
-
     /// Adds one piece of a multi-datagram message; returns the message it
     /// completes, with its tag.
     /// Aborted messages and orphan pieces are counted. Does not repost the

@@ -42,13 +42,15 @@ macro_rules! poster {
 }
 
 mod build;
+mod deliver;
+mod delivery;
 mod descriptors;
 mod endpoints;
 mod events;
 mod handle;
 mod helper;
-mod host;
 mod integrity;
+mod limits;
 mod messages;
 mod recv;
 mod reliable;
@@ -65,12 +67,12 @@ use udbtl_fabric::{
 use udbtl_reliability::Instant;
 use udbtl_wire::btl;
 
-pub use build::{Limits, USER_RESERVE_MAX, recv_buffer_len};
+pub use deliver::{HostEvent, Polled, Received};
 pub use events::{
     ErrorCallback, ErrorEvent, RecvCallback, RecvEvent, SendCallback, SendEvent, SendStatus,
 };
-pub use handle::{Module, Segment};
-pub use host::{HostEvent, Polled, Received, SendArgs};
+pub use handle::{Module, Segment, SendArgs};
+pub use limits::{Limits, USER_RESERVE_MAX, recv_buffer_len};
 pub use stats::ModuleStats;
 
 use crate::error::{BtlError, SendFailure};
@@ -155,7 +157,7 @@ struct Engine<C: Context> {
     /// A coalesced datagram whose records a host is being handed one by
     /// one (`host.rs`): the delivery, the offset of the next record in its
     /// payload, and how many records remain.
-    host_split: Option<(recv::Delivery, usize, usize)>,
+    host_split: Option<(delivery::Delivery, usize, usize)>,
     /// This process's id, published in the modex and carried in reliable
     /// datagrams.
     proc_id: u32,

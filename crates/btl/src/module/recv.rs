@@ -1,52 +1,18 @@
 //! The receive path: the pool of receive buffers posted on queue pair 0,
-//! checking each received datagram's BTL header, dispatching it (to the tag
-//! callback, or to the reliable path), and reposting buffers in one call at
-//! the end of a progress call.
+//! checking each received datagram's BTL header, dispatching it (to the
+//! caller's queue of deliveries, or to the reliable path), and reposting
+//! buffers in one call at the end of a progress call.
 
 use udbtl_fabric::{
-    Context, GRH_LEN, Mr, PostError, QpAddr, QpHandle, RecvWr, Sge, WcStatus, WorkCompletion,
+    Context, GRH_LEN, Mr, PostError, QpHandle, RecvWr, Sge, WcStatus, WorkCompletion,
 };
 use udbtl_reliability::Instant;
-use udbtl_wire::{btl, coalesced, rel};
+use udbtl_wire::{btl, rel};
 
 use super::Engine;
-use super::events::{Callbacks, Notice, RecvEvent};
-use crate::{EndpointId, NUM_WC, Tag};
-
-/// A datagram the application will hear about at its next progress call.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Delivery {
-    pub(super) held: Held,
-    /// Header bytes in front of the payload.
-    pub(super) header_len: usize,
-    pub(super) tag: Tag,
-    pub(super) endpoint: Option<EndpointId>,
-    pub(super) src: QpAddr,
-    /// Message bounds (reliability extension flags).
-    pub(super) flags: u16,
-}
-
-impl Delivery {
-    /// Whether the datagram is a whole message, not a piece of one.
-    pub(super) const fn is_whole(&self) -> bool {
-        let whole = rel::FLAG_FIRST | rel::FLAG_LAST;
-        self.flags & (whole | rel::FLAG_ABORT) == whole
-    }
-
-    /// Whether the datagram claims to pack several whole messages (a
-    /// [`coalesced`](udbtl_wire::coalesced) record list).
-    pub(super) const fn is_coalesced(&self) -> bool {
-        self.flags & rel::FLAG_COALESCED != 0
-    }
-}
-
-/// A received datagram the module holds on to (while it waits for an
-/// earlier one, or is being delivered): its buffer and length.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Held {
-    pub(super) slot: u32,
-    pub(super) len: u32,
-}
+use super::delivery::{Delivery, Held};
+use super::events::Notice;
+use crate::{NUM_WC, Tag};
 
 /// The receive buffers: one registration cut into `count` buffers of
 /// `stride` bytes, each posted with room for the GRH in front.
@@ -206,84 +172,6 @@ impl<C: Context> Engine<C> {
             _ => {
                 self.stats.recv_malformed += 1;
                 self.recv.repost(slot);
-            }
-        }
-    }
-
-    /// Runs the tag callback on a datagram the application has to hear
-    /// about, reassembling multi-datagram messages, then reposts its buffer.
-    /// Only the application's own progress calls this: the caller's
-    /// callbacks never run anywhere else.
-    pub(super) fn deliver(&mut self, callbacks: &mut Callbacks, delivery: Delivery) {
-        let Delivery {
-            held,
-            header_len,
-            tag,
-            endpoint,
-            src,
-            flags,
-        } = delivery;
-        if delivery.is_coalesced() {
-            self.deliver_records(callbacks, delivery);
-        } else if delivery.is_whole() {
-            let endpoint_context = self.endpoints.context(endpoint);
-            match (
-                callbacks.recv[usize::from(tag.0)].as_mut(),
-                self.recv
-                    .datagram(&self.ctx, held)
-                    .and_then(|d| d.get(header_len..)),
-            ) {
-                (None, _) => self.stats.recv_no_callback += 1,
-                (_, None) => self.stats.recv_malformed += 1,
-                (Some(callback), Some(payload)) => {
-                    callback(&RecvEvent {
-                        tag,
-                        endpoint,
-                        endpoint_context,
-                        src,
-                        payload,
-                    });
-                    self.stats.recvs_delivered += 1;
-                }
-            }
-        } else if let Some(endpoint) = endpoint {
-            self.reassemble(callbacks, held, endpoint, src, tag, flags);
-        } else {
-            self.stats.recv_orphan_pieces += 1;
-        }
-        self.return_buffer(held);
-    }
-
-    /// Runs the tag callback of each message of a coalesced datagram, in
-    /// order. The record list is checked whole first: a malformed one (or a
-    /// coalesced datagram that is not a whole message) is counted and none
-    /// of it is delivered, so no message is delivered twice or half. Does
-    /// not repost the buffer.
-    fn deliver_records(&mut self, callbacks: &mut Callbacks, delivery: Delivery) {
-        let payload = self
-            .recv
-            .datagram(&self.ctx, delivery.held)
-            .and_then(|d| d.get(delivery.header_len..))
-            .filter(|p| delivery.is_whole() && coalesced::validate(p).is_ok());
-        let Some(payload) = payload else {
-            self.stats.recv_malformed += 1;
-            return;
-        };
-        let endpoint_context = self.endpoints.context(delivery.endpoint);
-        for record in coalesced::Records::new(payload).map_while(Result::ok) {
-            let tag = Tag(record.tag);
-            match callbacks.recv[usize::from(record.tag)].as_mut() {
-                Some(callback) => {
-                    callback(&RecvEvent {
-                        tag,
-                        endpoint: delivery.endpoint,
-                        endpoint_context,
-                        src: delivery.src,
-                        payload: record.bytes,
-                    });
-                    self.stats.recvs_delivered += 1;
-                }
-                None => self.stats.recv_no_callback += 1,
             }
         }
     }

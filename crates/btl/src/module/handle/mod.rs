@@ -16,11 +16,15 @@ use udbtl_wire::modex;
 
 mod diagnostics;
 mod fragments;
+mod host;
 
-use super::events::{Callbacks, Notice};
+pub use host::SendArgs;
+
+use super::events::Callbacks;
 use super::helper::Helper;
 use super::{
-    AddProcs, Engine, ErrorCallback, HostEvent, Polled, RecvCallback, SendCallback, SendStatus,
+    AddProcs, Engine, ErrorCallback, HostEvent, Polled, RecvCallback, RecvEvent, SendCallback,
+    SendStatus,
 };
 use crate::error::BtlError;
 use crate::frag::Descriptor;
@@ -143,7 +147,7 @@ impl<C: Context> Module<C> {
         // Stopped and joined first: then the module holds the only reference
         // to its engine.
         self.helper = None;
-        run_notices(&mut self.engine.lock(), self.callbacks.get_mut());
+        run_events(&mut self.engine.lock(), self.callbacks.get_mut());
         let engine = match Arc::try_unwrap(self.engine) {
             Ok(engine) => engine.into_inner(),
             Err(_) => unreachable!("the helper, the only other holder, was joined"),
@@ -196,7 +200,7 @@ impl<C: Context> Module<C> {
     pub fn del_procs(&mut self, endpoints: &[EndpointId]) -> Result<(), BtlError> {
         let mut engine = self.engine.lock();
         let result = engine.del_procs(endpoints);
-        run_notices(&mut engine, self.callbacks.get_mut());
+        run_events(&mut engine, self.callbacks.get_mut());
         result
     }
 
@@ -296,7 +300,7 @@ impl<C: Context> Module<C> {
         let mut engine = self.engine.lock();
         let queued = engine.notices.len();
         let polled = engine.progress(true);
-        run_notices(&mut engine, self.callbacks.get_mut());
+        run_events(&mut engine, self.callbacks.get_mut());
         queued + polled
     }
 
@@ -422,28 +426,43 @@ impl<C: Context> fmt::Display for Module<C> {
     }
 }
 
-/// Runs the callbacks for every queued notice, in order, reposting each
-/// delivered buffer after its callback; returns how many ran.
-fn run_notices<C: Context>(engine: &mut Engine<C>, callbacks: &mut Callbacks) -> usize {
+/// The one delivery path, with the callbacks registered on the module: each
+/// event the engine hands out runs its callback and is finished at once,
+/// which reposts a delivered buffer. Returns how many events ran.
+fn run_events<C: Context>(engine: &mut Engine<C>, callbacks: &mut Callbacks) -> usize {
     let mut ran = 0;
-    while let Some(notice) = engine.notices.pop_front() {
+    while let Some(event) = engine.next_host_event() {
         ran += 1;
-        match notice {
-            Notice::Datagram(delivery) => engine.deliver(callbacks, delivery),
-            Notice::Sent { event, owned } => {
+        let claimed = match &event {
+            HostEvent::Received(received) => {
+                match callbacks.recv[usize::from(received.tag.0)].as_mut() {
+                    Some(callback) => {
+                        callback(&RecvEvent {
+                            tag: received.tag,
+                            endpoint: received.endpoint,
+                            endpoint_context: received.endpoint_context,
+                            src: received.src,
+                            payload: engine.payload(received),
+                        });
+                        true
+                    }
+                    None => false,
+                }
+            }
+            HostEvent::Sent { event, .. } => {
                 if let Some(callback) = callbacks.send.as_mut() {
-                    callback(&event);
+                    callback(event);
                 }
-                if owned {
-                    engine.release(event.descriptor);
-                }
+                true
             }
-            Notice::Error(event) => {
+            HostEvent::Error(event) => {
                 if let Some(callback) = callbacks.error.as_mut() {
-                    callback(&event);
+                    callback(event);
                 }
+                true
             }
-        }
+        };
+        engine.finish_host_event(event, claimed);
     }
     if ran > 0 {
         engine.flush_reposts();

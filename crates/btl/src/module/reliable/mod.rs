@@ -34,10 +34,10 @@ mod state;
 
 pub(super) use state::{Reliable, random_process_id};
 
-use super::build::HEADER_MAX;
+use super::limits::HEADER_MAX;
 
+use super::delivery::{Delivery, Held};
 use super::integrity::{Check, Integrity, seal};
-use super::recv::{Delivery, Held};
 use super::send::{QueuedPost, WaitingSend};
 use super::{Engine, SendStatus};
 use crate::error::{BtlError, SendFailure};

@@ -8,10 +8,10 @@ use std::time::Duration;
 use udbtl_fabric::{Mr, MrHandle, Sge};
 use udbtl_reliability::{Config, ConfigError, Instant, Reliability};
 
-use super::super::build::HEADER_MAX;
+use super::super::delivery::Held;
 use super::super::integrity::Integrity;
+use super::super::limits::HEADER_MAX;
 use super::super::messages::Reassembly;
-use super::super::recv::Held;
 use crate::frag::Descriptor;
 use crate::params::Params;
 

@@ -1,20 +1,22 @@
-//! Events for a host that runs its callbacks itself, with the module
-//! unlocked: a C MPI library, whose callbacks call back into the module
-//! (ob1 sends from inside its receive and completion callbacks), which the
-//! module's own callbacks, run under its lock, cannot allow.
+//! The one delivery path: what the caller's callbacks must hear, handed out
+//! one event at a time.
 //!
-//! The host drives with [`Module::poll`], takes each event with
-//! [`Module::next_event`], runs its callback, and hands the event back with
-//! [`Module::finish`], which releases what the event held.
+//! Every caller drives it the same way: [`Module::poll`], then a loop of
+//! [`Module::next_event`] → callback → [`Module::finish`], which releases
+//! what the event held. [`Module::progress`] runs that loop itself with the
+//! callbacks registered on the module; a host that runs its callbacks
+//! itself, with the module unlocked (a C MPI library, whose callbacks call
+//! back into the module: ob1 sends from inside its receive and completion
+//! callbacks), runs it through the three calls.
 
 use udbtl_fabric::{Context, QpAddr};
 use udbtl_wire::coalesced;
 
+#[cfg(doc)]
+use super::Module;
+use super::delivery::{Delivery, Held};
 use super::events::Notice;
-use super::recv::{Delivery, Held};
-use super::{Engine, ErrorEvent, Module, SendEvent, SendStatus};
-use crate::error::BtlError;
-use crate::frag::{DesFlags, Descriptor};
+use super::{Engine, ErrorEvent, SendEvent};
 use crate::{EndpointId, Tag};
 
 /// What one [`Module::poll`] found.
@@ -27,87 +29,6 @@ pub struct Polled {
     /// sends again, only a peer can make work, and a host may poll such a
     /// module less often.
     pub idle: bool,
-}
-
-/// Everything a host decides about a send at send time, for
-/// [`Module::send_with`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SendArgs {
-    /// Bytes of the descriptor's segment to send (at most what it was
-    /// allocated or prepared with).
-    pub len: usize,
-    /// The tag the receiver's callback is chosen by.
-    pub tag: Tag,
-    /// The descriptor's flags from now on (e.g. whether the BTL frees it).
-    pub flags: DesFlags,
-    /// The value handed back in its [`SendEvent`].
-    pub context: u64,
-}
-
-impl<C: Context> Module<C> {
-    /// Whether one of a peer's published addresses is on this module's
-    /// network, so that [`add_procs`](Self::add_procs) would reach it.
-    pub fn reaches(&self, addresses: &[udbtl_wire::modex::Address]) -> bool {
-        self.lock().pick_address(addresses).is_some()
-    }
-
-    /// Adds one peer for a host, under one lock: its endpoint (see
-    /// [`add_procs`](Self::add_procs)), marked as a process of the job whose
-    /// datagrams carry `job_key` (see [`set_endpoint_job`](Self::set_endpoint_job)),
-    /// with `context` attached unless the endpoint existed already. Returns
-    /// the endpoint and the context in force: another caller's, when it had
-    /// added the peer first (two threads, or an add made from inside
-    /// another). `None` when this module does not reach the peer.
-    ///
-    /// # Errors
-    /// As [`add_procs`](Self::add_procs).
-    pub fn add_peer(
-        &self,
-        addresses: &[udbtl_wire::modex::Address],
-        job_key: u32,
-        context: u64,
-    ) -> Result<Option<(EndpointId, u64)>, BtlError> {
-        let mut engine = self.lock();
-        let added = engine.add_procs(&[Some(addresses)])?;
-        let Some(endpoint) = added.endpoints.first().copied().flatten() else {
-            return Ok(None);
-        };
-        if let Some(existing) = engine.endpoints.context(Some(endpoint)) {
-            return Ok(Some((endpoint, existing)));
-        }
-        engine.set_endpoint_context(endpoint, context)?;
-        engine.set_endpoint_job(endpoint, job_key)?;
-        Ok(Some((endpoint, context)))
-    }
-
-    /// [`del_procs`](Self::del_procs) for a host that runs its callbacks
-    /// itself: sends that fail because their endpoint goes are left as
-    /// events for [`next_event`](Self::next_event).
-    ///
-    /// # Errors
-    /// As [`del_procs`](Self::del_procs).
-    pub fn del_procs_host(&self, endpoints: &[EndpointId]) -> Result<(), BtlError> {
-        self.lock().del_procs(endpoints)
-    }
-
-    /// [`set_segment_len`](Self::set_segment_len),
-    /// [`set_context`](Self::set_context), [`set_flags`](Self::set_flags)
-    /// and [`send`](Self::send) in one call, under one lock: a host's send.
-    ///
-    /// # Errors
-    /// As those calls; on error the descriptor is back in the caller's hands.
-    pub fn send_with(
-        &self,
-        endpoint: EndpointId,
-        des: Descriptor,
-        args: SendArgs,
-    ) -> Result<SendStatus, BtlError> {
-        let mut engine = self.lock();
-        engine.set_segment_len(des, args.len)?;
-        engine.set_context(des, args.context)?;
-        engine.set_flags(des, args.flags)?;
-        engine.send(endpoint, des, args.tag)
-    }
 }
 
 /// What a host's callbacks must hear, oldest first. Hand every event back to
@@ -146,6 +67,8 @@ pub struct Received {
     pub src: QpAddr,
     payload: *const u8,
     len: usize,
+    /// Where the payload starts in the held datagram (after the GRH).
+    offset: usize,
     hold: Hold,
 }
 
@@ -242,6 +165,7 @@ impl<C: Context> Engine<C> {
                     src,
                     payload: payload.as_ptr(),
                     len: payload.len(),
+                    offset: header_len,
                     hold: Hold::Buffer(held),
                 });
             }
@@ -264,6 +188,7 @@ impl<C: Context> Engine<C> {
             src,
             payload: bytes.as_ptr(),
             len: bytes.len(),
+            offset: 0,
             hold: Hold::Message { endpoint, bytes },
         })
     }
@@ -310,6 +235,7 @@ impl<C: Context> Engine<C> {
             }
             return None;
         };
+        let record_offset = delivery.header_len + offset + coalesced::RECORD_HEADER_LEN;
         if remaining > 1 {
             let next = offset + coalesced::record_len(record.bytes.len());
             self.host_split = Some((delivery, next, remaining - 1));
@@ -321,6 +247,7 @@ impl<C: Context> Engine<C> {
             src: delivery.src,
             payload: record.bytes.as_ptr(),
             len: record.bytes.len(),
+            offset: record_offset,
             hold: Hold::Record(delivery.held),
         })
     }
@@ -334,6 +261,19 @@ impl<C: Context> Engine<C> {
         *shares = shares.saturating_sub(1);
         if *shares == 0 {
             self.return_buffer(held);
+        }
+    }
+
+    /// The bytes of a received message, as [`Received::payload_ptr`] points
+    /// at them: borrowed here, for a caller that holds the module.
+    pub(super) fn payload<'a>(&'a self, received: &'a Received) -> &'a [u8] {
+        match &received.hold {
+            Hold::Message { bytes, .. } => bytes,
+            Hold::Buffer(held) | Hold::Record(held) => self
+                .recv
+                .datagram(&self.ctx, *held)
+                .and_then(|d| d.get(received.offset..received.offset + received.len))
+                .unwrap_or_default(),
         }
     }
 

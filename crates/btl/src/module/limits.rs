@@ -1,0 +1,130 @@
+//! The sizes a module works with: the header layout every datagram
+//! shares, the fragment and receive buffer strides, and the [`Limits`] the
+//! parameters and the port allow.
+
+use udbtl_fabric::{GRH_LEN, PortAttr};
+use udbtl_wire::btl;
+
+use super::descriptors::USER_FRAG_STRIDE;
+use crate::params::{Params, Source};
+
+/// Alignment of every fragment in registered memory.
+pub(super) const FRAG_ALIGN: usize = 64;
+/// Inline data requested for each queue pair (the seed asked for 200).
+pub(super) const INLINE_REQUEST: u32 = 200;
+/// The longest BTL header: base header plus reliability extension.
+pub(super) const HEADER_MAX: usize = udbtl_wire::datagram::HEADER_LEN;
+/// Fewest receive buffers `rd_mem` may lower the pool to.
+const MIN_RECV_BUFFERS: usize = 64;
+/// Fewest send fragments `send_mem` may lower the free list to.
+const MIN_SEND_FRAGS: usize = 256;
+
+/// The most a caller may reserve in front of zero-copy data: a user
+/// fragment's registered part holds the longest BTL header (the reliability
+/// extension included) and then the reserve.
+pub const USER_RESERVE_MAX: usize = USER_FRAG_STRIDE - HEADER_MAX;
+
+/// Sizes a module works with, derived from the parameters and the port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest payload of an `alloc`ed fragment: the `max_send_size`
+    /// parameter (or, unset, the port's largest datagram) less the BTL
+    /// header.
+    pub eager_limit: usize,
+    /// Largest payload of one fragment of any kind: equal to the eager
+    /// limit, since every fragment, prepared ones too, is one datagram.
+    pub max_send_size: usize,
+    /// Data size of the first fragment of a rendezvous (`min_send_size`).
+    pub rndv_eager_limit: usize,
+    /// Bytes a send may carry inline.
+    pub inline_max: usize,
+    /// Exclusivity, for choosing between BTLs.
+    pub exclusivity: u32,
+    /// Bandwidth in MB/s, for striping weights.
+    pub bandwidth: u32,
+    /// Receive buffers posted.
+    pub recv_buffers: usize,
+    /// Bytes of each receive buffer (see [`recv_buffer_len`]).
+    pub recv_buffer_len: usize,
+    /// Send fragments the free list may grow to: `send_frags_max`, or less
+    /// to fit `send_mem` when `send_frags_max` is left at its default.
+    pub send_frags_max: usize,
+    /// BTL header bytes in front of every payload: 8, or 40 with the
+    /// reliability extension.
+    pub header_len: usize,
+}
+
+pub(super) fn round_up(value: usize, align: usize) -> usize {
+    value.div_ceil(align) * align
+}
+
+/// Receive buffer size for a maximum send size: the GRH the fabric writes in
+/// front, the BTL header and the largest payload, rounded to the fragment
+/// alignment. Allocation and posting both use this one value, which fixes
+/// the seed's bug of allocating fewer bytes than it posted.
+pub fn recv_buffer_len(max_send_size: usize) -> usize {
+    round_up(GRH_LEN + HEADER_MAX + max_send_size, FRAG_ALIGN)
+}
+
+/// BTL header bytes in front of every payload.
+pub(super) fn header_len(params: &Params) -> usize {
+    if params.reliable {
+        HEADER_MAX
+    } else {
+        btl::HEADER_LEN
+    }
+}
+
+/// Receive buffers to post: `rd_num`, unless it was left at its default and
+/// that many buffers of `stride` bytes exceed `rd_mem`. The seed's 6000
+/// assumed 2 KB datagrams; on UDP loopback a buffer holds 64 KiB.
+pub(super) fn recv_pool_size(params: &Params, stride: usize) -> usize {
+    let asked = params.rd_num as usize;
+    if params.source("rd_num") == Some(Source::Default) {
+        asked.min((params.rd_mem / stride).max(MIN_RECV_BUFFERS))
+    } else {
+        asked
+    }
+}
+
+/// Send fragments the free list may grow to: `send_frags_max`, unless it
+/// was left at its default and that many fragments of `stride` bytes exceed
+/// `send_mem`. Each fragment holds an eager message, 64 KiB on UDP loopback.
+pub(super) fn send_frags_bound(params: &Params, stride: usize) -> usize {
+    let asked = params.send_frags_max;
+    if params.source("send_frags_max") == Some(Source::Default) {
+        asked.min((params.send_mem / stride.max(1)).max(MIN_SEND_FRAGS))
+    } else {
+        asked
+    }
+}
+
+/// Where a parameter is unset, the port's largest datagram decides: the
+/// seed's 2048 bytes assumed a 2 KB InfiniBand MTU.
+pub(super) fn limits_for(port: &PortAttr, params: &Params) -> Limits {
+    let max_send_size = match params.max_send_size {
+        Some(asked) if asked > port.max_msg_size => {
+            tracing::warn!(
+                asked,
+                port_max = port.max_msg_size,
+                "max_send_size exceeds the port's largest datagram; using the port's"
+            );
+            port.max_msg_size
+        }
+        Some(asked) => asked,
+        None => port.max_msg_size,
+    };
+    let eager_limit = max_send_size.saturating_sub(header_len(params));
+    Limits {
+        eager_limit,
+        max_send_size: eager_limit,
+        rndv_eager_limit: params.min_send_size.unwrap_or(eager_limit).min(eager_limit),
+        inline_max: 0,
+        exclusivity: params.exclusivity,
+        bandwidth: params.bandwidth,
+        recv_buffers: 0,
+        recv_buffer_len: 0,
+        send_frags_max: 0,
+        header_len: header_len(params),
+    }
+}
