@@ -15,9 +15,9 @@ use super::limits::{
     round_up, send_frags_bound,
 };
 use super::recv::{RecvPool, recv_work_request};
-use super::reliable::Reliable;
-use super::send::{PostBatch, SendQueue};
-use super::{Engine, ModuleStats, deregister};
+use super::reliable::{Coalescer, Reliable};
+use super::transmit::Transmit;
+use super::{Engine, ModuleStats, Path, deregister};
 use crate::error::BtlError;
 use crate::frag::{FragKind, FragPool};
 use crate::params::Params;
@@ -270,14 +270,14 @@ impl<C: Context> Engine<C> {
         else {
             return Err((ctx, partial, missing));
         };
-        let reliable = match ack_mr {
+        let path = match ack_mr {
             Some(ack_mr) => {
                 let made = integrity_for(params, &built.port, &qps).and_then(|integrity| {
                     Reliable::new(params, built.limits.max_send_size, ack_mr, integrity)
                         .map_err(BtlError::from)
                 });
                 match made {
-                    Ok(reliable) => Some(reliable),
+                    Ok(reliable) => Path::Reliable(reliable),
                     Err(err) => {
                         let partial = Partial {
                             pd: Some(pd),
@@ -292,9 +292,15 @@ impl<C: Context> Engine<C> {
                     }
                 }
             }
-            None => None,
+            None => Path::Unreliable,
         };
         let qp_handles = qps.iter().map(|qp| qp.handle).collect();
+        let tx = Transmit::new(
+            qp_handles,
+            params.ib_qkey,
+            built.limits.inline_max,
+            params.sd_num,
+        );
         Ok(Self {
             device: ctx.device().name.clone(),
             recv: RecvPool::new(recv_mr, built.recv_stride, built.recv_count, qps[0].handle),
@@ -303,7 +309,7 @@ impl<C: Context> Engine<C> {
             pd,
             cq,
             qps,
-            qp_handles,
+            tx,
             frags: Frags {
                 send: send_frags,
                 user: user_frags,
@@ -313,29 +319,21 @@ impl<C: Context> Engine<C> {
                 params.rcache_max_bytes,
                 params.mpool != "none",
             ),
-            sends: SendQueue::new(params.sd_num),
-            batch: PostBatch::new(),
-            defer_transmits: false,
             endpoints: Endpoints::default(),
             notices: std::collections::VecDeque::new(),
             held_for_app: 0,
             app_present: true,
             limits: built.limits,
-            qkey: params.ib_qkey,
             job_key: params.job_key,
             foreign_job_keys: Vec::new(),
             sl: params.ib_service_level,
             path_bits: params.ib_src_path_bits,
             stats: ModuleStats::default(),
             header_len: header_len(params),
-            coalesce: params.coalesce,
-            coalesce_scratch: Vec::with_capacity(built.limits.eager_limit),
-            riders_waiting: 0,
-            open_carrier: None,
-            sent_since_progress: false,
+            coalescer: Coalescer::new(params.coalesce, built.limits.eager_limit),
             host_split: None,
             proc_id: super::reliable::random_process_id(),
-            reliable,
+            path,
         })
     }
 
@@ -351,7 +349,7 @@ impl<C: Context> Engine<C> {
         let mut problems = Vec::new();
         // Descriptors the BTL still owns (unacknowledged, or waiting for a
         // credit) are its own to release: their peers are gone or leaving.
-        self.sends.clear();
+        self.tx.sends.clear();
         for des in self.frags.owned_by_btl() {
             self.release(des);
         }
@@ -369,7 +367,7 @@ impl<C: Context> Engine<C> {
             cq,
             mut frags,
             recv,
-            reliable,
+            path,
             mut rcache,
             pd,
             ..
@@ -386,7 +384,7 @@ impl<C: Context> Engine<C> {
         fabric(frags.send.release(&mut ctx), "send fragments");
         fabric(frags.user.release(&mut ctx), "user fragments");
         fabric(ctx.dereg_mr(recv.mr.handle), "receive buffers");
-        if let Some(reliable) = reliable {
+        if let Path::Reliable(reliable) = path {
             fabric(
                 ctx.dereg_mr(reliable.ack_ring_handle()),
                 "acknowledgement buffers",

@@ -215,8 +215,8 @@ impl<C: Context> Engine<C> {
     /// contract.
     pub(super) fn address(&self) -> modex::Address {
         let auth = self
-            .reliable
-            .as_ref()
+            .path
+            .reliable()
             .map_or(modex::Auth::Off, |r| r.integrity.auth());
         module_address(&self.port, &self.qps, self.proc_id, auth)
     }
@@ -236,7 +236,7 @@ impl<C: Context> Engine<C> {
             let Some(chosen) = peer.and_then(|addrs| self.pick_address(addrs)) else {
                 continue;
             };
-            let peer_key = match self.reliable.as_ref() {
+            let peer_key = match self.path.reliable() {
                 Some(reliable) => reliable.integrity.peer_key(&chosen),
                 None if chosen.auth == modex::Auth::Off => Some(None),
                 None => None,
@@ -368,7 +368,7 @@ impl<C: Context> Engine<C> {
             ah,
             context: None,
         };
-        let Some(reliable) = self.reliable.as_mut() else {
+        let Some(reliable) = self.path.reliable_mut() else {
             return Ok(self.endpoints.insert(endpoint, true));
         };
         // A reliable endpoint's id is its peer id, and neither is reused: a
@@ -397,18 +397,19 @@ impl<C: Context> Engine<C> {
             self.flush_transmits(now);
         }
         for &id in endpoints {
-            let reuse = self.reliable.is_none();
+            let reuse = !self.path.is_reliable();
             let endpoint = self
                 .endpoints
                 .remove(id, reuse)
                 .ok_or(BtlError::BadEndpoint { endpoint: id.0 })?;
-            if let Some(reliable) = self.reliable.as_mut() {
+            if let Some(reliable) = self.path.reliable_mut() {
                 reliable
                     .core
                     .close_peer(Instant::from_duration(self.ctx.now()), PeerId(id.0));
             }
             let frags = &self.frags;
             let stranded = self
+                .tx
                 .sends
                 .remove_where(|w| frags.get(w.des).is_some_and(|f| f.endpoint == id.0));
             for waiting in stranded {

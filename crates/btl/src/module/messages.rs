@@ -13,7 +13,7 @@ use super::delivery::Held;
 use super::limits::HEADER_MAX;
 
 use super::wait::Wait;
-use super::{Engine, Module};
+use super::{Engine, Flush, Module};
 use crate::error::BtlError;
 use crate::frag::{DesFlags, Descriptor};
 use crate::{EndpointId, NO_ORDER, Tag};
@@ -135,8 +135,8 @@ impl<C: Context> Module<C> {
     ) -> Result<(), BtlError> {
         let Some(wait) = self
             .lock()
-            .reliable
-            .as_ref()
+            .path
+            .reliable()
             .map(|r| r.core.config().peer_timeout)
         else {
             return Err(BtlError::PeerUnavailable {
@@ -229,10 +229,8 @@ impl<C: Context> Engine<C> {
             .and_then(|()| {
                 self.frags.checked_mut(des)?.flags = DesFlags::BTL_OWNERSHIP;
                 // The pieces of a message leave together, in batches.
-                self.defer_transmits = !last;
-                let sent = self.send(endpoint, des, tag);
-                self.defer_transmits = false;
-                sent
+                let flush = if last { Flush::Now } else { Flush::Later };
+                self.send_as(endpoint, des, tag, flush)
             });
         if sent.is_err() {
             let _ = self.free(des);
@@ -243,7 +241,7 @@ impl<C: Context> Engine<C> {
     /// Puts on the wire what the reliability state holds back from deferred
     /// sends.
     fn flush_deferred(&mut self) {
-        if self.reliable.is_some() {
+        if self.path.is_reliable() {
             let now = self.clock();
             self.flush_transmits(now);
         }
@@ -277,7 +275,7 @@ impl<C: Context> Engine<C> {
             self.recv
                 .datagram(&self.ctx, held)
                 .and_then(|d| d.get(HEADER_MAX..)),
-            self.reliable.as_mut(),
+            self.path.reliable_mut(),
         ) {
             (Some(payload), Some(reliable)) => reliable.reassembly.push(
                 endpoint,
@@ -308,7 +306,7 @@ impl<C: Context> Engine<C> {
 
     /// Hands a reassembled message's bytes back, to keep the allocation.
     pub(super) fn recycle_message(&mut self, endpoint: EndpointId, message: Vec<u8>) {
-        if let Some(reliable) = self.reliable.as_mut() {
+        if let Some(reliable) = self.path.reliable_mut() {
             reliable.reassembly.recycle(endpoint, message);
         }
     }

@@ -12,8 +12,8 @@
 //! * `endpoints.rs`: the peers, the index from a sender's address to its
 //!   endpoint, and the route (address handle, queue pair) to each;
 //! * `descriptors.rs`: `alloc`, `prepare_src`, segments and `free`;
-//! * `send.rs`: send credits, the one queue of sends waiting for them, and
-//!   posting;
+//! * `transmit.rs`: the transmit queue: send credits, the one queue of
+//!   sends waiting for them, batches, and posting;
 //! * `recv.rs`: the receive pool, header checks, dispatch, reposting;
 //! * `reliable/`: the drive of the sans-IO reliability state (`mod.rs`),
 //!   the reliable part's own state (`state.rs`: the reliability core, the
@@ -29,18 +29,6 @@
 //! This file holds the engine's type, `send`, posting, and one pass of the
 //! drive loop.
 
-/// The [`Poster`](send::Poster) of a module, from its fields (so that the
-/// context can be borrowed mutably beside it).
-macro_rules! poster {
-    ($module:expr) => {
-        $crate::module::send::Poster {
-            qps: &$module.qp_handles,
-            qkey: $module.qkey,
-            inline_max: $module.limits.inline_max,
-        }
-    };
-}
-
 mod build;
 mod deliver;
 mod delivery;
@@ -54,15 +42,15 @@ mod limits;
 mod messages;
 mod recv;
 mod reliable;
-mod send;
 mod stats;
+mod transmit;
 mod wait;
 
 use std::collections::VecDeque;
 
 use udbtl_fabric::{
-    Context, CqHandle, FabricError, Gather, Mr, PdHandle, PortAttr, PostError, QpHandle, QpInfo,
-    WcOpcode, WcStatus, WorkCompletion,
+    Context, CqHandle, FabricError, Gather, Mr, PdHandle, PortAttr, PostError, QpInfo, WcOpcode,
+    WcStatus, WorkCompletion,
 };
 use udbtl_reliability::Instant;
 use udbtl_wire::btl;
@@ -84,8 +72,49 @@ pub use endpoints::AddProcs;
 use endpoints::Endpoints;
 use events::Notice;
 use recv::RecvPool;
-use reliable::Reliable;
-use send::{PostBatch, SendQueue, WaitingSend};
+use reliable::{Coalescer, Reliable};
+use transmit::{Transmit, WaitingSend};
+
+/// How a module carries datagrams, chosen at build time (the `reliable`
+/// parameter).
+#[derive(Debug)]
+// One per module, inside the engine: boxing the large variant would only add
+// a pointer to follow on every reliable call.
+#[allow(clippy::large_enum_variant)]
+enum Path {
+    /// As the fabric delivers them: no sequence, no acknowledgement.
+    Unreliable,
+    /// Sequenced, acknowledged and retransmitted, exactly once and in order.
+    Reliable(Reliable),
+}
+
+impl Path {
+    const fn reliable(&self) -> Option<&Reliable> {
+        match self {
+            Self::Reliable(reliable) => Some(reliable),
+            Self::Unreliable => None,
+        }
+    }
+
+    const fn reliable_mut(&mut self) -> Option<&mut Reliable> {
+        match self {
+            Self::Reliable(reliable) => Some(reliable),
+            Self::Unreliable => None,
+        }
+    }
+
+    const fn is_reliable(&self) -> bool {
+        matches!(self, Self::Reliable(_))
+    }
+}
+
+/// Whether a send's datagrams leave at once, or at the next flush (the
+/// pieces of one message, which leave together, in batches).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flush {
+    Now,
+    Later,
+}
 
 /// A module's state: everything but the caller's callbacks. The [`Module`]
 /// handle keeps it behind a lock, so that a helper thread can service the
@@ -98,22 +127,16 @@ struct Engine<C: Context> {
     pd: PdHandle,
     cq: CqHandle,
     qps: Vec<QpInfo>,
-    qp_handles: Vec<QpHandle>,
     limits: Limits,
     frags: Frags,
     rcache: RegCache,
     endpoints: Endpoints,
-    sends: SendQueue,
-    /// Datagrams queued while the send side is flushed, posted together.
-    batch: PostBatch,
-    /// Sends leave the reliability state only at the next flush: set while
-    /// the datagrams of one message are handed over, so that they are
-    /// posted in batches.
-    defer_transmits: bool,
+    /// Send credits, the sends waiting for them, and posting.
+    tx: Transmit,
     recv: RecvPool,
-    /// Sequencing, acknowledgement and retransmission; `None` when
-    /// `reliable` is off.
-    reliable: Option<Reliable>,
+    /// Unreliable, or reliable with its sequencing, acknowledgement and
+    /// retransmission state.
+    path: Path,
     /// What the caller's callbacks must hear, oldest first.
     notices: VecDeque<Notice>,
     /// Receive buffers held by `notices` until the application's callback
@@ -123,7 +146,6 @@ struct Engine<C: Context> {
     /// helper servicing the fabric while it is away.
     app_present: bool,
     stats: ModuleStats,
-    qkey: u32,
     job_key: u32,
     /// Keys of other jobs whose processes were added as peers (dynamic
     /// processes: spawn, connect/accept); their datagrams are accepted from
@@ -136,24 +158,9 @@ struct Engine<C: Context> {
     /// BTL header bytes in front of every payload: 8, plus the 32-byte
     /// reliability extension when reliable.
     header_len: usize,
-    /// Small messages may ride in the datagram of an earlier one to the
-    /// same peer (the `coalesce` parameter; `reliable/coalesce.rs`).
-    coalesce: bool,
-    /// A rider's bytes on their way into its carrier (both live in
-    /// registered memory, possibly of one registration): reserved once, at
-    /// the eager limit, so that coalescing never allocates.
-    coalesce_scratch: Vec<u8>,
-    /// Messages riding in another's datagram, not yet completed: the
-    /// reliability state counts only the carriers.
-    riders_waiting: usize,
-    /// A small message sent in a burst (no progress call since the previous
-    /// send), held back so that the burst's next small messages to the same
-    /// peer ride in its datagram. It reaches the reliability state at the
-    /// next progress call, or at the first send it cannot carry.
-    open_carrier: Option<Descriptor>,
-    /// A send was made since the last progress call: the next small one is
-    /// part of a burst.
-    sent_since_progress: bool,
+    /// Small messages riding in the datagram of an earlier one to the same
+    /// peer (the `coalesce` parameter; `reliable/coalesce.rs`).
+    coalescer: Coalescer,
     /// A coalesced datagram whose records a host is being handed one by
     /// one (`host.rs`): the delivery, the offset of the next record in its
     /// payload, and how many records remain.
@@ -193,6 +200,18 @@ impl<C: Context> Engine<C> {
         des: Descriptor,
         tag: Tag,
     ) -> Result<SendStatus, BtlError> {
+        self.send_as(endpoint, des, tag, Flush::Now)
+    }
+
+    /// [`send`](Self::send), leaving a reliable send's datagrams for the
+    /// next flush when `flush` says so.
+    fn send_as(
+        &mut self,
+        endpoint: EndpointId,
+        des: Descriptor,
+        tag: Tag,
+        flush: Flush,
+    ) -> Result<SendStatus, BtlError> {
         if self.endpoints.get(endpoint).is_none() {
             return Err(BtlError::BadEndpoint {
                 endpoint: endpoint.0,
@@ -208,19 +227,19 @@ impl<C: Context> Engine<C> {
         let header = btl::Repr {
             tag: tag.0,
             job_key: self.job_key,
-            reliable: self.reliable.is_some(),
+            reliable: self.path.is_reliable(),
         };
         header.emit(&mut btl::Packet::new_unchecked(self.registered_mut(des)?));
-        if self.reliable.is_some() {
-            return self.send_reliable(endpoint, des);
+        if self.path.is_reliable() {
+            return self.send_reliable(endpoint, des, flush);
         }
-        if !self.sends.can_post() {
+        if !self.tx.sends.can_post() {
             if let Some(frag) = self.frags.get_mut(des) {
                 frag.state = FragState::Pending;
             }
-            self.sends.push(WaitingSend { des, header: None });
+            self.tx.sends.push(WaitingSend { des, header: None });
             self.stats.sends_queued += 1;
-            self.stats.pending_high_water = self.sends.high_water;
+            self.stats.pending_high_water = self.tx.sends.high_water;
             return Ok(SendStatus::Queued);
         }
         self.post_descriptor(des).map_err(|source| BtlError::Post {
@@ -258,8 +277,8 @@ impl<C: Context> Engine<C> {
             },
         ];
         let sg_list = &gathers[..if frag.user.is_some() { 2 } else { 1 }];
-        poster!(self).post(&mut self.ctx, &route, sg_list, u64::from(des.raw()), true)?;
-        self.sends.take_credit();
+        self.tx
+            .post_now(&mut self.ctx, &route, sg_list, u64::from(des.raw()))?;
         self.stats.sends_posted += 1;
         if let Some(frag) = self.frags.get_mut(des) {
             frag.state = FragState::Posted;
@@ -271,7 +290,7 @@ impl<C: Context> Engine<C> {
     /// fabric refuses completes through the send callback with the error; a
     /// reliable one is a loss that retransmission repairs.
     fn post_waiting(&mut self) {
-        while let Some(waiting) = self.sends.pop_ready() {
+        while let Some(waiting) = self.tx.sends.pop_ready() {
             match waiting.header {
                 Some(header) => self.transmit_data(waiting.des, header),
                 None => {
@@ -330,11 +349,11 @@ impl<C: Context> Engine<C> {
         // Before polling: a timer must never fire on a clock read after an
         // empty poll, while what would have stopped it sits unread. An
         // unreliable module has no timers and reads no clock.
-        let now = if self.reliable.is_some() {
+        let now = if self.path.is_reliable() {
             let now = self.clock();
             self.note_running(now);
             // A burst is over: its held-back datagram leaves before the poll.
-            self.sent_since_progress = false;
+            self.coalescer.end_burst();
             if self.close_open_carrier(now) {
                 self.flush_transmits(now);
             }
@@ -360,7 +379,7 @@ impl<C: Context> Engine<C> {
                 WcOpcode::Recv => self.on_receive(&wc, now),
             }
         }
-        if let Some(reliable) = self.reliable.as_mut() {
+        if let Some(reliable) = self.path.reliable_mut() {
             // An idle poll with no timer due costs one comparison.
             if polled > 0 || reliable.core.poll_timeout().is_some_and(|at| at <= now) {
                 // A full batch may have left completions in the fabric.
@@ -386,9 +405,9 @@ impl<C: Context> Engine<C> {
     }
 
     fn on_send_completion(&mut self, wc: &WorkCompletion) {
-        self.sends.return_credit();
+        self.tx.sends.return_credit();
         self.stats.sends_completed += 1;
-        if self.reliable.is_some() {
+        if self.path.is_reliable() {
             // The datagram left (or was lost locally, which retransmission
             // repairs): the descriptor is done only when acknowledged.
             if wc.status != WcStatus::Success {
@@ -407,7 +426,7 @@ impl<C: Context> Engine<C> {
     /// The engine's side of `Module::next_deadline`, whose documentation is the
     /// contract.
     pub(super) fn next_deadline(&mut self) -> Option<std::time::Duration> {
-        let at = self.reliable.as_mut()?.core.poll_timeout()?;
+        let at = self.path.reliable_mut()?.core.poll_timeout()?;
         Some(std::time::Duration::from_nanos(at.as_nanos()))
     }
 }

@@ -155,7 +155,7 @@ impl<C: Context> Engine<C> {
             self.recv.repost(slot);
             return;
         }
-        match (header.reliable, self.reliable.is_some(), wc.src) {
+        match (header.reliable, self.path.is_reliable(), wc.src) {
             (true, true, Some(src)) => self.on_reliable_receive(held, src, header.job_key, now),
             (false, false, Some(src)) => {
                 let endpoint = self.endpoints.lookup(src);

@@ -5,6 +5,7 @@ use std::fmt;
 use udbtl_fabric::{Context, QpAddr};
 
 use super::Engine;
+use super::transmit::BatchOutcome;
 
 /// Counters of one module.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -57,6 +58,14 @@ pub struct ModuleStats {
     pub messages_coalesced: u64,
 }
 
+impl ModuleStats {
+    /// Counts what became of a posted batch.
+    pub(super) fn note_batch(&mut self, outcome: BatchOutcome) {
+        self.sends_posted += outcome.posted_signaled as u64;
+        self.transmit_failures += outcome.refused as u64;
+    }
+}
+
 impl<C: Context> fmt::Display for Engine<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.stats;
@@ -86,9 +95,9 @@ impl<C: Context> fmt::Display for Engine<C> {
         writeln!(
             f,
             "  send credits       {} free, {} waiting (high water {})",
-            self.sends.credits(),
-            self.sends.len(),
-            self.sends.high_water
+            self.tx.sends.credits(),
+            self.tx.sends.len(),
+            self.tx.sends.high_water
         )?;
         for (name, pool) in [
             ("send frags", &self.frags.send),
@@ -128,7 +137,7 @@ impl<C: Context> fmt::Display for Engine<C> {
             "  registration cache {} entries, {} bytes, hits {} misses {} evictions {}",
             rc.entries, rc.bytes, rc.hits, rc.misses, rc.evictions
         )?;
-        if let Some(reliable) = &self.reliable {
+        if let Some(reliable) = self.path.reliable() {
             let r = reliable.core.stats();
             writeln!(
                 f,
@@ -169,7 +178,11 @@ impl<C: Context> fmt::Display for Engine<C> {
                 f,
                 "                     messages coalesced {} (coalesce {})",
                 s.messages_coalesced,
-                if self.coalesce { "on" } else { "off" }
+                if self.coalescer.enabled() {
+                    "on"
+                } else {
+                    "off"
+                }
             )?;
             let rtos: Vec<std::time::Duration> = self
                 .endpoints

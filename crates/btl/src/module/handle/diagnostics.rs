@@ -34,7 +34,7 @@ impl<C: Context> Module<C> {
     /// The reliability layer's counters (retransmissions, peers lost, ...);
     /// `None` when the module is unreliable.
     pub fn reliability_stats(&self) -> Option<udbtl_reliability::Stats> {
-        self.lock().reliable.as_ref().map(|r| *r.core.stats())
+        self.lock().path.reliable().map(|r| *r.core.stats())
     }
 
     /// Registration cache counters.
@@ -50,12 +50,12 @@ impl<C: Context> Module<C> {
 
     /// Descriptors waiting for a send credit.
     pub fn pending_len(&self) -> usize {
-        self.lock().sends.len()
+        self.lock().tx.sends.len()
     }
 
     /// Send credits free.
     pub fn send_credits(&self) -> u32 {
-        self.lock().sends.credits()
+        self.lock().tx.sends.credits()
     }
 
     /// Checkpoint/restart notification. There is no checkpoint support, so

@@ -105,7 +105,7 @@ impl<C: Context> Module<C> {
         // An unreliable module has nothing to service, and a fabric that
         // cannot wait on real time (the simulator) must not be serviced on
         // it.
-        let wants_helper = params.progress_thread && engine.reliable.is_some() && {
+        let wants_helper = params.progress_thread && engine.path.is_reliable() && {
             let cq = engine.cq;
             matches!(engine.ctx.completion_channel(cq), Ok(Some(_)))
         };

@@ -9,37 +9,81 @@ use udbtl_reliability::{Instant, PeerId};
 use udbtl_wire::{coalesced, rel};
 
 use super::super::Engine;
+use super::super::descriptors::Frags;
 use crate::error::SendFailure;
 use crate::frag::{DesFlags, Descriptor, FragKind, FragState};
 
-/// Coalescing, on the engine's fragments and its open carrier.
-impl<C: Context> Engine<C> {
-    /// Hands the open carrier, with its riders, to the reliability state;
-    /// says whether there was one. Not flushed: the caller flushes. A peer
-    /// that can no longer be sent to fails the carrier and its riders.
-    pub(in crate::module) fn close_open_carrier(&mut self, now: Instant) -> bool {
-        let Some(des) = self.open_carrier.take() else {
-            return false;
-        };
-        let peer = PeerId(self.frags.get(des).map_or(u32::MAX, |f| f.endpoint));
-        if let Err(err) = self.sequence(now, peer, des, false) {
-            self.complete_with_riders(des, Err(SendFailure::Refused(err.to_string())));
+/// Coalescing's own state: whether it is on, the open carrier of a burst,
+/// the riders not completed yet, and the scratch a rider's bytes pass
+/// through.
+#[derive(Debug)]
+pub(in crate::module) struct Coalescer {
+    /// The `coalesce` parameter.
+    enabled: bool,
+    /// A rider's bytes on their way into its carrier (both live in
+    /// registered memory, possibly of one registration): reserved once, at
+    /// the eager limit, so that coalescing never allocates.
+    scratch: Vec<u8>,
+    /// Messages riding in another's datagram, not yet completed: the
+    /// reliability state counts only the carriers.
+    riders_waiting: usize,
+    /// A small message sent in a burst (no progress call since the previous
+    /// send), held back so that the burst's next small messages to the same
+    /// peer ride in its datagram. It reaches the reliability state at the
+    /// next progress call, or at the first send it cannot carry.
+    open_carrier: Option<Descriptor>,
+    /// A send was made since the last progress call: the next small one is
+    /// part of a burst.
+    sent_since_progress: bool,
+}
+
+impl Coalescer {
+    /// Coalescing on or off, for datagrams of up to `eager_limit` payload
+    /// bytes.
+    pub(in crate::module) fn new(enabled: bool, eager_limit: usize) -> Self {
+        Self {
+            enabled,
+            scratch: Vec::with_capacity(if enabled { eager_limit } else { 0 }),
+            riders_waiting: 0,
+            open_carrier: None,
+            sent_since_progress: false,
         }
-        true
     }
 
-    /// Whether `des` may carry later messages to `peer` in its datagram:
-    /// the conditions [`ride`](Self::ride) puts on a carrier.
-    pub(in crate::module) fn may_carry(&self, peer: PeerId, des: Descriptor) -> bool {
-        des.kind() == FragKind::Send
-            && self.frags.get(des).is_some_and(|f| {
-                f.flags.contains(DesFlags::BTL_OWNERSHIP) && f.endpoint == peer.0 && may_ride(f)
-            })
+    pub(in crate::module) const fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Notes a send; returns whether it is part of a burst (another send
+    /// came since the last progress call).
+    pub(in crate::module) fn note_send(&mut self) -> bool {
+        std::mem::replace(&mut self.sent_since_progress, true)
+    }
+
+    /// A progress call: the burst is over.
+    pub(in crate::module) fn end_burst(&mut self) {
+        self.sent_since_progress = false;
+    }
+
+    /// The open carrier, if there is one.
+    pub(in crate::module) const fn open_carrier(&self) -> Option<Descriptor> {
+        self.open_carrier
+    }
+
+    /// Holds `des` back as the open carrier.
+    pub(in crate::module) fn open(&mut self, des: Descriptor) {
+        self.open_carrier = Some(des);
+    }
+
+    /// Messages held here: the open carrier and the riders not completed.
+    pub(in crate::module) fn holding(&self) -> usize {
+        usize::from(self.open_carrier.is_some()) + self.riders_waiting
     }
 
     /// Packs the whole message in `des` into the datagram of `carrier`, a
     /// fragment to `peer` that has never been sequenced nor transmitted (the
-    /// open carrier, or the newest of the peer's backlog), if both fit.
+    /// open carrier, or the newest of the peer's backlog), if both fit in
+    /// `eager_limit` payload bytes behind `header_len` header bytes.
     /// On success `des` becomes the carrier's last rider: Posted, owned by
     /// the BTL until the carrier's acknowledgement (or failure) completes it
     /// right after the carrier. On refusal nothing changed.
@@ -48,20 +92,24 @@ impl<C: Context> Engine<C> {
     /// (no lent or user bytes), holding a whole message no longer than a
     /// record may be; the carrier must also be BTL-owned (it is freed after
     /// its callback, so its rewritten segment is never seen again).
-    pub(in crate::module) fn ride(
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::module) fn ride<C: Context>(
         &mut self,
+        ctx: &mut C,
+        frags: &mut Frags,
+        (header_len, eager_limit): (usize, usize),
         carrier: Descriptor,
         peer: PeerId,
         des: Descriptor,
     ) -> bool {
-        let (Some(c), Some(r)) = (self.frags.get(carrier), self.frags.get(des)) else {
+        let (Some(c), Some(r)) = (frags.get(carrier), frags.get(des)) else {
             return false;
         };
         if carrier == des
             || des.kind() != FragKind::Send
             || c.state != FragState::Posted
             || !may_ride(r)
-            || !self.may_carry(peer, carrier)
+            || !may_carry(frags, peer, carrier)
         {
             return false;
         }
@@ -71,35 +119,29 @@ impl<C: Context> Engine<C> {
         } else {
             coalesced::record_len(c.seg_len)
         };
-        if list_len + coalesced::record_len(r.seg_len) > self.limits.eager_limit {
+        if list_len + coalesced::record_len(r.seg_len) > eager_limit {
             return false;
         }
         let (c_len, c_tag, c_tail, r_len, r_tag) =
             (c.seg_len, c.tag, c.rider_tail, r.seg_len, r.tag);
         // The rider's bytes go through the scratch buffer: the two fragments
         // may share a registration, which cannot be borrowed twice.
-        let header_len = self.header_len;
-        let Some((r_mr, r_sge)) = self.frags.head(des, header_len + r_len) else {
+        let Some((r_mr, r_sge)) = frags.head(des, header_len + r_len) else {
             return false;
         };
-        let Some(bytes) = self
-            .ctx
+        let Some(bytes) = ctx
             .mr_bytes(r_mr.handle)
             .ok()
             .and_then(|b| b.get(r_sge.offset + header_len..r_sge.offset + r_sge.len))
         else {
             return false;
         };
-        self.coalesce_scratch.clear();
-        self.coalesce_scratch.extend_from_slice(bytes);
-        let Some((c_mr, c_sge)) = self
-            .frags
-            .head(carrier, header_len + self.limits.eager_limit)
-        else {
+        self.scratch.clear();
+        self.scratch.extend_from_slice(bytes);
+        let Some((c_mr, c_sge)) = frags.head(carrier, header_len + eager_limit) else {
             return false;
         };
-        let Some(list) = self
-            .ctx
+        let Some(list) = ctx
             .mr_bytes_mut(c_mr.handle)
             .ok()
             .and_then(|b| b.get_mut(c_sge.offset + header_len..c_sge.offset + c_sge.len))
@@ -111,14 +153,12 @@ impl<C: Context> Engine<C> {
         } else {
             coalesced::wrap_in_place(list, c_tag, c_len)
         };
-        let Ok(end) =
-            start.and_then(|at| coalesced::append(list, at, r_tag, &self.coalesce_scratch))
-        else {
+        let Ok(end) = start.and_then(|at| coalesced::append(list, at, r_tag, &self.scratch)) else {
             // Only on a fragment stride shorter than the eager limit, which
             // the build never makes; the carrier is then as it was.
             return false;
         };
-        if let Some(c) = self.frags.get_mut(carrier) {
+        if let Some(c) = frags.get_mut(carrier) {
             c.seg_len = end;
             c.msg_flags |= rel::FLAG_COALESCED;
             c.rider_tail = Some(des);
@@ -126,15 +166,32 @@ impl<C: Context> Engine<C> {
                 c.rider = Some(des);
             }
         }
-        if let Some(tail) = c_tail.and_then(|t| self.frags.get_mut(t)) {
+        if let Some(tail) = c_tail.and_then(|t| frags.get_mut(t)) {
             tail.rider = Some(des);
         }
-        if let Some(r) = self.frags.get_mut(des) {
+        if let Some(r) = frags.get_mut(des) {
             r.rider = None;
             r.rider_tail = None;
             r.state = FragState::Posted;
         }
         self.riders_waiting += 1;
+        true
+    }
+}
+
+/// Coalescing, on the engine's fragments and its open carrier.
+impl<C: Context> Engine<C> {
+    /// Hands the open carrier, with its riders, to the reliability state;
+    /// says whether there was one. Not flushed: the caller flushes. A peer
+    /// that can no longer be sent to fails the carrier and its riders.
+    pub(in crate::module) fn close_open_carrier(&mut self, now: Instant) -> bool {
+        let Some(des) = self.coalescer.open_carrier.take() else {
+            return false;
+        };
+        let peer = PeerId(self.frags.get(des).map_or(u32::MAX, |f| f.endpoint));
+        if let Err(err) = self.sequence(now, peer, des, false) {
+            self.complete_with_riders(des, Err(SendFailure::Refused(err.to_string())));
+        }
         true
     }
 
@@ -152,10 +209,19 @@ impl<C: Context> Engine<C> {
         self.complete_send(des, status.clone());
         while let Some(rider) = next {
             next = self.frags.get_mut(rider).and_then(|f| f.rider.take());
-            self.riders_waiting = self.riders_waiting.saturating_sub(1);
+            self.coalescer.riders_waiting = self.coalescer.riders_waiting.saturating_sub(1);
             self.complete_send(rider, status.clone());
         }
     }
+}
+
+/// Whether `des` may carry later messages to `peer` in its datagram: the
+/// conditions [`Coalescer::ride`] puts on a carrier.
+pub(in crate::module) fn may_carry(frags: &Frags, peer: PeerId, des: Descriptor) -> bool {
+    des.kind() == FragKind::Send
+        && frags.get(des).is_some_and(|f| {
+            f.flags.contains(DesFlags::BTL_OWNERSHIP) && f.endpoint == peer.0 && may_ride(f)
+        })
 }
 
 /// Whether a fragment's message may travel as a record of a coalesced

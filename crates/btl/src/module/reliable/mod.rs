@@ -32,14 +32,17 @@ use udbtl_wire::{btl, datagram, rel};
 mod coalesce;
 mod state;
 
+pub(super) use coalesce::Coalescer;
+use coalesce::may_carry;
+
 pub(super) use state::{Reliable, random_process_id};
 
 use super::limits::HEADER_MAX;
 
 use super::delivery::{Delivery, Held};
 use super::integrity::{Check, Integrity, seal};
-use super::send::{QueuedPost, WaitingSend};
-use super::{Engine, SendStatus};
+use super::transmit::{QueuedPost, WaitingSend};
+use super::{Engine, Flush, SendStatus};
 use crate::error::{BtlError, SendFailure};
 use crate::frag::{Descriptor, FragState};
 use crate::{EndpointId, Tag};
@@ -66,33 +69,33 @@ impl<C: Context> Engine<C> {
         &mut self,
         endpoint: EndpointId,
         des: Descriptor,
+        flush: Flush,
     ) -> Result<SendStatus, BtlError> {
-        if self.reliable.is_none() {
-            return Err(super::descriptors::bad(
-                des,
-                "sent reliably by an unreliable module",
-            ));
-        }
         let now = self.clock();
         // Lent memory is given back only by the acknowledgement: ask for it
         // at once, or the caller waits out the peer's delayed acknowledgement.
         let lent = self.frags.get(des).is_some_and(|f| f.user.is_some());
         let peer = PeerId(endpoint.0);
-        let burst = std::mem::replace(&mut self.sent_since_progress, true);
-        if self.coalesce && !lent {
+        let burst = self.coalescer.note_send();
+        let coalescing = self.coalescer.enabled() && !lent;
+        if coalescing {
             // Into the open carrier only, if there is one to this peer: the
             // backlog's datagrams are older than it.
-            let carrier = match self.open_carrier {
+            let carrier = match self.coalescer.open_carrier() {
                 Some(open) if self.frags.get(open).is_some_and(|f| f.endpoint == peer.0) => {
                     Some(open)
                 }
                 Some(_) => None,
                 None => self
-                    .reliable
-                    .as_ref()
+                    .path
+                    .reliable()
                     .and_then(|r| r.core.backlog_tail(peer).copied()),
             };
-            if carrier.is_some_and(|c| self.ride(c, peer, des)) {
+            let sizes = (self.header_len, self.limits.eager_limit);
+            if carrier.is_some_and(|c| {
+                self.coalescer
+                    .ride(&mut self.ctx, &mut self.frags, sizes, c, peer, des)
+            }) {
                 self.stats.messages_coalesced += 1;
                 return Ok(self.send_status());
             }
@@ -109,16 +112,16 @@ impl<C: Context> Engine<C> {
                 reason: err.to_string(),
             },
         };
-        if self.coalesce && !lent && burst && self.may_carry(peer, des) {
+        if coalescing && burst && may_carry(&self.frags, peer, des) {
             // Refused now, as `sequence` would refuse it, not at close.
-            if let Some(reliable) = self.reliable.as_ref() {
+            if let Some(reliable) = self.path.reliable() {
                 reliable.core.accepts(peer).map_err(to_peer)?;
             }
             if let Some(frag) = self.frags.get_mut(des) {
                 frag.state = FragState::Posted;
             }
-            self.open_carrier = Some(des);
-            if closed && !self.defer_transmits {
+            self.coalescer.open(des);
+            if closed && flush == Flush::Now {
                 self.flush_transmits(now);
             }
             return Ok(self.send_status());
@@ -126,14 +129,14 @@ impl<C: Context> Engine<C> {
         self.sequence(now, peer, des, lent).map_err(to_peer)?;
         // Send at once rather than at the next progress call (latency),
         // unless more of the same message follows.
-        if !self.defer_transmits {
+        if flush == Flush::Now {
             self.flush_transmits(now);
         }
         Ok(self.send_status())
     }
 
     fn send_status(&self) -> SendStatus {
-        if self.sends.len() == 0 {
+        if self.tx.sends.len() == 0 {
             SendStatus::Posted
         } else {
             SendStatus::Queued
@@ -149,7 +152,7 @@ impl<C: Context> Engine<C> {
         des: Descriptor,
         lent: bool,
     ) -> Result<(), SendError> {
-        let Some(reliable) = self.reliable.as_mut() else {
+        let Some(reliable) = self.path.reliable_mut() else {
             return Err(SendError::NoPeer(peer.0));
         };
         if lent {
@@ -172,7 +175,7 @@ impl<C: Context> Engine<C> {
         let credit =
             self.recv
                 .credit_for(self.held_for_app, self.app_present, self.endpoints.len());
-        let Some(reliable) = self.reliable.as_mut() else {
+        let Some(reliable) = self.path.reliable_mut() else {
             return;
         };
         reliable.core.set_credit(credit);
@@ -192,7 +195,7 @@ impl<C: Context> Engine<C> {
     /// (stopped, suspended, starved): no evidence against any peer, whose
     /// failure clocks restart.
     pub(super) fn note_running(&mut self, now: Instant) {
-        let Some(reliable) = self.reliable.as_mut() else {
+        let Some(reliable) = self.path.reliable_mut() else {
             return;
         };
         let jump = reliable.core.config().peer_timeout / 2;
@@ -212,7 +215,7 @@ impl<C: Context> Engine<C> {
     /// buffers the state gave back.
     fn process_events(&mut self) {
         loop {
-            let Some(reliable) = self.reliable.as_mut() else {
+            let Some(reliable) = self.path.reliable_mut() else {
                 return;
             };
             if let Some(held) = reliable.core.poll_reclaim() {
@@ -256,7 +259,7 @@ impl<C: Context> Engine<C> {
     /// acknowledgements need none.
     pub(super) fn flush_transmits(&mut self, now: Instant) {
         self.post_waiting();
-        while let Some(reliable) = self.reliable.as_mut() {
+        while let Some(reliable) = self.path.reliable_mut() {
             let Some(tx) = reliable.core.poll_transmit(now) else {
                 break;
             };
@@ -264,8 +267,8 @@ impl<C: Context> Engine<C> {
             header.src = self.proc_id;
             header.flags |= reliable.integrity.flag();
             match tx.frag {
-                Some(des) if self.sends.can_post() => self.transmit_data(des, header),
-                Some(des) => self.sends.push(WaitingSend {
+                Some(des) if self.tx.sends.can_post() => self.transmit_data(des, header),
+                Some(des) => self.tx.sends.push(WaitingSend {
                     des,
                     header: Some(header),
                 }),
@@ -275,29 +278,19 @@ impl<C: Context> Engine<C> {
         self.post_batch();
     }
 
-    /// Queues a datagram for the batch `flush_transmits` posts, posting the
-    /// batch first when it is full.
+    /// Queues a datagram for the batch `flush_transmits` posts (which posts
+    /// at once when that fills it).
     fn queue_post(&mut self, post: QueuedPost) {
-        if post.signaled {
-            self.sends.take_credit();
-        }
-        if self.batch.push(post) {
-            self.post_batch();
+        if let Some(outcome) = self.tx.queue(&mut self.ctx, &self.frags, post) {
+            self.stats.note_batch(outcome);
         }
     }
 
     /// Posts the queued datagrams. A refused one is a loss to the protocol,
-    /// which retransmission repairs; its credit comes back at once.
+    /// which retransmission repairs.
     fn post_batch(&mut self) {
-        if self.batch.is_empty() {
-            return;
-        }
-        let outcome = poster!(self).post_batch(&mut self.ctx, &self.frags, &mut self.batch);
-        for _ in 0..outcome.refused_signaled {
-            self.sends.return_credit();
-        }
-        self.stats.sends_posted += outcome.posted_signaled as u64;
-        self.stats.transmit_failures += outcome.refused as u64;
+        let outcome = self.tx.flush(&mut self.ctx, &self.frags);
+        self.stats.note_batch(outcome);
     }
 
     /// Writes the reliability header into a descriptor and posts it. A
@@ -354,7 +347,7 @@ impl<C: Context> Engine<C> {
             return;
         };
         let peer_key = peer.auth_key;
-        let Some(reliable) = self.reliable.as_mut() else {
+        let Some(reliable) = self.path.reliable_mut() else {
             return;
         };
         let slot = reliable.next_ack_slot();
@@ -396,8 +389,8 @@ impl<C: Context> Engine<C> {
     ) {
         // An unreliable module never gets here; Fabric checks nothing.
         let integrity = self
-            .reliable
-            .as_ref()
+            .path
+            .reliable()
             .map_or(Integrity::Fabric, |r| r.integrity);
         let parsed = self.recv.datagram(&self.ctx, held).and_then(|bytes| {
             let tag = btl::Packet::new_checked(bytes).ok()?.tag();
@@ -429,14 +422,14 @@ impl<C: Context> Engine<C> {
             .map(|e| (e.proc_id, e.job_key));
         let (Some(endpoint), Some(reliable)) = (
             endpoint.filter(|_| known == Some((header.src, job_key))),
-            self.reliable.as_mut(),
+            self.path.reliable_mut(),
         ) else {
             self.stats.recv_unknown_peer += 1;
             // A process of this job that knows us before we know it
             // (addresses fetched lazily): the caller can look it up by the
             // id it carries; the sender retransmits once it is connected.
             // Processes of other jobs are only ever added by the caller.
-            if let Some(reliable) = self.reliable.as_mut() {
+            if let Some(reliable) = self.path.reliable_mut() {
                 if endpoint.is_none()
                     && job_key == self.job_key
                     && reliable.unknown_peers.len() < UNKNOWN_PEERS_MAX
@@ -463,7 +456,7 @@ impl<C: Context> Engine<C> {
             Receipt::Deliver(held) => {
                 self.deliver_in_order(held, endpoint, Tag(tag), header.flags);
                 while let Some((peer, held)) =
-                    self.reliable.as_mut().and_then(|r| r.core.poll_deliver())
+                    self.path.reliable_mut().and_then(|r| r.core.poll_deliver())
                 {
                     self.recv.early_held -= 1;
                     self.deliver_held(held, EndpointId(peer.0));
@@ -511,8 +504,8 @@ impl<C: Context> Engine<C> {
     /// The engine's side of `Module::take_unknown_peers`, whose documentation is the
     /// contract.
     pub(super) fn take_unknown_peers(&mut self) -> Vec<u32> {
-        self.reliable
-            .as_mut()
+        self.path
+            .reliable_mut()
             .map(|r| std::mem::take(&mut r.unknown_peers))
             .unwrap_or_default()
     }
@@ -520,7 +513,7 @@ impl<C: Context> Engine<C> {
     /// The engine's side of `Module::unacknowledged`, whose documentation is the
     /// contract.
     pub(super) fn unacknowledged(&self) -> usize {
-        let Some(reliable) = self.reliable.as_ref() else {
+        let Some(reliable) = self.path.reliable() else {
             return 0;
         };
         let carriers: usize = self
@@ -529,6 +522,6 @@ impl<C: Context> Engine<C> {
             .filter_map(|id| reliable.core.queued(PeerId(id.0)))
             .map(|(in_flight, backlog)| in_flight + backlog)
             .sum();
-        carriers + usize::from(self.open_carrier.is_some()) + self.riders_waiting
+        carriers + self.coalescer.holding()
     }
 }

@@ -1,5 +1,7 @@
-//! The send path: send credits, the one queue of sends waiting for a credit,
-//! and posting a datagram on the queue pair of its route.
+//! The transmit queue: send credits, the one queue of sends waiting for a
+//! credit, the batch of datagrams posted together, and posting a datagram on
+//! the queue pair of its route. Every datagram the module sends leaves
+//! through here.
 
 use std::collections::VecDeque;
 
@@ -153,12 +155,12 @@ impl QueuedPost {
 ///
 /// Its capacity is reserved once: queueing never allocates.
 #[derive(Debug)]
-pub(super) struct PostBatch {
+struct PostBatch {
     posts: Vec<QueuedPost>,
 }
 
 impl PostBatch {
-    pub(super) fn new() -> Self {
+    fn new() -> Self {
         Self {
             posts: Vec::with_capacity(POST_BATCH),
         }
@@ -166,17 +168,13 @@ impl PostBatch {
 
     /// Adds a datagram; returns `true` when the batch is now full and must
     /// be posted before the next is added.
-    pub(super) fn push(&mut self, post: QueuedPost) -> bool {
+    fn push(&mut self, post: QueuedPost) -> bool {
         self.posts.push(post);
         self.posts.len() >= POST_BATCH
     }
-
-    pub(super) fn is_empty(&self) -> bool {
-        self.posts.is_empty()
-    }
 }
 
-/// What became of the datagrams of one [`Poster::post_batch`].
+/// What became of the datagrams of one [`Transmit::flush`].
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(super) struct BatchOutcome {
     /// Signaled datagrams posted.
@@ -187,15 +185,31 @@ pub(super) struct BatchOutcome {
     pub(super) refused_signaled: usize,
 }
 
-/// Everything about a post that does not depend on the datagram.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Poster<'a> {
-    pub(super) qps: &'a [QpHandle],
-    pub(super) qkey: u32,
-    pub(super) inline_max: usize,
+/// The transmit queue: the send credits and the sends waiting for them, the
+/// batch being gathered, and what every post shares (the queue pairs, the
+/// queue key, the inline threshold).
+#[derive(Debug)]
+pub(super) struct Transmit {
+    /// Send credits and the sends waiting for them.
+    pub(super) sends: SendQueue,
+    batch: PostBatch,
+    qps: Vec<QpHandle>,
+    qkey: u32,
+    inline_max: usize,
 }
 
-impl Poster<'_> {
+impl Transmit {
+    /// A transmit queue over `qps` with `credits` send credits.
+    pub(super) fn new(qps: Vec<QpHandle>, qkey: u32, inline_max: usize, credits: u32) -> Self {
+        Self {
+            sends: SendQueue::new(credits),
+            batch: PostBatch::new(),
+            qps,
+            qkey,
+            inline_max,
+        }
+    }
+
     /// The send work request for one datagram gathered from `sg_list`,
     /// inline when it fits.
     fn work_request<'a>(
@@ -229,37 +243,52 @@ impl Poster<'_> {
         self.qps[route.qp_index % self.qps.len()]
     }
 
-    /// Posts one datagram gathered from `sg_list` on its route's queue pair.
-    /// A signaled send produces a completion carrying `wr_id`; the caller
-    /// accounts for the credit it takes.
-    pub(super) fn post<C: Context>(
-        &self,
+    /// Posts one signaled datagram gathered from `sg_list` on its route's
+    /// queue pair, at once, taking a send credit; its completion carries
+    /// `wr_id` and returns the credit. On failure no credit is taken.
+    pub(super) fn post_now<C: Context>(
+        &mut self,
         ctx: &mut C,
         route: &Route,
         sg_list: &[Gather<'_>],
         wr_id: u64,
-        signaled: bool,
     ) -> Result<(), PostError> {
-        let wr = self.work_request(route, sg_list, wr_id, signaled);
-        ctx.post_send(self.qp(route), &[wr])
+        let wr = self.work_request(route, sg_list, wr_id, true);
+        ctx.post_send(self.qp(route), &[wr])?;
+        self.sends.take_credit();
+        Ok(())
     }
 
-    /// Posts every datagram of `batch`, in order, and empties it: each run
-    /// bound for one queue pair goes in one `post_send`. A datagram the
-    /// fabric refuses is skipped and the rest still go.
-    pub(super) fn post_batch<C: Context>(
-        &self,
+    /// Adds a datagram to the batch, taking a send credit if it is
+    /// signaled; when that fills the batch, posts it and says what became
+    /// of it.
+    pub(super) fn queue<C: Context>(
+        &mut self,
         ctx: &mut C,
         frags: &Frags,
-        batch: &mut PostBatch,
-    ) -> BatchOutcome {
+        post: QueuedPost,
+    ) -> Option<BatchOutcome> {
+        if post.signaled {
+            self.sends.take_credit();
+        }
+        self.batch.push(post).then(|| self.flush(ctx, frags))
+    }
+
+    /// Posts every datagram of the batch, in order, and empties it: each run
+    /// bound for one queue pair goes in one `post_send`. A datagram the
+    /// fabric refuses is skipped and the rest still go; the credit it held
+    /// comes back at once.
+    pub(super) fn flush<C: Context>(&mut self, ctx: &mut C, frags: &Frags) -> BatchOutcome {
         // A lone datagram (a ping-pong's) prepares one request, not a batch.
-        let outcome = if batch.posts.len() == 1 {
-            self.post_all::<C, 1>(ctx, frags, &batch.posts)
-        } else {
-            self.post_all::<C, POST_BATCH>(ctx, frags, &batch.posts)
+        let outcome = match self.batch.posts.len() {
+            0 => return BatchOutcome::default(),
+            1 => self.post_all::<C, 1>(ctx, frags, &self.batch.posts),
+            _ => self.post_all::<C, POST_BATCH>(ctx, frags, &self.batch.posts),
         };
-        batch.posts.clear();
+        self.batch.posts.clear();
+        for _ in 0..outcome.refused_signaled {
+            self.sends.return_credit();
+        }
         outcome
     }
 
