@@ -17,6 +17,8 @@ use super::Module;
 use super::delivery::{Delivery, Held};
 use super::events::Notice;
 use super::{Engine, ErrorEvent, SendEvent};
+use crate::error::SendFailure;
+use crate::frag::{DesFlags, Descriptor, FragState};
 use crate::{EndpointId, Tag};
 
 /// What one [`Module::poll`] found.
@@ -306,5 +308,49 @@ impl<C: Context> Engine<C> {
     pub(super) fn return_buffer(&mut self, held: Held) {
         self.recv.repost(held.slot);
         self.held_for_app = self.held_for_app.saturating_sub(1);
+    }
+}
+
+/// What the caller must hear, queued: deliveries, finished sends, errors.
+impl<C: Context> Engine<C> {
+    /// Runs the send callback for a descriptor the BTL is done with, then
+    /// frees it if the BTL owns it.
+    pub(super) fn complete_send(&mut self, des: Descriptor, status: Result<(), SendFailure>) {
+        let Some(frag) = self.frags.get_mut(des) else {
+            return;
+        };
+        frag.state = FragState::Allocated;
+        let event = SendEvent {
+            descriptor: des,
+            endpoint: EndpointId(frag.endpoint),
+            context: frag.context,
+            status,
+        };
+        let owned = frag.flags.contains(DesFlags::BTL_OWNERSHIP);
+        if event.status.is_err() {
+            self.stats.send_errors += 1;
+        }
+        self.notices.push_back(Notice::Sent { event, owned });
+    }
+
+    pub(super) fn report_error(
+        &mut self,
+        endpoint: Option<EndpointId>,
+        fatal: bool,
+        message: String,
+    ) {
+        tracing::error!(device = %self.device, port = self.port.port_num, fatal, "{message}");
+        self.notices.push_back(Notice::Error(ErrorEvent {
+            fatal,
+            endpoint,
+            message,
+        }));
+    }
+
+    /// Keeps an in-order datagram's buffer until the application's callback
+    /// has seen it.
+    pub(super) fn hold_for_app(&mut self, delivery: Delivery) {
+        self.held_for_app += 1;
+        self.notices.push_back(Notice::Datagram(delivery));
     }
 }

@@ -5,29 +5,34 @@
 //! the `Engine`, which sits behind a lock so that the progress helper
 //! (`helper.rs`) can service the fabric while the application is away; the
 //! caller's callbacks stay with the handle and run only in the caller's own
-//! calls. The engine's work is split by job, one file each:
+//! calls. The engine's work is split by job, one file each, from a send's
+//! way down to a delivery's way up:
 //!
-//! * `build.rs`: bringing it up in the seed's order, its [`Limits`], and
-//!   tearing it down in the verbs order;
+//! * `handle/`: the [`Module`] callers hold, and the one delivery loop that
+//!   runs their callbacks;
+//! * this file: the engine's type, `send` and one pass of the drive loop,
+//!   each matching the module's [`Path`] (unreliable or reliable) once;
+//! * `reliable/`: the drive of the sans-IO reliability state (`mod.rs`:
+//!   sequencing, timers, events), its reliable receive path (`receive.rs`),
+//!   the reliable part's own state (`state.rs`) and coalescing
+//!   (`coalesce.rs`: the `Coalescer`);
+//! * `outgoing.rs`: a descriptor or acknowledgement becomes a datagram,
+//!   stamped and sealed (`integrity.rs`), and goes to
+//! * `transmit.rs`: the transmit queue: send credits, the sends waiting for
+//!   them, batches, and posting on the fabric;
+//! * `recv.rs`: the receive pool, header checks and dispatch;
+//! * `deliver.rs`: what the caller must hear, queued and handed out one
+//!   event at a time (`delivery.rs`: a received datagram on its way);
+//!   `events.rs`: the events and callbacks themselves;
+//! * `messages.rs`: multi-datagram messages, cut and reassembled;
 //! * `endpoints.rs`: the peers, the index from a sender's address to its
 //!   endpoint, and the route (address handle, queue pair) to each;
 //! * `descriptors.rs`: `alloc`, `prepare_src`, segments and `free`;
-//! * `transmit.rs`: the transmit queue: send credits, the one queue of
-//!   sends waiting for them, batches, and posting;
-//! * `recv.rs`: the receive pool, header checks, dispatch, reposting;
-//! * `reliable/`: the drive of the sans-IO reliability state (`mod.rs`),
-//!   the reliable part's own state (`state.rs`: the reliability core, the
-//!   acknowledgement ring, unknown senders) and coalescing
-//!   (`coalesce.rs`); `integrity.rs`: sealing and checking datagrams;
-//!   `messages.rs`: multi-datagram messages, cut and reassembled;
-//!   `wait.rs`: waiting with a deadline on the fabric's clock;
-//! * `events.rs`: what callbacks receive, and the notices queued for them;
-//!   `host.rs`: the same as events, for hosts that run their callbacks
-//!   themselves with the module unlocked;
-//!   `stats.rs`: counters and the dump.
-//!
-//! This file holds the engine's type, `send`, posting, and one pass of the
-//! drive loop.
+//! * `build.rs`: bringing a module up in the seed's order and tearing it
+//!   down in the verbs order; `limits.rs`: the sizes it works with
+//!   ([`Limits`], the header layout);
+//! * `helper.rs`: the progress thread; `wait.rs`: waiting with a deadline on
+//!   the fabric's clock; `stats.rs`: counters and the dump.
 
 mod build;
 mod deliver;
@@ -40,6 +45,7 @@ mod helper;
 mod integrity;
 mod limits;
 mod messages;
+mod outgoing;
 mod recv;
 mod reliable;
 mod stats;
@@ -49,8 +55,7 @@ mod wait;
 use std::collections::VecDeque;
 
 use udbtl_fabric::{
-    Context, CqHandle, FabricError, Gather, Mr, PdHandle, PortAttr, PostError, QpInfo, WcOpcode,
-    WcStatus, WorkCompletion,
+    Context, CqHandle, Mr, PdHandle, PortAttr, QpInfo, WcOpcode, WcStatus, WorkCompletion,
 };
 use udbtl_reliability::Instant;
 use udbtl_wire::btl;
@@ -64,7 +69,7 @@ pub use limits::{Limits, USER_RESERVE_MAX, recv_buffer_len};
 pub use stats::ModuleStats;
 
 use crate::error::{BtlError, SendFailure};
-use crate::frag::{DesFlags, Descriptor, FragState};
+use crate::frag::{Descriptor, FragState};
 use crate::rcache::RegCache;
 use crate::{EndpointId, Tag};
 use descriptors::{Frags, bad};
@@ -247,91 +252,6 @@ impl<C: Context> Engine<C> {
             source,
         })?;
         Ok(SendStatus::Posted)
-    }
-
-    /// Posts one descriptor on its endpoint's route, taking a send credit.
-    /// On failure no credit is taken and the descriptor's state is
-    /// unchanged.
-    fn post_descriptor(&mut self, des: Descriptor) -> Result<(), PostError> {
-        let refused = |kind| PostError {
-            posted: 0,
-            error: FabricError::InvalidHandle { kind },
-        };
-        let frag = self.frags.get(des).ok_or_else(|| refused("descriptor"))?;
-        let route = self
-            .endpoints
-            .route(EndpointId(frag.endpoint))
-            .ok_or_else(|| refused("endpoint"))?;
-        let (_, head) = self
-            .frags
-            .head(des, self.header_len + frag.seg_len)
-            .ok_or_else(|| refused("descriptor"))?;
-        let gathers = [
-            Gather::Registered(head),
-            match &frag.user {
-                Some(user) => Gather::User {
-                    lkey: user.lkey,
-                    data: &user.data.bytes()[user.range.clone()],
-                },
-                None => Gather::Registered(head),
-            },
-        ];
-        let sg_list = &gathers[..if frag.user.is_some() { 2 } else { 1 }];
-        self.tx
-            .post_now(&mut self.ctx, &route, sg_list, u64::from(des.raw()))?;
-        self.stats.sends_posted += 1;
-        if let Some(frag) = self.frags.get_mut(des) {
-            frag.state = FragState::Posted;
-        }
-        Ok(())
-    }
-
-    /// Posts waiting sends while credits last. An unreliable send the
-    /// fabric refuses completes through the send callback with the error; a
-    /// reliable one is a loss that retransmission repairs.
-    fn post_waiting(&mut self) {
-        while let Some(waiting) = self.tx.sends.pop_ready() {
-            match waiting.header {
-                Some(header) => self.transmit_data(waiting.des, header),
-                None => {
-                    if let Some(frag) = self.frags.get_mut(waiting.des) {
-                        frag.state = FragState::Allocated;
-                    }
-                    if let Err(err) = self.post_descriptor(waiting.des) {
-                        self.complete_send(waiting.des, Err(SendFailure::Refused(err.to_string())));
-                    }
-                }
-            }
-        }
-    }
-
-    /// Runs the send callback for a descriptor the BTL is done with, then
-    /// frees it if the BTL owns it.
-    fn complete_send(&mut self, des: Descriptor, status: Result<(), SendFailure>) {
-        let Some(frag) = self.frags.get_mut(des) else {
-            return;
-        };
-        frag.state = FragState::Allocated;
-        let event = SendEvent {
-            descriptor: des,
-            endpoint: EndpointId(frag.endpoint),
-            context: frag.context,
-            status,
-        };
-        let owned = frag.flags.contains(DesFlags::BTL_OWNERSHIP);
-        if event.status.is_err() {
-            self.stats.send_errors += 1;
-        }
-        self.notices.push_back(Notice::Sent { event, owned });
-    }
-
-    fn report_error(&mut self, endpoint: Option<EndpointId>, fatal: bool, message: String) {
-        tracing::error!(device = %self.device, port = self.port.port_num, fatal, "{message}");
-        self.notices.push_back(Notice::Error(ErrorEvent {
-            fatal,
-            endpoint,
-            message,
-        }));
     }
 
     // ----- progress -----------------------------------------------------

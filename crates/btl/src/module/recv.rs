@@ -11,7 +11,6 @@ use udbtl_wire::{btl, rel};
 
 use super::Engine;
 use super::delivery::{Delivery, Held};
-use super::events::Notice;
 use crate::{NUM_WC, Tag};
 
 /// The receive buffers: one registration cut into `count` buffers of
@@ -119,13 +118,6 @@ impl RecvPool {
 }
 
 impl<C: Context> Engine<C> {
-    /// Keeps an in-order datagram's buffer until the application's callback
-    /// has seen it.
-    pub(super) fn hold_for_app(&mut self, delivery: Delivery) {
-        self.held_for_app += 1;
-        self.notices.push_back(Notice::Datagram(delivery));
-    }
-
     /// A receive completion: checks the BTL header and the job key, then
     /// hands the datagram to the reliable path or, on an unreliable module,
     /// straight to its tag callback.

@@ -292,7 +292,7 @@ impl Transmit {
         outcome
     }
 
-    /// [`post_batch`](Self::post_batch) for at most `N` datagrams.
+    /// [`flush`](Self::flush) for at most `N` datagrams.
     fn post_all<C: Context, const N: usize>(
         &self,
         ctx: &mut C,

@@ -25,11 +25,11 @@
 //!   armed (a peer's last deadline fires once, for nothing, after its work
 //!   ends), so an idle progress call costs one comparison.
 
-use udbtl_fabric::{Context, QpAddr};
-use udbtl_reliability::{Event, Instant, LossReason, PeerId, Receipt, Room, SendError};
-use udbtl_wire::{btl, datagram, rel};
+use udbtl_fabric::Context;
+use udbtl_reliability::{Event, Instant, LossReason, PeerId, SendError};
 
 mod coalesce;
+mod receive;
 mod state;
 
 pub(super) use coalesce::Coalescer;
@@ -37,15 +37,11 @@ use coalesce::may_carry;
 
 pub(super) use state::{Reliable, random_process_id};
 
-use super::limits::HEADER_MAX;
-
-use super::delivery::{Delivery, Held};
-use super::integrity::{Check, Integrity, seal};
-use super::transmit::{QueuedPost, WaitingSend};
+use super::transmit::WaitingSend;
 use super::{Engine, Flush, SendStatus};
+use crate::EndpointId;
 use crate::error::{BtlError, SendFailure};
 use crate::frag::{Descriptor, FragState};
-use crate::{EndpointId, Tag};
 
 /// Most unknown senders remembered between two `take_unknown_peers` calls.
 const UNKNOWN_PEERS_MAX: usize = 1024;
@@ -276,229 +272,6 @@ impl<C: Context> Engine<C> {
             }
         }
         self.post_batch();
-    }
-
-    /// Queues a datagram for the batch `flush_transmits` posts (which posts
-    /// at once when that fills it).
-    fn queue_post(&mut self, post: QueuedPost) {
-        if let Some(outcome) = self.tx.queue(&mut self.ctx, &self.frags, post) {
-            self.stats.note_batch(outcome);
-        }
-    }
-
-    /// Posts the queued datagrams. A refused one is a loss to the protocol,
-    /// which retransmission repairs.
-    fn post_batch(&mut self) {
-        let outcome = self.tx.flush(&mut self.ctx, &self.frags);
-        self.stats.note_batch(outcome);
-    }
-
-    /// Writes the reliability header into a descriptor and posts it. A
-    /// refusal is a loss to the protocol: the retransmission timer repairs
-    /// it.
-    pub(super) fn transmit_data(&mut self, des: Descriptor, mut header: rel::Repr) {
-        let Some(frag) = self.frags.get(des) else {
-            return;
-        };
-        header.flags |= frag.msg_flags;
-        let endpoint = EndpointId(frag.endpoint);
-        let (Some(route), Some(peer)) =
-            (self.endpoints.route(endpoint), self.endpoints.get(endpoint))
-        else {
-            self.stats.transmit_failures += 1;
-            return;
-        };
-        let peer_key = peer.auth_key;
-        let Some((mr, sge)) = self.frags.head(des, self.header_len + frag.seg_len) else {
-            return;
-        };
-        let Ok(bytes) = self.ctx.mr_bytes_mut(mr.handle) else {
-            return;
-        };
-        let head = &mut bytes[sge.offset..sge.offset + sge.len];
-        let Ok(mut ext) = datagram::extension_mut(head) else {
-            return;
-        };
-        header.emit(&mut ext);
-        let user = frag
-            .user
-            .as_ref()
-            .map_or(&[][..], |u| &u.data.bytes()[u.range.clone()]);
-        if !seal(head, &[user], &header, peer_key) {
-            self.stats.transmit_failures += 1;
-            return;
-        }
-        let user = frag.user.is_some().then_some(des);
-        self.queue_post(QueuedPost {
-            route,
-            head: sge,
-            user,
-            wr_id: u64::from(des.raw()),
-            signaled: true,
-        });
-    }
-
-    /// Sends an acknowledgement-only datagram from the ack ring, unsignaled:
-    /// it needs no completion and no send credit.
-    fn transmit_ack(&mut self, endpoint: EndpointId, header: rel::Repr) {
-        let (Some(route), Some(peer)) =
-            (self.endpoints.route(endpoint), self.endpoints.get(endpoint))
-        else {
-            return;
-        };
-        let peer_key = peer.auth_key;
-        let Some(reliable) = self.path.reliable_mut() else {
-            return;
-        };
-        let slot = reliable.next_ack_slot();
-        let Ok(bytes) = self.ctx.mr_bytes_mut(reliable.ack_ring.handle) else {
-            return;
-        };
-        let buf = &mut bytes[slot.offset..slot.offset + slot.len];
-        btl::Repr {
-            tag: 0,
-            job_key: self.job_key,
-            reliable: true,
-        }
-        .emit(&mut btl::Packet::new_unchecked(&mut *buf));
-        let Ok(mut ext) = datagram::extension_mut(buf) else {
-            return;
-        };
-        header.emit(&mut ext);
-        if !seal(buf, &[], &header, peer_key) {
-            self.stats.transmit_failures += 1;
-            return;
-        }
-        self.queue_post(QueuedPost {
-            route,
-            head: slot,
-            user: None,
-            wr_id: u64::MAX,
-            signaled: false,
-        });
-    }
-
-    /// A received reliable datagram from `src`, carrying `job_key` (one the
-    /// module accepts).
-    pub(super) fn on_reliable_receive(
-        &mut self,
-        held: Held,
-        src: QpAddr,
-        job_key: u32,
-        now: Instant,
-    ) {
-        // An unreliable module never gets here; Fabric checks nothing.
-        let integrity = self
-            .path
-            .reliable()
-            .map_or(Integrity::Fabric, |r| r.integrity);
-        let parsed = self.recv.datagram(&self.ctx, held).and_then(|bytes| {
-            let tag = btl::Packet::new_checked(bytes).ok()?.tag();
-            let header = rel::Repr::parse(&datagram::extension(bytes).ok()?).ok()?;
-            let check = integrity.check(bytes, &header);
-            Some((tag, header, check))
-        });
-        let Some((tag, header, check)) = parsed else {
-            self.stats.recv_malformed += 1;
-            self.recv.repost(held.slot);
-            return;
-        };
-        match check {
-            Check::Intact => {}
-            Check::BadChecksum => {
-                self.stats.recv_bad_checksum += 1;
-                self.recv.repost(held.slot);
-                return;
-            }
-            Check::Unauthenticated => {
-                self.stats.recv_unauthenticated += 1;
-                self.recv.repost(held.slot);
-                return;
-            }
-        }
-        let endpoint = self.endpoints.lookup(src);
-        let known = endpoint
-            .and_then(|ep| self.endpoints.get(ep))
-            .map(|e| (e.proc_id, e.job_key));
-        let (Some(endpoint), Some(reliable)) = (
-            endpoint.filter(|_| known == Some((header.src, job_key))),
-            self.path.reliable_mut(),
-        ) else {
-            self.stats.recv_unknown_peer += 1;
-            // A process of this job that knows us before we know it
-            // (addresses fetched lazily): the caller can look it up by the
-            // id it carries; the sender retransmits once it is connected.
-            // Processes of other jobs are only ever added by the caller.
-            if let Some(reliable) = self.path.reliable_mut() {
-                if endpoint.is_none()
-                    && job_key == self.job_key
-                    && reliable.unknown_peers.len() < UNKNOWN_PEERS_MAX
-                    && !reliable.unknown_peers.contains(&header.src)
-                {
-                    reliable.unknown_peers.push(header.src);
-                }
-            }
-            self.recv.repost(held.slot);
-            return;
-        };
-        let can_hold = self.recv.may_hold(self.held_for_app, self.app_present);
-        let room = Room {
-            // While the application runs, an in-order datagram is delivered
-            // before this progress call returns; while it is away, its
-            // buffer is kept until it comes back.
-            in_order: self.app_present || can_hold,
-            early: can_hold,
-        };
-        match reliable
-            .core
-            .on_datagram(now, PeerId(endpoint.0), &header, held, room)
-        {
-            Receipt::Deliver(held) => {
-                self.deliver_in_order(held, endpoint, Tag(tag), header.flags);
-                while let Some((peer, held)) =
-                    self.path.reliable_mut().and_then(|r| r.core.poll_deliver())
-                {
-                    self.recv.early_held -= 1;
-                    self.deliver_held(held, EndpointId(peer.0));
-                }
-            }
-            Receipt::Buffered => self.recv.early_held += 1,
-            Receipt::Discard(held, _) => self.recv.repost(held.slot),
-        }
-    }
-
-    /// Delivers a datagram that waited for an earlier one: its headers are
-    /// read again from its buffer.
-    fn deliver_held(&mut self, held: Held, endpoint: EndpointId) {
-        let headers = self.recv.datagram(&self.ctx, held).and_then(|bytes| {
-            let tag = btl::Packet::new_checked(bytes).ok()?.tag();
-            Some((tag, datagram::extension(bytes).ok()?.flags()))
-        });
-        match headers {
-            Some((tag, flags)) => self.deliver_in_order(held, endpoint, Tag(tag), flags),
-            None => {
-                self.stats.recv_malformed += 1;
-                self.recv.repost(held.slot);
-            }
-        }
-    }
-
-    /// Hands one in-order datagram to the application's next progress.
-    fn deliver_in_order(&mut self, held: Held, endpoint: EndpointId, tag: Tag, flags: u16) {
-        let Some(src) = self.endpoints.get(endpoint).map(|e| e.remote) else {
-            // Held for a peer whose endpoint the caller deleted since.
-            self.stats.recv_unknown_peer += 1;
-            self.recv.repost(held.slot);
-            return;
-        };
-        self.hold_for_app(Delivery {
-            held,
-            header_len: HEADER_MAX,
-            tag,
-            endpoint: Some(endpoint),
-            src,
-            flags,
-        });
     }
 
     /// The engine's side of `Module::take_unknown_peers`, whose documentation is the

@@ -28,7 +28,7 @@ pub(in crate::module) struct Reliable {
     pub(in crate::module) integrity: Integrity,
     /// Registered buffers for acknowledgement-only datagrams, used in turn:
     /// such a datagram is unsignaled, so it needs no fragment and no credit.
-    pub(super) ack_ring: Mr,
+    ack_ring: Mr,
     ack_next: usize,
     /// Senders not known yet, by process id (see `take_unknown_peers`).
     pub(super) unknown_peers: Vec<u32>,
@@ -70,15 +70,16 @@ impl Reliable {
         self.ack_ring.handle
     }
 
-    /// The next acknowledgement buffer.
-    pub(super) fn next_ack_slot(&mut self) -> Sge {
+    /// The next acknowledgement buffer: its registration and where in it.
+    pub(in crate::module) fn next_ack_slot(&mut self) -> (MrHandle, Sge) {
         let offset = (self.ack_next % ACK_SLOTS) * ACK_LEN;
         self.ack_next = self.ack_next.wrapping_add(1);
-        Sge {
+        let slot = Sge {
             lkey: self.ack_ring.lkey,
             offset,
             len: ACK_LEN,
-        }
+        };
+        (self.ack_ring.handle, slot)
     }
 }
 
