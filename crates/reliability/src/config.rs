@@ -18,7 +18,7 @@ pub const MAX_WINDOW: u16 = 1024;
 pub const SACK_SPAN: i32 = 64;
 
 /// Parameters of the reliability protocol, shared by every peer of one
-/// endpoint.
+/// process's state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// Most datagrams in flight per peer (a cap on the congestion window),

@@ -67,12 +67,12 @@
 #![warn(missing_docs)]
 
 mod config;
-mod endpoint;
 mod rtt;
+mod state;
 mod time;
 
 pub use config::{Config, ConfigError, MAX_WINDOW, SACK_SPAN};
-pub use endpoint::{
+pub use state::{
     Discard, Event, LossReason, PeerId, Receipt, Reliability, Room, SendError, Stats, Transmit,
 };
 pub use time::Instant;

@@ -16,7 +16,7 @@ use super::limits::{
 };
 use super::recv::{RecvPool, recv_work_request};
 use super::reliable::{Coalescer, Reliable};
-use super::transmit::Transmit;
+use super::transmit::TransmitQueue;
 use super::{Engine, ModuleStats, Path, deregister};
 use crate::error::BtlError;
 use crate::frag::{FragKind, FragPool};
@@ -295,7 +295,7 @@ impl<C: Context> Engine<C> {
             None => Path::Unreliable,
         };
         let qp_handles = qps.iter().map(|qp| qp.handle).collect();
-        let tx = Transmit::new(
+        let tx = TransmitQueue::new(
             qp_handles,
             params.ib_qkey,
             built.limits.inline_max,

@@ -78,7 +78,7 @@ use endpoints::Endpoints;
 use events::Notice;
 use recv::RecvPool;
 use reliable::{Coalescer, Reliable};
-use transmit::{Transmit, WaitingSend};
+use transmit::{TransmitQueue, WaitingSend};
 
 /// How a module carries datagrams, chosen at build time (the `reliable`
 /// parameter).
@@ -137,7 +137,7 @@ struct Engine<C: Context> {
     rcache: RegCache,
     endpoints: Endpoints,
     /// Send credits, the sends waiting for them, and posting.
-    tx: Transmit,
+    tx: TransmitQueue,
     recv: RecvPool,
     /// Unreliable, or reliable with its sequencing, acknowledgement and
     /// retransmission state.
@@ -166,8 +166,8 @@ struct Engine<C: Context> {
     /// Small messages riding in the datagram of an earlier one to the same
     /// peer (the `coalesce` parameter; `reliable/coalesce.rs`).
     coalescer: Coalescer,
-    /// A coalesced datagram whose records a host is being handed one by
-    /// one (`host.rs`): the delivery, the offset of the next record in its
+    /// A coalesced datagram whose records the caller is being handed one
+    /// by one (`deliver.rs`): the delivery, the offset of the next record in its
     /// payload, and how many records remain.
     host_split: Option<(delivery::Delivery, usize, usize)>,
     /// This process's id, published in the modex and carried in reliable

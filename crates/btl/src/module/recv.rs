@@ -28,7 +28,7 @@ pub(super) struct RecvPool {
     /// Buffers the reliability state holds for datagrams that arrived early.
     pub(super) early_held: usize,
     /// Per buffer: host events still out for the records of the coalesced
-    /// datagram it holds (`host.rs`); it is reposted when the last one is
+    /// datagram it holds (`deliver.rs`); it is reposted when the last one is
     /// finished. Sized once, so that splitting never allocates.
     pub(super) shares: Box<[u32]>,
     /// Buffers no early or undeliverable datagram may take: however many

@@ -174,7 +174,7 @@ impl PostBatch {
     }
 }
 
-/// What became of the datagrams of one [`Transmit::flush`].
+/// What became of the datagrams of one [`TransmitQueue::flush`].
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(super) struct BatchOutcome {
     /// Signaled datagrams posted.
@@ -189,7 +189,7 @@ pub(super) struct BatchOutcome {
 /// batch being gathered, and what every post shares (the queue pairs, the
 /// queue key, the inline threshold).
 #[derive(Debug)]
-pub(super) struct Transmit {
+pub(super) struct TransmitQueue {
     /// Send credits and the sends waiting for them.
     pub(super) sends: SendQueue,
     batch: PostBatch,
@@ -198,7 +198,7 @@ pub(super) struct Transmit {
     inline_max: usize,
 }
 
-impl Transmit {
+impl TransmitQueue {
     /// A transmit queue over `qps` with `credits` send credits.
     pub(super) fn new(qps: Vec<QpHandle>, qkey: u32, inline_max: usize, credits: u32) -> Self {
         Self {

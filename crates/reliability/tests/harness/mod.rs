@@ -1,4 +1,4 @@
-//! A deterministic network of reliability endpoints on virtual time.
+//! A deterministic network of reliability states (one per process) on virtual time.
 //!
 //! Each node runs one `Reliability<u64, u64>`: fragments are message ids
 //! (the node keeps the bytes), receive buffers are ids of datagrams the node

@@ -10,18 +10,19 @@
 //! * A send completion only returns the send credit: the descriptor's
 //!   callback runs when the peer acknowledges it (or fails when the peer is
 //!   declared lost).
-//! * A received datagram's reliability header goes to the state, which says
-//!   whether to deliver it now, hold its buffer until an earlier one
-//!   arrives, or drop it (duplicate, acknowledgement only).
+//! * A received datagram's reliability header goes to the state
+//!   (`receive.rs`), which says whether to deliver it now, hold its buffer
+//!   until an earlier one arrives, or drop it (duplicate, acknowledgement
+//!   only).
 //! * A small whole message rides in the datagram of an earlier one to the
 //!   same peer that has not left yet (`coalesce.rs`): the newest fragment of a
 //!   full window's backlog, or the open carrier, the small message of a
 //!   burst (sends with no progress call in between) held back until the
 //!   next progress call (`close_open_carrier`). It completes right after
 //!   its carrier, and the receiver splits the datagram into its messages
-//!   (`recv.rs`, `host.rs`).
-//! * Acknowledgements and retransmissions go out at the end of each progress
-//!   call, after timers that are due; while nothing is owed no timer is
+//!   (`deliver.rs`).
+//! * Acknowledgements and retransmissions go out (`outgoing.rs`) at the end
+//!   of each progress call, after timers that are due; while nothing is owed no timer is
 //!   armed (a peer's last deadline fires once, for nothing, after its work
 //!   ends), so an idle progress call costs one comparison.
 

@@ -1,5 +1,5 @@
 //! Timers: each peer's table of deadlines ([`TimerTable`]), its next
-//! deadline, the endpoint's heap of per-peer entries, and firing what is
+//! deadline, the state's heap of per-peer entries, and firing what is
 //! due.
 
 use std::cmp::Reverse;

@@ -101,7 +101,7 @@ impl<F: Clone, R> Reliability<F, R> {
         self.peers[peer as usize].rcv.sack = 0;
     }
 
-    /// A buffer the endpoint no longer holds (its peer was lost or closed
+    /// A buffer the state no longer holds (its peer was lost or closed
     /// with a gap): the caller reuses it.
     pub fn poll_reclaim(&mut self) -> Option<R> {
         self.reclaimed.pop()

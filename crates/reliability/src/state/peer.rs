@@ -47,7 +47,7 @@ pub(super) enum Mode {
 }
 
 /// The state of one peer. Its size does not depend on traffic: datagrams in
-/// flight live in the endpoint's shared slot table, linked from here.
+/// flight live in the state's shared slot table, linked from here.
 #[derive(Debug, Clone)]
 pub(super) struct Peer {
     pub(super) mode: Mode,

@@ -1,4 +1,4 @@
-//! The protocol state of every peer of one endpoint: [`Reliability`], split
+//! The protocol state of every peer of one process: [`Reliability`], split
 //! by concern. Each submodule holds one part of the state machine:
 //!
 //! * `types`: what the caller exchanges with it ([`PeerId`], [`Receipt`],
@@ -30,12 +30,12 @@ use crate::config::{Config, ConfigError};
 use crate::time::Instant;
 use peer::{Mode, NIL, Peer, Slot};
 
-/// Reliable, ordered, exactly-once delivery for every peer of an endpoint,
+/// Reliable, ordered, exactly-once delivery for every peer of one process,
 /// as a sans-IO state machine.
 ///
 /// `F` names a fragment the caller sends (it keeps the bytes: retransmission
 /// sends the same fragment again, nothing is copied here); `R` names a
-/// receive buffer the endpoint holds while its datagram waits for an earlier
+/// receive buffer the state holds while its datagram waits for an earlier
 /// one.
 ///
 /// # Driving it
@@ -70,7 +70,7 @@ pub struct Reliability<F, R> {
     early: HashMap<(u32, u32), R>,
     /// Buffers that became deliverable, in order.
     deliverable: VecDeque<(PeerId, R)>,
-    /// Buffers the endpoint held for a peer that is gone: never deliverable.
+    /// Buffers the state held for a peer that is gone: never deliverable.
     reclaimed: Vec<R>,
     transmits: VecDeque<Pending>,
     events: VecDeque<Event<F>>,
@@ -90,7 +90,7 @@ enum Pending {
 }
 
 impl<F: Clone, R> Reliability<F, R> {
-    /// An endpoint with no peers.
+    /// A state with no peers.
     ///
     /// # Errors
     /// An invalid configuration.

@@ -14,7 +14,7 @@ pub struct PeerId(pub u32);
 pub enum Receipt<R> {
     /// Next in order: deliver it now, then drain [`Reliability::poll_deliver`](crate::Reliability::poll_deliver).
     Deliver(R),
-    /// Arrived early: the endpoint keeps the buffer until its turn.
+    /// Arrived early: the state keeps the buffer until its turn.
     Buffered,
     /// Not to be delivered (duplicate, outside the window, acknowledgement
     /// only, from a lost peer, or refused for want of [`Room`]): the caller
