@@ -7,7 +7,7 @@ use std::time::Duration;
 use udbtl_wire::rel;
 
 use super::peer::{CWND_UNIT, NIL, RELEASED, RETRANSMITTED, SACKED, SENT};
-use super::timer::Timer;
+use super::timer_table::Timer;
 use super::types::{Event, PeerId};
 use super::{Pending, Reliability};
 use crate::config::SACK_SPAN;

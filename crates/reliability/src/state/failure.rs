@@ -2,7 +2,8 @@
 //! waits), keepalives, resets, closing and lingering, and ending a peer's
 //! streams.
 
-use super::peer::{Mode, NIL, Peer, QUEUED, RELEASED};
+use super::peer::{NIL, Peer, QUEUED, RELEASED};
+use super::types::Mode;
 use super::types::{Event, LossReason, PeerId};
 use super::{Pending, Reliability};
 use crate::config::Config;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::peer::{CWND_UNIT, NIL, Peer, QUEUED, RETRANSMITTED, SACKED, SENT};
-use super::timer::{Timer, earliest};
+use super::timer_table::{Timer, earliest};
 use super::{Pending, Reliability};
 use crate::time::Instant;
 

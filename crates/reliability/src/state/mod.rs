@@ -18,6 +18,7 @@ mod peer;
 mod recv;
 mod send;
 mod timer;
+mod timer_table;
 mod types;
 
 use std::cmp::Reverse;
@@ -28,7 +29,8 @@ pub use types::{Discard, Event, LossReason, PeerId, Receipt, Room, SendError, St
 
 use crate::config::{Config, ConfigError};
 use crate::time::Instant;
-use peer::{Mode, NIL, Peer, Slot};
+use peer::{NIL, Peer, Slot};
+use types::Mode;
 
 /// Reliable, ordered, exactly-once delivery for every peer of one process,
 /// as a sans-IO state machine.

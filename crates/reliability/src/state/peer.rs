@@ -5,7 +5,8 @@
 use udbtl_wire::SeqNum;
 
 use super::recv::RecvState;
-use super::timer::TimerTable;
+use super::timer_table::{Timer, TimerTable, earliest};
+use super::types::Mode;
 use crate::config::Config;
 use crate::rtt::Rtt;
 use crate::time::Instant;
@@ -33,17 +34,6 @@ pub(super) struct Slot<F> {
     pub(super) sent_at: Instant,
     pub(super) next: u32,
     pub(super) flags: u8,
-}
-
-/// Where a peer is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Mode {
-    Active,
-    /// Closed by the caller: no new sends; still acknowledges until then.
-    Lingering(Instant),
-    /// Declared lost (nothing heard for `peer_timeout` while data waited,
-    /// or the peer sent a reset), or finished lingering.
-    Lost,
 }
 
 /// The state of one peer. Its size does not depend on traffic: datagrams in
@@ -151,5 +141,22 @@ impl Peer {
     /// Nothing is in flight or waiting for the peer.
     pub(super) fn idle(&self) -> bool {
         self.head == NIL && self.backlog_head == NIL
+    }
+}
+
+impl Peer {
+    /// The earliest timer. The failure deadline only counts when no
+    /// retransmission timer runs: while one does, its expiries check for
+    /// failure, which keeps the timer heap from gaining an entry per send.
+    pub(super) fn next_deadline(&self, config: &Config) -> Option<Instant> {
+        let mut next = self.timers.next_timeout();
+        if !self.timers.is_set(Timer::Rto) {
+            next = earliest(next, self.fail_at(config));
+            next = earliest(next, self.keepalive_at(config));
+        }
+        if let Mode::Lingering(until) = self.mode {
+            next = earliest(next, Some(until));
+        }
+        next
     }
 }

@@ -5,9 +5,8 @@
 use udbtl_wire::SeqNum;
 use udbtl_wire::rel::{self, FLAG_ACK_ONLY, FLAG_ACK_REQ, FLAG_RESET};
 
-use super::peer::Mode;
-use super::timer::Timer;
-use super::types::{Discard, LossReason, PeerId, Receipt, Room};
+use super::timer_table::Timer;
+use super::types::{Discard, LossReason, Mode, PeerId, Receipt, Room};
 use super::{Pending, Reliability};
 use crate::config::SACK_SPAN;
 use crate::time::Instant;

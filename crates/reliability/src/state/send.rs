@@ -5,8 +5,9 @@
 use udbtl_wire::SeqNum;
 use udbtl_wire::rel::{FLAG_ACK_ONLY, FLAG_ACK_REQ, FLAG_RESET};
 
-use super::peer::{AWAITED, Mode, NIL, QUEUED, RETRANSMITTED, SENT, Slot};
-use super::timer::Timer;
+use super::peer::{AWAITED, NIL, QUEUED, RETRANSMITTED, SENT, Slot};
+use super::timer_table::Timer;
+use super::types::Mode;
 use super::types::{PeerId, SendError, Transmit};
 use super::{Pending, Reliability};
 use crate::time::Instant;

@@ -2,6 +2,7 @@
 //! caller: peer ids, receipts for received datagrams, datagrams to send,
 //! events, errors and counters.
 
+use crate::time::Instant;
 use udbtl_wire::rel;
 
 /// A peer, as numbered by the caller (an index into its own peer table).
@@ -179,4 +180,15 @@ pub struct Stats {
     pub resets_sent: u64,
     /// Calls of [`Reliability::resume`](crate::Reliability::resume).
     pub resumes: u64,
+}
+
+/// Where a peer is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    Active,
+    /// Closed by the caller: no new sends; still acknowledges until then.
+    Lingering(Instant),
+    /// Declared lost (nothing heard for `peer_timeout` while data waited,
+    /// or the peer sent a reset), or finished lingering.
+    Lost,
 }
