@@ -3,6 +3,8 @@
 use std::fmt::Display;
 use std::io::{self, BufWriter, Write};
 
+use udbtl_btl::params::Source;
+
 /// Help lines are wrapped to this many characters.
 pub(crate) const HELP_WIDTH: usize = 76;
 
@@ -114,4 +116,13 @@ pub(crate) fn wrap(text: &str, width: usize) -> Vec<String> {
         lines.push(line);
     }
     lines
+}
+
+/// How a listing names where a parameter's value came from.
+pub(crate) const fn source(source: Source) -> &'static str {
+    match source {
+        Source::Default => "default",
+        Source::Config => "config",
+        Source::Environment => "environment",
+    }
 }

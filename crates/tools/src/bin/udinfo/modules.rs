@@ -4,8 +4,7 @@ use udbtl_btl::{Component, Limits, NUM_QP, Params, check_udp_settings};
 use udbtl_fabric::udp::UdpProvider;
 use udbtl_fabric::{GRH_LEN, PortAttr, udp};
 
-use crate::listing::{Listing, Row};
-use crate::params::source;
+use crate::listing::{Listing, Row, source};
 use crate::{Failure, chain, complain};
 
 /// The sizes one module uses, and its state for `--dump`.

@@ -4,9 +4,9 @@ use std::io;
 
 use udbtl_btl::Params;
 use udbtl_btl::params::env::{OTHER_VARS, VarUse};
-use udbtl_btl::params::{ParamInfo, Source};
+use udbtl_btl::params::ParamInfo;
 
-use crate::listing::{HELP_WIDTH, Listing, Row, wrap};
+use crate::listing::{HELP_WIDTH, Listing, Row, source, wrap};
 use crate::modules::ModuleReport;
 
 /// A parameter whose module uses another value than the one asked for:
@@ -136,12 +136,4 @@ pub(crate) fn other_variables(out: &mut Listing<'_>) -> io::Result<()> {
         table.push(row);
     }
     out.table(&table)
-}
-
-pub(crate) const fn source(source: Source) -> &'static str {
-    match source {
-        Source::Default => "default",
-        Source::Config => "config",
-        Source::Environment => "environment",
-    }
 }

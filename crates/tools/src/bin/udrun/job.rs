@@ -23,9 +23,6 @@ use crate::spawn::{self, Binder, JobSpec, PortMode};
 use crate::supervise::Job;
 use crate::{Error, remote, say};
 
-/// udrun's exit status when `--timeout` ends the job (as timeout(1)).
-pub(crate) const TIMEOUT_EXIT: u8 = 124;
-
 /// Sets up the job, runs it to its end and returns udrun's exit status.
 pub(crate) fn run(cli: &Cli) -> Result<u8, Error> {
     let plan = Plan::make(cli)?;

@@ -40,9 +40,11 @@ use udbtl_pmi::{ServerEvent, ServerStats};
 use crate::cli::Cli;
 use crate::events::{Event, Status, abort_exit_code, exit_code_for_signal, signal_name};
 use crate::hosts::Placement;
-use crate::job::TIMEOUT_EXIT;
 use crate::rank::Rank;
 use crate::say;
+
+/// udrun's exit status when `--timeout` ends the job (as timeout(1)).
+const TIMEOUT_EXIT: u8 = 124;
 
 /// How long the ranks get between SIGTERM and SIGKILL.
 const KILL_GRACE: Duration = Duration::from_secs(2);
