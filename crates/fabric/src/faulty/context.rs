@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::mem;
 
 use super::fate::Fate;
-use super::send::{Held, without_signaled};
+use super::held::{Held, without_signaled};
 use super::{FaultConfig, FaultConfigError, FaultStats};
 use crate::types::*;
 use crate::{CompletionChannel, Context, FabricError, PostError, Result};

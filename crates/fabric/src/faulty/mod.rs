@@ -45,6 +45,7 @@
 
 mod context;
 mod fate;
+mod held;
 mod send;
 
 use std::sync::atomic::{AtomicU64, Ordering};

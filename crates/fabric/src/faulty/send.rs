@@ -6,21 +6,9 @@
 use std::mem;
 
 use super::context::{FaultyContext, Pending};
+use super::held::Held;
 use crate::types::*;
 use crate::{Context, FabricError, PostError, Result};
-
-/// A send held back for reordering, with its bytes in a wrapper-owned
-/// registration (none for an empty payload).
-#[derive(Debug)]
-pub(super) struct Held {
-    wr_id: u64,
-    ah: AhHandle,
-    remote_qpn: u32,
-    remote_qkey: u32,
-    imm: Option<u32>,
-    solicited: bool,
-    pub(super) bounce: Option<Mr>,
-}
 
 impl<C: Context> FaultyContext<C> {
     /// Checks a send the wrapped provider will not see: exactly what the
@@ -195,12 +183,4 @@ impl<C: Context> FaultyContext<C> {
             error,
         })
     }
-}
-
-/// `flags` without [`SendFlags::SIGNALED`].
-pub(super) fn without_signaled(flags: SendFlags) -> SendFlags {
-    [SendFlags::INLINE, SendFlags::SOLICITED]
-        .into_iter()
-        .filter(|f| flags.contains(*f))
-        .fold(SendFlags::NONE, |acc, f| acc | f)
 }

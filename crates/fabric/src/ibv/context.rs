@@ -35,8 +35,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::device::IBV_PORT_ACTIVE;
-use super::logic::{self, AhSpec, Gid, LocalPort, RecvLayout, SlotPool, Verb};
+use super::logic::{self, AhSpec, Gid, IBV_PORT_ACTIVE, LocalPort, RecvLayout, SlotPool, Verb};
 use super::sys::{self, Completion, UdQp};
 use crate::bookkeeping::Verbs;
 use crate::{
@@ -93,6 +92,9 @@ pub struct VerbsContext {
     pub(super) scratch: Vec<Completion>,
     pub(super) device: sys::Device,
 }
+
+/// Most completions moved from the device per `ibv_poll_cq` call.
+pub(super) const POLL_BATCH: usize = 32;
 
 pub(super) fn invalid(kind: &'static str) -> FabricError {
     FabricError::InvalidHandle { kind }

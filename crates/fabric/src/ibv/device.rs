@@ -5,9 +5,8 @@
 
 use std::collections::HashMap;
 
-use super::context::VerbsContext;
-use super::logic::{self, Gid, LinkLayer, LocalPort, Mtu, Verb};
-use super::poll::POLL_BATCH;
+use super::context::{POLL_BATCH, VerbsContext};
+use super::logic::{self, Gid, IBV_PORT_ACTIVE, LinkLayer, LocalPort, Mtu, Verb};
 use super::sys::{self, Completion};
 use crate::bookkeeping::Verbs;
 use crate::{DeviceAttr, DeviceInfo, FabricError, NodeAddr, PortAttr, PortState, Provider, Result};
@@ -21,8 +20,6 @@ const MAX_GIDS: u16 = 256;
 const MAX_PKEYS: u16 = 128;
 /// Inline bytes the provider asks a queue pair for at most.
 const MAX_INLINE: u32 = 256;
-/// `IBV_PORT_ACTIVE`.
-pub(super) const IBV_PORT_ACTIVE: u32 = 4;
 
 /// Configuration of the `verbs` provider.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

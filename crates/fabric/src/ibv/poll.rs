@@ -3,7 +3,7 @@
 //! its staging slot, its source address resolved; a send's slot freed), and
 //! reading asynchronous events (port up and down, fatal errors).
 
-use super::context::{VerbsContext, invalid};
+use super::context::{POLL_BATCH, VerbsContext, invalid};
 use super::logic::{self, Verb, WC_FLAG_GRH};
 use super::sys::{self, Completion};
 use crate::bookkeeping::{Memory, Verbs};
@@ -12,8 +12,6 @@ use crate::{
     WcStatus, WorkCompletion,
 };
 
-/// Most completions moved from the device per `ibv_poll_cq` call.
-pub(super) const POLL_BATCH: usize = 32;
 /// Asynchronous events are read every this many polls.
 const EVENT_INTERVAL: u32 = 64;
 

@@ -11,7 +11,7 @@ use std::os::fd::AsFd;
 
 use socket2::{Domain, Protocol, Socket, Type};
 
-use super::recv::{Receiver, RecvState};
+use super::recv::{Receiver, UdpQp};
 use super::send::{self, Sender};
 use super::{UdpConfig, sys};
 use crate::bookkeeping::Verbs;
@@ -21,14 +21,6 @@ use crate::{
     PdHandle, PortAttr, PostError, QpAddr, QpHandle, QpInfo, QpInitAttr, RecvWr, ResourceCounts,
     Result, SendWr, WorkCompletion,
 };
-
-/// A queue pair's socket.
-#[derive(Debug)]
-pub(crate) struct UdpQp {
-    pub(super) socket: Socket,
-    /// What receiving on the socket has learned.
-    pub(super) rx: RecvState,
-}
 
 /// An opened `udp` device.
 #[derive(Debug)]

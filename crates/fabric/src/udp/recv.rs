@@ -15,7 +15,6 @@ use std::os::fd::AsFd;
 use socket2::Socket;
 use udbtl_wire::ud;
 
-use super::context::UdpQp;
 use super::{MAX_UDP_PAYLOAD_V6, sys};
 use crate::bookkeeping::{Memory, Verbs};
 use crate::{
@@ -54,6 +53,14 @@ pub(super) struct Receiver {
     drop_scratch: Box<[u8]>,
     /// Per-batch receive bookkeeping, kept here so a poll prepares nothing.
     scratch: Box<RecvScratch>,
+}
+
+/// A queue pair's socket.
+#[derive(Debug)]
+pub(crate) struct UdpQp {
+    pub(super) socket: Socket,
+    /// What receiving on the socket has learned.
+    pub(super) rx: RecvState,
 }
 
 /// The receive side of one queue pair.

@@ -12,7 +12,7 @@ use std::os::fd::AsFd;
 
 use udbtl_wire::ud;
 
-use super::context::UdpQp;
+use super::recv::UdpQp;
 use super::{MAX_SEND_SGE, MAX_UDP_PAYLOAD_V4, sys};
 use crate::bookkeeping::{QpEntry, Verbs};
 use crate::{FabricError, PostError, QpHandle, Result, SendWr, WcOpcode, WcStatus, WorkCompletion};

@@ -1,10 +1,14 @@
 //! Port identity in the verbs model: [`Gid`] (parsing and formatting of
 //! 128-bit global identifiers), and the verbs enums [`Mtu`] and
-//! [`LinkLayer`] with their numeric values.
+//! [`LinkLayer`] with their numeric values, and the port state that counts
+//! as up.
 
 use core::fmt;
 use core::str::FromStr;
 use std::net::Ipv6Addr;
+
+/// `IBV_PORT_ACTIVE`: the port state in which a port carries traffic.
+pub const IBV_PORT_ACTIVE: u32 = 4;
 
 /// A 128-bit InfiniBand global identifier (GID), in network byte order: the
 /// subnet prefix in the first 8 bytes, the interface id in the last 8. On
