@@ -366,34 +366,6 @@ void udbtl_c_sent(void *btl, uint64_t context, int ok, int owned)
 
 /* ----- the module ------------------------------------------------------- */
 
-/* Takes the module's limits from Rust (they shrink when a peer with smaller
- * datagrams is added) and the component's variables. */
-void udbtl_module_apply_limits(udbtl_module_t *m)
-{
-    udbtl_component_t *c = &mca_btl_udbtl_component;
-    struct udbtl_rs_limits limits;
-    if (UDBTL_RS_OK != udbtl_rs_limits(m->rs, &limits)) {
-        return;
-    }
-    size_t eager = limits.eager_limit;
-    if (c->eager_limit > 0 && c->eager_limit < eager) {
-        eager = c->eager_limit;
-    }
-    m->super.btl_eager_limit = eager;
-    m->super.btl_rndv_eager_limit = limits.rndv_eager_limit < eager ? limits.rndv_eager_limit
-                                                                    : eager;
-    m->super.btl_max_send_size = limits.max_send_size;
-    m->super.btl_exclusivity = limits.exclusivity;
-    m->super.btl_bandwidth = limits.bandwidth;
-    m->super.btl_latency = c->latency;
-    m->super.btl_flags = MCA_BTL_FLAGS_SEND & c->flags;
-    OPAL_THREAD_LOCK(&m->lock);
-    m->send_frags_max = limits.send_frags_max;
-    m->silent_max = limits.send_frags_max / 2;
-    m->throttle_at = m->silent_max + limits.send_frags_max / 8;
-    OPAL_THREAD_UNLOCK(&m->lock);
-}
-
 /* Frees every descriptor wrapper; at finalize, when nothing uses them. */
 void udbtl_module_free_frags(udbtl_module_t *m)
 {

@@ -7,6 +7,8 @@
  * shows it at; the values Open MPI was given (command line, environment,
  * files) are handed to Rust as text, which checks them as it checks its
  * UDBTL_* environment. The rest keep udbtl's defaults or that environment.
+ * A module's limits (from Rust) and these variables meet here too, in what
+ * the module tells ob1 (udbtl_module_apply_limits).
  */
 
 #include "udbtl.h"
@@ -298,4 +300,34 @@ void udbtl_params_free_explicit(char **values)
         free(values[i]);
     }
     free(values);
+}
+
+/* ----- applied to a module --------------------------------------------- */
+
+/* Takes the module's limits from Rust (they shrink when a peer with smaller
+ * datagrams is added) and the component's variables. */
+void udbtl_module_apply_limits(udbtl_module_t *m)
+{
+    udbtl_component_t *c = &mca_btl_udbtl_component;
+    struct udbtl_rs_limits limits;
+    if (UDBTL_RS_OK != udbtl_rs_limits(m->rs, &limits)) {
+        return;
+    }
+    size_t eager = limits.eager_limit;
+    if (c->eager_limit > 0 && c->eager_limit < eager) {
+        eager = c->eager_limit;
+    }
+    m->super.btl_eager_limit = eager;
+    m->super.btl_rndv_eager_limit = limits.rndv_eager_limit < eager ? limits.rndv_eager_limit
+                                                                    : eager;
+    m->super.btl_max_send_size = limits.max_send_size;
+    m->super.btl_exclusivity = limits.exclusivity;
+    m->super.btl_bandwidth = limits.bandwidth;
+    m->super.btl_latency = c->latency;
+    m->super.btl_flags = MCA_BTL_FLAGS_SEND & c->flags;
+    OPAL_THREAD_LOCK(&m->lock);
+    m->send_frags_max = limits.send_frags_max;
+    m->silent_max = limits.send_frags_max / 2;
+    m->throttle_at = m->silent_max + limits.send_frags_max / 8;
+    OPAL_THREAD_UNLOCK(&m->lock);
 }
