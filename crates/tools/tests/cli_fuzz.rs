@@ -18,6 +18,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "../../../tests/support/udrun_jobs.rs"]
 mod common;
 
 /// The long and short options a tool's `--help` lists.

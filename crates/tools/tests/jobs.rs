@@ -14,6 +14,7 @@
 use std::process::Output;
 use std::time::Duration;
 
+#[path = "../../../tests/support/udrun_jobs.rs"]
 mod common;
 
 /// A bounded test: the whole job is interrupted after three minutes.

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use quinn_udp::{Transmit, UdpSockRef, UdpSocketState};
 
+#[path = "../../../tests/support/udrun_jobs.rs"]
 mod common;
 
 /// Every process below `pid`, `pid` included.

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process};
 
+#[path = "../../../tests/support/udrun_jobs.rs"]
 mod common;
 
 /// A run that takes longer than this hangs, and fails its test.

@@ -9,6 +9,7 @@
 //! Needs root and the shared tools; prints `SKIPPED: <reason>` otherwise.
 #![allow(clippy::unwrap_used)]
 
+#[path = "../../../tests/support/udrun_jobs.rs"]
 mod common;
 #[path = "../../../tests/support/stand_in_hosts.rs"]
 mod stand_in_hosts;

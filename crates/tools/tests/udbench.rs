@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+#[path = "../../../tests/support/udrun_jobs.rs"]
 mod common;
 
 use common::text;

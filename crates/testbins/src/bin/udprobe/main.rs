@@ -1,10 +1,12 @@
 //! `udprobe`: scenarios where ranks misbehave, each checking, message by
-//! message, that nothing is lost silently. The tests run them under `udrun`;
-//! they are also handy for trying a failure by hand.
+//! message, that nothing is lost silently. A test driver, not a tool: the
+//! tests beside it (`tests/probes.rs`) run it under `udrun`, and nothing
+//! installs it. It is also handy for trying a failure by hand, once built
+//! (`cargo build -p udbtl-testbins -p udbtl-tools`):
 //!
 //! ```text
-//! UDBTL_MODEX=lazy udrun -n 4 udprobe lazy-barrier
-//! UDBTL_PEER_TIMEOUT=500 udrun -n 3 udprobe lost-peer
+//! UDBTL_MODEX=lazy target/debug/udrun -n 4 target/debug/udprobe lazy-barrier
+//! UDBTL_PEER_TIMEOUT=500 target/debug/udrun -n 3 target/debug/udprobe lost-peer
 //! ```
 //!
 //! * `lazy-barrier`: rank 0 sends to every other rank at once, before any

@@ -8,6 +8,7 @@ use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+#[path = "../../../tests/support/udrun_jobs.rs"]
 mod common;
 
 /// A bounded test: the whole job is interrupted after two minutes.
@@ -555,7 +556,7 @@ rc=$?
 nft list table inet udprobe
 exit $rc"
     );
-    let udrun = env!("CARGO_BIN_EXE_udrun");
+    let udrun = common::udrun_exe();
     let mut command_args = vec!["-n", "sh", "-c", &script, udrun, PROBE];
     command_args.extend_from_slice(args);
     let child = common::clean_command("unshare", &command_args, env)

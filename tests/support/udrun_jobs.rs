@@ -1,11 +1,14 @@
 //! What the multi-process tests share: starting a job under `udrun` with a
-//! clean `UDBTL_*` environment and a watchdog.
+//! clean `UDBTL_*` environment and a watchdog. For the tests of the tools
+//! crate and of the test drivers (udbtl-testbins): included with `#[path]`,
+//! since tests of different crates share no module otherwise.
 
 // Each test crate uses its own part of this module.
 #![allow(dead_code)]
 
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::sync::{OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 /// Runs `udrun args…` with only the `UDBTL_*` variables of `env` (none
@@ -37,9 +40,71 @@ pub(crate) fn clean_command(program: &str, args: &[&str], env: &[(&str, &str)]) 
 
 /// Starts `udrun args…` as [`udrun`] does, without waiting for it.
 pub(crate) fn start(args: &[&str], env: &[(&str, &str)]) -> Child {
-    clean_command(env!("CARGO_BIN_EXE_udrun"), args, env)
+    clean_command(udrun_exe(), args, env)
         .spawn()
         .expect("udrun starts")
+}
+
+/// The `udrun` binary. The tools crate's tests have cargo's own build of
+/// it; another crate's tests (the test drivers') have it built, once per
+/// test binary, by the cargo that runs them, with the same profile and into
+/// the same target folder, so never a stale one. That build is udrun as
+/// `cargo build -p udbtl-tools` makes it: the first time, it may compile
+/// some of udrun's dependencies again (features resolved for the tools
+/// crate alone differ from those of a workspace test build); after that it
+/// is a no-op.
+pub(crate) fn udrun_exe() -> &'static str {
+    static EXE: OnceLock<String> = OnceLock::new();
+    EXE.get_or_init(|| match option_env!("CARGO_BIN_EXE_udrun") {
+        Some(exe) => exe.to_owned(),
+        None => build_udrun(),
+    })
+}
+
+/// `cargo build --bin udrun`, offline (tests fetch nothing), with the
+/// profile of this test binary, into its target folder; returns the
+/// executable cargo reports.
+fn build_udrun() -> String {
+    // target/<profile folder>/deps/<test binary>
+    let test_exe = std::env::current_exe().expect("the test binary's path");
+    let profile_dir = test_exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
+    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => "dev",
+        Some(name) => name,
+    };
+    let target_dir: PathBuf = profile_dir.parent().expect("target folder").into();
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let started = Instant::now();
+    let out = Command::new(cargo)
+        .args(["build", "--offline", "--package", "udbtl-tools"])
+        .args(["--bin", "udrun", "--profile", profile])
+        .args(["--message-format", "json-render-diagnostics"])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "cargo build --bin udrun failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // One JSON object a line; udrun's artifact names its executable.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let exe = stdout
+        .lines()
+        .filter(|line| line.contains(r#""reason":"compiler-artifact""#))
+        .filter(|line| line.contains(r#""name":"udrun""#))
+        .find_map(|line| {
+            let rest = &line[line.find(r#""executable":""#)? + r#""executable":""#.len()..];
+            Some(rest[..rest.find('"')?].to_owned())
+        })
+        .unwrap_or_else(|| panic!("cargo reported no udrun executable:\n{stdout}"));
+    eprintln!("udrun: {exe} (cargo build: {:?})", started.elapsed());
+    exe
 }
 
 /// How a job ended.
