@@ -5,6 +5,9 @@
 //! registration cache, one completion queue of depth `rd_num + sd_num`,
 //! [`NUM_QP`] UD queue pairs and a pool of `rd_num` receive buffers posted at
 //! once, whatever the number of peers: memory stays flat as jobs grow.
+//! [`Transport`] is the component as a job opens it
+//! ([`Transport::open`]): on the provider its settings choose (`udp`,
+//! `udp` behind the fault injector, or `verbs`), boxed as one type.
 //!
 //! # The contract
 //!
@@ -63,8 +66,7 @@ pub mod rcache;
 #[cfg(feature = "verbs")]
 pub use component::verbs_config;
 pub use component::{
-    Component, JobLayout, UdpComponent, UdpComponentError, check_udp_settings, udp_config,
-    udp_config_in,
+    Component, JobLayout, Transport, TransportError, check_udp_settings, udp_config, udp_config_in,
 };
 pub use convertor::Convertor;
 pub use error::{BtlError, SendFailure};

@@ -18,6 +18,10 @@
 //! * [`faulty`]: a wrapper that injects loss, duplication and reordering into
 //!   any provider, so real multi-process runs can be made lossy.
 //!
+//! [`AnyProvider`] wraps any of them as one type, for a program that
+//! chooses its provider at run time; the contexts it opens are
+//! [`AnyContext`]s (`Box<dyn Context>`).
+//!
 //! # UD semantics every provider keeps
 //!
 //! * A send larger than the port's `max_msg_size` is refused when posted.
@@ -50,6 +54,7 @@
 #![warn(missing_docs)]
 
 mod bookkeeping;
+mod boxed;
 mod channel;
 mod error;
 pub mod faulty;
@@ -59,6 +64,7 @@ mod table;
 mod types;
 pub mod udp;
 
+pub use boxed::{AnyContext, AnyProvider};
 pub use channel::{CompletionChannel, Waker, Wakeup};
 pub use error::{FabricError, PostError, Result};
 pub use table::{Handle, Table};

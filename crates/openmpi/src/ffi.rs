@@ -16,12 +16,18 @@ use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracing::Level;
-use udbtl_btl::{DesFlags, Descriptor, EndpointId, HostEvent, JobLayout, LentBytes, SendArgs, Tag};
+use udbtl_btl::{
+    DesFlags, Descriptor, EndpointId, HostEvent, JobLayout, LentBytes, Module, SendArgs, Tag,
+};
+use udbtl_fabric::AnyContext;
 
 use crate::gate::IdleGate;
-use crate::log;
 use crate::params::{McaType, param_table};
-use crate::transport::{COUNTERS, HostModule, Identity, OmpiTransport, job_key};
+use crate::transport::{COUNTERS, Identity, OmpiTransport, job_key};
+use crate::{host, log};
+
+/// A module of the component's transport.
+type Mod = Module<AnyContext>;
 
 /// Statuses, as `udbtl.h` defines them.
 const OK: c_int = 0;
@@ -100,7 +106,7 @@ impl ModuleHandle {
         unsafe { &*self.component }
     }
 
-    fn module(&self) -> Option<&dyn HostModule> {
+    fn module(&self) -> Option<&Mod> {
         self.component().transport.module(self.index)
     }
 }
@@ -355,7 +361,7 @@ pub unsafe extern "C" fn udbtl_rs_limits(module: *mut c_void, limits: *mut Limit
             send_frags_max: found.send_frags_max,
             exclusivity: found.exclusivity,
             bandwidth: found.bandwidth,
-            loopback: c_int::from(module.is_loopback()),
+            loopback: c_int::from(host::is_loopback(module)),
         };
     }
     OK
@@ -486,7 +492,7 @@ pub unsafe extern "C" fn udbtl_rs_add_proc(
 pub unsafe extern "C" fn udbtl_rs_del_proc(module: *mut c_void, endpoint: u32) -> c_int {
     // SAFETY: per the contract.
     let module = unsafe { handle(module) }.and_then(ModuleHandle::module);
-    match module.map(|m| m.del_proc(EndpointId::from_raw(endpoint))) {
+    match module.map(|m| m.del_procs_host(&[EndpointId::from_raw(endpoint)])) {
         Some(Ok(())) => OK,
         _ => ERROR,
     }
@@ -528,7 +534,7 @@ pub unsafe extern "C" fn udbtl_rs_progress(module: *mut c_void, btl: *mut c_void
         handled += 1;
         // SAFETY: per the contract, `btl` is the C module.
         let claimed = unsafe { deliver(module, btl, &event) };
-        module.finish(event, claimed);
+        host::finish(module, event, claimed);
     }
     if polled.handled > 0 {
         // Unknown senders are only ever noted when datagrams arrive.
@@ -547,7 +553,7 @@ pub unsafe extern "C" fn udbtl_rs_progress(module: *mut c_void, btl: *mut c_void
 ///
 /// # Safety
 /// `btl` is the C module of `module`.
-unsafe fn deliver(module: &dyn HostModule, btl: *mut c_void, event: &HostEvent) -> bool {
+unsafe fn deliver(module: &Mod, btl: *mut c_void, event: &HostEvent) -> bool {
     match event {
         HostEvent::Received(received) => {
             // SAFETY: the payload stays valid until the event is finished,
@@ -613,7 +619,7 @@ pub unsafe extern "C" fn udbtl_rs_drain(module: *mut c_void) -> c_int {
             } => Some(event.descriptor),
             _ => None,
         };
-        module.finish(event, false);
+        module.finish_unclaimed(event);
         if let Some(des) = lent {
             let _ = module.free(des);
         }
@@ -639,7 +645,7 @@ pub unsafe extern "C" fn udbtl_rs_alloc(
 ) -> c_int {
     // SAFETY: per the contract.
     let module = unsafe { handle(module) }.and_then(ModuleHandle::module);
-    match module.and_then(|m| m.alloc(order, size)) {
+    match module.and_then(|m| host::alloc(m, order, size)) {
         Some((descriptor, bytes)) => {
             // SAFETY: the caller passes writable out-pointers.
             unsafe {
@@ -696,7 +702,7 @@ pub unsafe extern "C" fn udbtl_rs_prepare_lent(
     });
     // SAFETY: per the contract.
     let module = unsafe { handle(module) }.and_then(ModuleHandle::module);
-    match module.and_then(|m| m.prepare_lent(lent, order, reserve)) {
+    match module.and_then(|m| host::prepare_lent(m, lent, order, reserve)) {
         Some((descriptor, bytes)) => {
             // SAFETY: the caller passes writable out-pointers.
             unsafe {
@@ -758,7 +764,7 @@ pub unsafe extern "C" fn udbtl_rs_send(
         },
         context,
     };
-    match module.send(
+    match module.send_with(
         EndpointId::from_raw(endpoint),
         Descriptor::from_raw(des),
         args,
@@ -787,7 +793,7 @@ pub unsafe extern "C" fn udbtl_rs_dump(
 ) -> usize {
     // SAFETY: per the contract.
     let module = unsafe { handle(module) }.and_then(ModuleHandle::module);
-    let dump = module.map(HostModule::dump).unwrap_or_default();
+    let dump = module.map(ToString::to_string).unwrap_or_default();
     // SAFETY: the caller passes `capacity` writable bytes.
     unsafe { write_c_string(&dump, text, capacity) }
 }
@@ -805,7 +811,7 @@ pub unsafe extern "C" fn udbtl_rs_stats_line(
 ) -> usize {
     // SAFETY: per the contract.
     let module = unsafe { handle(module) }.and_then(ModuleHandle::module);
-    let line = module.map(HostModule::stats_line).unwrap_or_default();
+    let line = module.map(host::stats_line).unwrap_or_default();
     // SAFETY: the caller passes `capacity` writable bytes.
     unsafe { write_c_string(&line, text, capacity) }
 }

@@ -12,6 +12,7 @@
 //! * [`ffi`] is the surface they call, the crate's only `unsafe` code;
 //! * [`transport`] is the safe part: the transport and its modules, which
 //!   module takes which peer, the job's identity and the counters;
+//!   [`host`] what C does with one module beyond `Module`'s own methods;
 //!   [`params`] the parameters as MCA variables; [`gate`] cheap idle
 //!   progress; [`log`] udbtl's warnings through Open MPI's output.
 //!
@@ -25,6 +26,7 @@
 #[cfg(udbtl_openmpi)]
 pub mod ffi;
 pub mod gate;
+pub mod host;
 pub mod log;
 pub mod params;
 pub mod transport;

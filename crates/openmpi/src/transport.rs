@@ -1,18 +1,13 @@
 //! The component's safe half: the transport under its modules, which peers
 //! each module takes, the job's identity, and the counters Open MPI reads.
 
-use std::fmt::Write as _;
-
 use udbtl_btl::params::{ParamError, Source};
-use udbtl_btl::{
-    BtlConfig, BtlError, DesFlags, Descriptor, EndpointId, HostEvent, JobLayout, LentBytes, Limits,
-    Module, Polled, SendArgs, SendStatus, UdpComponent, with_udp_component,
-};
-use udbtl_fabric::Context;
+use udbtl_btl::{BtlConfig, BtlError, EndpointId, JobLayout, Module, Transport};
+use udbtl_fabric::AnyContext;
 use udbtl_wire::{hash, modex};
 
-use crate::log;
 use crate::params::explicit_settings;
+use crate::{host, log};
 
 /// The key every datagram of a job carries, from Open MPI's job id: the
 /// same in every process of the job, different between jobs.
@@ -34,66 +29,6 @@ pub struct Identity {
     /// Where the job runs, as Open MPI tells it: which interfaces the
     /// modules open when `if_include` names none.
     pub layout: JobLayout,
-}
-
-/// The operations the Open MPI side needs of a module, whatever its fabric.
-/// Every method takes `&self`: modules lock themselves, and the component
-/// calls them from any thread (`MPI_THREAD_MULTIPLE`).
-pub trait HostModule: Send + Sync {
-    /// See [`Module::poll`].
-    fn poll(&self) -> Polled;
-    /// See [`Module::next_event`].
-    fn next_event(&self) -> Option<HostEvent>;
-    /// See [`Module::finish`]; `claimed` is `false` for a received message
-    /// no host callback took ([`Module::finish_unclaimed`]).
-    fn finish(&self, event: HostEvent, claimed: bool);
-    /// A send fragment of `size` bytes and where its bytes are.
-    fn alloc(&self, order: u8, size: usize) -> Option<(Descriptor, *mut u8)>;
-    /// A descriptor that sends `lent` without a copy after `reserve` header
-    /// bytes, and where the header goes; `None` when it cannot (the caller
-    /// copies instead).
-    fn prepare_lent(
-        &self,
-        lent: Box<dyn LentBytes>,
-        order: u8,
-        reserve: usize,
-    ) -> Option<(Descriptor, *mut u8)>;
-    /// See [`Module::free`].
-    fn free(&self, des: Descriptor) -> Result<(), BtlError>;
-    /// See [`Module::send_with`].
-    fn send(
-        &self,
-        endpoint: EndpointId,
-        des: Descriptor,
-        args: SendArgs,
-    ) -> Result<SendStatus, BtlError>;
-    /// Whether one of `addresses` is on this module's network.
-    fn reaches(&self, addresses: &[modex::Address]) -> bool;
-    /// Whether this module's interface is loopback.
-    fn is_loopback(&self) -> bool;
-    /// The module's device and published address, for messages.
-    fn describe_address(&self) -> String;
-    /// See [`Module::add_peer`].
-    fn add_peer(
-        &self,
-        addresses: &[modex::Address],
-        job_key: u32,
-        context: u64,
-    ) -> Result<Option<(EndpointId, u64)>, BtlError>;
-    /// See [`Module::endpoint_context`].
-    fn endpoint_context(&self, endpoint: EndpointId) -> Option<u64>;
-    /// Removes a peer.
-    fn del_proc(&self, endpoint: EndpointId) -> Result<(), BtlError>;
-    /// See [`Module::take_unknown_peers`].
-    fn take_unknown_peers(&self) -> Vec<u32>;
-    /// See [`Module::limits`].
-    fn limits(&self) -> Limits;
-    /// The module's state for humans.
-    fn dump(&self) -> String;
-    /// `key=value` counters for the `udbtl-stats:` line.
-    fn stats_line(&self) -> String;
-    /// Adds this module's counters to `totals`, indexed as [`COUNTERS`].
-    fn add_counters(&self, totals: &mut [u64; COUNTERS.len()]);
 }
 
 /// The counters Open MPI tools read (MPI_T performance variables
@@ -139,171 +74,10 @@ pub const COUNTERS: [(&str, &str); 14] = [
     ),
 ];
 
-impl<C: Context + Send + 'static> HostModule for Module<C> {
-    fn poll(&self) -> Polled {
-        Self::poll(self)
-    }
-
-    fn next_event(&self) -> Option<HostEvent> {
-        Self::next_event(self)
-    }
-
-    fn finish(&self, event: HostEvent, claimed: bool) {
-        if claimed {
-            Self::finish(self, event);
-        } else {
-            self.finish_unclaimed(event);
-        }
-    }
-
-    fn alloc(&self, order: u8, size: usize) -> Option<(Descriptor, *mut u8)> {
-        let des = Self::alloc(self, order, size, DesFlags::NONE)?;
-        match self.segment_ptr(des) {
-            Ok((data, _)) => Some((des, data)),
-            Err(_) => {
-                let _ = Self::free(self, des);
-                None
-            }
-        }
-    }
-
-    fn prepare_lent(
-        &self,
-        lent: Box<dyn LentBytes>,
-        order: u8,
-        reserve: usize,
-    ) -> Option<(Descriptor, *mut u8)> {
-        let des = Self::prepare_lent(self, lent, order, reserve, DesFlags::NONE).ok()?;
-        match self.segment_ptr(des) {
-            Ok((header, _)) => Some((des, header)),
-            Err(_) => {
-                let _ = Self::free(self, des);
-                None
-            }
-        }
-    }
-
-    fn free(&self, des: Descriptor) -> Result<(), BtlError> {
-        Self::free(self, des)
-    }
-
-    fn send(
-        &self,
-        endpoint: EndpointId,
-        des: Descriptor,
-        args: SendArgs,
-    ) -> Result<SendStatus, BtlError> {
-        self.send_with(endpoint, des, args)
-    }
-
-    fn reaches(&self, addresses: &[modex::Address]) -> bool {
-        Self::reaches(self, addresses)
-    }
-
-    fn is_loopback(&self) -> bool {
-        match self.address().location {
-            modex::Location::Ipv4(ip) => std::net::Ipv4Addr::from(ip).is_loopback(),
-            modex::Location::Ipv6(ip) => std::net::Ipv6Addr::from(ip).is_loopback(),
-            _ => false,
-        }
-    }
-
-    fn add_peer(
-        &self,
-        addresses: &[modex::Address],
-        job_key: u32,
-        context: u64,
-    ) -> Result<Option<(EndpointId, u64)>, BtlError> {
-        Self::add_peer(self, addresses, job_key, context)
-    }
-
-    fn describe_address(&self) -> String {
-        format!("{} {}", self.device(), self.address())
-    }
-
-    fn endpoint_context(&self, endpoint: EndpointId) -> Option<u64> {
-        Self::endpoint_context(self, endpoint)
-    }
-
-    fn del_proc(&self, endpoint: EndpointId) -> Result<(), BtlError> {
-        self.del_procs_host(&[endpoint])
-    }
-
-    fn take_unknown_peers(&self) -> Vec<u32> {
-        Self::take_unknown_peers(self)
-    }
-
-    fn limits(&self) -> Limits {
-        Self::limits(self)
-    }
-
-    fn dump(&self) -> String {
-        self.to_string()
-    }
-
-    fn stats_line(&self) -> String {
-        let s = self.stats();
-        let limits = self.limits();
-        let mut line = format!(
-            "device={} sent={} received={} send_errors={} eager_limit={} rndv_eager_limit={} \
-             max_send_size={}",
-            self.device(),
-            s.messages_sent,
-            s.recvs_delivered,
-            s.send_errors,
-            limits.eager_limit,
-            limits.rndv_eager_limit,
-            limits.max_send_size,
-        );
-        if let Some(r) = self.reliability_stats() {
-            let _ = write!(
-                line,
-                " retransmitted={} fast_retransmits={} timeouts={} duplicates={} keepalives={} \
-                 lost_peers={} bad_checksum={} unauthenticated={} coalesced={}",
-                r.retransmitted,
-                r.fast_retransmits,
-                r.timeouts,
-                r.duplicates,
-                r.keepalives,
-                r.peers_lost,
-                s.recv_bad_checksum,
-                s.recv_unauthenticated,
-                s.messages_coalesced
-            );
-        }
-        line
-    }
-
-    fn add_counters(&self, totals: &mut [u64; COUNTERS.len()]) {
-        let s = self.stats();
-        let r = self.reliability_stats().unwrap_or_default();
-        let socket_full = self.with_context(|ctx| ctx.stats().rx_kernel_drops);
-        let values = [
-            s.messages_sent,
-            s.recvs_delivered,
-            s.send_errors,
-            r.retransmitted,
-            r.fast_retransmits,
-            r.timeouts,
-            r.duplicates,
-            r.peers_lost,
-            s.recv_bad_checksum,
-            s.recv_unauthenticated,
-            s.recv_malformed,
-            s.recv_bad_job_key,
-            s.recv_unknown_peer,
-            socket_full,
-        ];
-        for (total, value) in totals.iter_mut().zip(values) {
-            *total += value;
-        }
-    }
-}
-
 /// The component's transport and its modules.
 #[derive(Debug)]
 pub struct OmpiTransport {
-    transport: UdpComponent,
+    transport: Transport,
     job_key: u32,
 }
 
@@ -359,11 +133,12 @@ impl OmpiTransport {
             params.job_key = job_key(who.job_id);
         }
         let job_key = params.job_key;
-        let transport = UdpComponent::init_in_job(params, Some(who.vpid), who.layout)
+        let transport = Transport::open_in_job(params, Some(who.vpid), who.layout)
             .map_err(|err| err.to_string())?;
-        with_udp_component!(&transport, c => {
-            c.modules().iter().for_each(|m| m.set_process_id(who.vpid));
-        });
+        transport
+            .modules()
+            .iter()
+            .for_each(|m| m.set_process_id(who.vpid));
         Ok(Self { transport, job_key })
     }
 
@@ -374,15 +149,14 @@ impl OmpiTransport {
 
     /// How many modules there are.
     pub fn module_count(&self) -> usize {
-        with_udp_component!(&self.transport, c => c.modules().len())
+        self.transport.modules().len()
     }
 
-    /// Module `index`.
-    pub fn module(&self, index: usize) -> Option<&dyn HostModule> {
-        with_udp_component!(&self.transport, c => c
-            .modules()
-            .get(index)
-            .map(|m| m as &dyn HostModule))
+    /// Module `index`. Every method the C side calls on it takes `&self`:
+    /// modules lock themselves, and the component calls them from any
+    /// thread (`MPI_THREAD_MULTIPLE`).
+    pub fn module(&self, index: usize) -> Option<&Module<AnyContext>> {
+        self.transport.modules().get(index)
     }
 
     /// Adds the peer `peer` (a name for messages) that published `blob` to
@@ -416,9 +190,9 @@ impl OmpiTransport {
             );
             return Ok(None);
         };
-        let modules = || (0..self.module_count()).filter_map(|i| self.module(i));
-        let local = modules().any(|m| m.is_loopback() && m.reaches(&addresses));
-        if local && !module.is_loopback() {
+        let modules = || self.transport.modules().iter();
+        let local = modules().any(|m| host::is_loopback(m) && m.reaches(&addresses));
+        if local && !host::is_loopback(module) {
             return Ok(None);
         }
         if index == 0 && !modules().any(|m| m.reaches(&addresses)) {
@@ -436,9 +210,11 @@ impl OmpiTransport {
         if told >= TELL_AT_MOST {
             return;
         }
-        let ours: Vec<String> = (0..self.module_count())
-            .filter_map(|i| self.module(i))
-            .map(HostModule::describe_address)
+        let ours: Vec<String> = self
+            .transport
+            .modules()
+            .iter()
+            .map(host::describe_address)
             .collect();
         let theirs: Vec<String> = theirs.iter().map(ToString::to_string).collect();
         tracing::warn!(
@@ -457,16 +233,14 @@ impl OmpiTransport {
 
     /// This process's addresses, for the modex.
     pub fn modex(&self) -> Vec<u8> {
-        with_udp_component!(&self.transport, c => c.modex())
+        self.transport.modex()
     }
 
     /// The counters of [`COUNTERS`], summed over the modules.
     pub fn counters(&self) -> [u64; COUNTERS.len()] {
         let mut totals = [0; COUNTERS.len()];
-        for i in 0..self.module_count() {
-            if let Some(module) = self.module(i) {
-                module.add_counters(&mut totals);
-            }
+        for module in self.transport.modules() {
+            host::add_counters(module, &mut totals);
         }
         totals
     }
@@ -476,8 +250,10 @@ impl OmpiTransport {
     /// # Errors
     /// Leaks or fabric refusals found on the way, said for a person.
     pub fn finalize(self) -> Result<(), String> {
-        let result = with_udp_component!(self.transport, c => c.finalize().map(drop));
-        result.map_err(|err| err.to_string())
+        self.transport
+            .finalize()
+            .map(drop)
+            .map_err(|err| err.to_string())
     }
 }
 

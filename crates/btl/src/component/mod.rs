@@ -1,11 +1,12 @@
-//! The component: finds ports and builds modules.
+//! The component: finds ports and builds modules; [`Transport`] is the
+//! component on the provider a job's settings choose.
 
-mod udp;
+mod open;
 
 #[cfg(feature = "verbs")]
-pub use udp::verbs_config;
-pub use udp::{
-    JobLayout, UdpComponent, UdpComponentError, check_udp_settings, udp_config, udp_config_in,
+pub use open::verbs_config;
+pub use open::{
+    JobLayout, Transport, TransportError, check_udp_settings, udp_config, udp_config_in,
 };
 
 use udbtl_fabric::{Context, PortState, Provider};

@@ -1,6 +1,6 @@
 //! Why starting a job, or a call on it, failed.
 
-use udbtl_btl::{BtlError, UdpComponentError};
+use udbtl_btl::{BtlError, TransportError};
 use udbtl_pmi::PmiError;
 
 /// Starting the job failed.
@@ -47,7 +47,7 @@ pub enum InitError {
     /// The transport could not start: an invalid `UDBTL_FAULT_*` rate, or
     /// no module.
     #[error(transparent)]
-    Transport(#[from] UdpComponentError),
+    Transport(#[from] TransportError),
     /// Messages were lost: a peer was declared lost, or sends to it failed.
     /// The transport never drops a message silently; this is how a rank
     /// hears of it (at the latest from `finalize`).

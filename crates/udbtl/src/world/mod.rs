@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use udbtl_btl::params::Source;
 use udbtl_btl::{
-    BtlConfig, DesFlags, ErrorEvent, NO_ORDER, Params, RecvEvent, SendEvent, Tag, UdpComponent,
+    BtlConfig, DesFlags, ErrorEvent, NO_ORDER, Params, RecvEvent, SendEvent, Tag, Transport,
 };
 use udbtl_pmi::PmiClient;
 
@@ -20,13 +20,6 @@ pub use error::InitError;
 use failures::{FailureLog, Route, peer_name};
 pub use startup::log_to_stderr;
 use startup::{address_key, datagram_secret, dump_requested, job_key_from, job_layout};
-
-/// Runs `$body` with `$btl` bound to whichever component is in use.
-macro_rules! with_btl {
-    ($transport:expr, $btl:ident => $body:expr) => {
-        udbtl_btl::with_udp_component!($transport, $btl => $body)
-    };
-}
 
 /// How peers' addresses are fetched after the barrier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +43,7 @@ const BULK_MODEX_MAX_SIZE: u32 = 256;
 /// A started job, as one rank sees it.
 pub struct World {
     pmi: PmiClient,
-    btl: UdpComponent,
+    btl: Transport,
     rank: u32,
     size: u32,
     /// The way to every rank (the first module that reaches it), filled in
@@ -139,12 +132,12 @@ impl World {
         };
         let reliable = params.reliable;
         let layout = job_layout(&mut pmi)?;
-        let mut btl = UdpComponent::init_in_job(params, Some(rank), layout)?;
+        let btl = Transport::open_in_job(params, Some(rank), layout)?;
         // A process is named by its rank: unique in the job, and the job key
         // tells jobs apart. A sender a rank does not know yet is then found
         // by the id its datagrams carry, with no lookup.
-        with_btl!(&mut btl, c => c.modules_mut().iter_mut().for_each(|m| m.set_process_id(rank)));
-        let blob = with_btl!(&btl, c => c.modex());
+        btl.modules().iter().for_each(|m| m.set_process_id(rank));
+        let blob = btl.modex();
         pmi.put_long(&address_key(rank), &hex::encode(&blob))?;
         pmi.barrier()?;
         let mut world = Self {
@@ -185,18 +178,16 @@ impl World {
     /// messages.
     fn install_callbacks(&mut self) {
         let failures = &self.failures;
-        with_btl!(&mut self.btl, c => {
-            for (index, module) in c.modules_mut().iter_mut().enumerate() {
-                let log = failures.clone();
-                module.set_send_callback(Box::new(move |event: &SendEvent| {
-                    log.record_send(index, event);
-                }));
-                let log = failures.clone();
-                module.register_error(Box::new(move |event: &ErrorEvent| {
-                    log.record_error(index, event);
-                }));
-            }
-        });
+        for (index, module) in self.btl.modules_mut().iter_mut().enumerate() {
+            let log = failures.clone();
+            module.set_send_callback(Box::new(move |event: &SendEvent| {
+                log.record_send(index, event);
+            }));
+            let log = failures.clone();
+            module.register_error(Box::new(move |event: &ErrorEvent| {
+                log.record_error(index, event);
+            }));
+        }
         let arrivals = self.arrivals.clone();
         self.on_receive(CONTROL, move |_, payload| {
             if let Some((barrier, round)) = parse_barrier_message(payload) {
@@ -214,7 +205,7 @@ impl World {
             .map(|r| self.fetch(r))
             .collect::<Result<_, _>>()?;
         let views: Vec<Option<&[u8]>> = blobs.iter().map(|b| Some(b.as_slice())).collect();
-        let added = with_btl!(&mut self.btl, c => c.add_procs(&views))?;
+        let added = self.btl.add_procs(&views)?;
         for rank in 0..self.size {
             let route = first_route(&added, rank as usize)
                 .ok_or_else(|| self.unreachable(rank, &blobs[rank as usize]))?;
@@ -235,12 +226,13 @@ impl World {
                 .join(", "),
             Err(_) => "an address that does not parse".to_owned(),
         };
-        let ours = with_btl!(&self.btl, c => c
+        let ours = self
+            .btl
             .modules()
             .iter()
             .map(|m| format!("{} {}", m.device(), m.address()))
             .collect::<Vec<_>>()
-            .join(", "));
+            .join(", ");
         InitError::Unreachable {
             rank,
             reason: format!(
@@ -254,8 +246,8 @@ impl World {
     /// Tags the route's endpoint with its rank, which receive callbacks get
     /// back.
     fn record_rank(&mut self, route: Route, rank: u32) -> Result<(), InitError> {
-        with_btl!(&mut self.btl, c => c.modules_mut()[route.module]
-            .set_endpoint_context(route.endpoint, u64::from(rank)))?;
+        self.btl.modules_mut()[route.module]
+            .set_endpoint_context(route.endpoint, u64::from(rank))?;
         Ok(())
     }
 
@@ -303,7 +295,7 @@ impl World {
             return Ok(route);
         }
         let blob = self.fetch(rank)?;
-        let added = with_btl!(&mut self.btl, c => c.add_procs(&[Some(&blob)]))?;
+        let added = self.btl.add_procs(&[Some(&blob)])?;
         let route = first_route(&added, 0).ok_or_else(|| self.unreachable(rank, &blob))?;
         self.routes[rank as usize] = Some(route);
         self.record_rank(route, rank)?;
@@ -318,18 +310,16 @@ impl World {
         tag: Tag,
         callback: impl FnMut(Option<u32>, &[u8]) + Send + Clone + 'static,
     ) {
-        with_btl!(&mut self.btl, c => {
-            for module in c.modules_mut() {
-                let mut callback = callback.clone();
-                module.register(
-                    tag,
-                    Box::new(move |ev: &RecvEvent<'_>| {
-                        let rank = ev.endpoint_context.and_then(|r| u32::try_from(r).ok());
-                        callback(rank, ev.payload);
-                    }),
-                );
-            }
-        });
+        for module in self.btl.modules_mut() {
+            let mut callback = callback.clone();
+            module.register(
+                tag,
+                Box::new(move |ev: &RecvEvent<'_>| {
+                    let rank = ev.endpoint_context.and_then(|r| u32::try_from(r).ok());
+                    callback(rank, ev.payload);
+                }),
+            );
+        }
     }
 
     /// Sends `bytes` (at most the eager limit) to `rank` with `tag`, copying
@@ -348,39 +338,40 @@ impl World {
             reason,
         };
         let mut refused = None;
-        with_btl!(&mut self.btl, c => {
-            let eager = c.modules()[module].limits().eager_limit;
-            if bytes.len() > eager {
-                return Err(fail(format!("over the eager limit of {eager}")));
+        let c = &mut self.btl;
+        let eager = c.modules()[module].limits().eager_limit;
+        if bytes.len() > eager {
+            return Err(fail(format!("over the eager limit of {eager}")));
+        }
+        // Fragments held by a peer that stopped acknowledging come back when
+        // it is declared lost (within peer_timeout and one retransmission
+        // timeout, at most a third of it): wait that long, so that the
+        // caller hears of the loss, not of a shortage.
+        let peer_timeout = Duration::from_millis(u64::from(c.params().peer_timeout));
+        let deadline = Instant::now() + peer_timeout + peer_timeout / 3 + Duration::from_secs(1);
+        let des = loop {
+            if let Some(des) =
+                c.modules_mut()[module].alloc(NO_ORDER, bytes.len(), DesFlags::BTL_OWNERSHIP)
+            {
+                break des;
             }
-            // Fragments held by a peer that stopped acknowledging come back
-            // when it is declared lost (within peer_timeout and one
-            // retransmission timeout, at most a third of it): wait that
-            // long, so that the caller hears of the loss, not of a shortage.
-            let peer_timeout = Duration::from_millis(u64::from(c.params().peer_timeout));
-            let deadline = Instant::now() + peer_timeout + peer_timeout / 3 + Duration::from_secs(1);
-            let des = loop {
-                if let Some(des) = c.modules_mut()[module].alloc(NO_ORDER, bytes.len(), DesFlags::BTL_OWNERSHIP) {
-                    break des;
-                }
-                if Instant::now() > deadline {
-                    return Err(fail("no send fragment became free".into()));
-                }
-                c.progress();
-            };
-            let module = &mut c.modules_mut()[module];
-            let sent = module
-                .segment_mut(des)
-                .map(|mut segment| segment.copy_from_slice(bytes))
-                .and_then(|()| module.send(endpoint, des, tag));
-            if let Err(err) = sent {
-                // The descriptor is the caller's again: give it back.
-                if let Err(free) = module.free(des) {
-                    tracing::error!(%free, "could not free a refused descriptor");
-                }
-                refused = Some(err.to_string());
+            if Instant::now() > deadline {
+                return Err(fail("no send fragment became free".into()));
             }
-        });
+            c.progress();
+        };
+        let module = &mut c.modules_mut()[module];
+        let sent = module
+            .segment_mut(des)
+            .map(|mut segment| segment.copy_from_slice(bytes))
+            .and_then(|()| module.send(endpoint, des, tag));
+        if let Err(err) = sent {
+            // The descriptor is the caller's again: give it back.
+            if let Err(free) = module.free(des) {
+                tracing::error!(%free, "could not free a refused descriptor");
+            }
+            refused = Some(err.to_string());
+        }
         match refused {
             // A send refused because the peer was declared lost: the account
             // of the loss says more than the refusal.
@@ -416,7 +407,8 @@ impl World {
                 });
         }
         let Route { module, endpoint } = self.route(rank)?;
-        with_btl!(&mut self.btl, c => c.modules_mut()[module].send_message(endpoint, tag, message))
+        self.btl.modules_mut()[module]
+            .send_message(endpoint, tag, message)
             .map_err(|e| InitError::Send {
                 rank,
                 len: message.len(),
@@ -426,12 +418,16 @@ impl World {
 
     /// Sends not yet acknowledged by their peers.
     pub fn unacknowledged(&self) -> usize {
-        with_btl!(&self.btl, c => c.modules().iter().map(|m| m.unacknowledged()).sum())
+        self.btl.modules().iter().map(|m| m.unacknowledged()).sum()
     }
 
     /// Every module's state, for humans (`btl_dump`).
     pub fn dump(&self) -> String {
-        with_btl!(&self.btl, c => c.modules().iter().map(|m| format!("{m}\n")).collect())
+        self.btl
+            .modules()
+            .iter()
+            .map(|m| format!("{m}\n"))
+            .collect()
     }
 
     /// Progresses the transport once; returns the completions handled.
@@ -440,7 +436,7 @@ impl World {
     /// calls [`check`](Self::check) too, or it would wait for ever on a peer
     /// the transport has declared lost.
     pub fn progress(&mut self) -> usize {
-        let handled = with_btl!(&mut self.btl, c => c.progress());
+        let handled = self.btl.progress();
         if self.modex == ModexMode::Lazy {
             self.connect_unknown_senders();
         }
@@ -451,11 +447,12 @@ impl World {
     /// address: their datagrams were dropped, and are accepted once
     /// retransmitted.
     fn connect_unknown_senders(&mut self) {
-        let unknown: Vec<u32> = with_btl!(&mut self.btl, c => c
+        let unknown: Vec<u32> = self
+            .btl
             .modules_mut()
             .iter_mut()
             .flat_map(|m| m.take_unknown_peers())
-            .collect());
+            .collect();
         for rank in unknown {
             // The id a datagram carries is its sender's rank.
             if rank >= self.size {
@@ -551,7 +548,7 @@ impl World {
         }
         // The transport is closed whatever happened, so that leaks are
         // still found; a loss is reported first.
-        let closed = with_btl!(self.btl, c => c.finalize().map(drop));
+        let closed = self.btl.finalize().map(drop);
         outcome?;
         closed?;
         self.pmi.finalize()?;

@@ -1,11 +1,13 @@
-//! The component on the `udp` provider (or behind the fault injector, or on
-//! `verbs`), as a job opens it: which interfaces, which settings.
+//! Opening the transport as a job does: which provider (`udp`, `udp`
+//! behind the fault injector, or `verbs`), which interfaces, which
+//! settings; the choice is made once, here, and boxed as an
+//! [`AnyProvider`].
 
 use udbtl_fabric::faulty::{self, FaultConfigError, FaultyProvider};
 #[cfg(feature = "verbs")]
 use udbtl_fabric::ibv::{VerbsConfig, VerbsProvider};
 use udbtl_fabric::udp::{InterfaceScope, UdpConfig, UdpProvider};
-use udbtl_fabric::{Provider, sim};
+use udbtl_fabric::{AnyProvider, Provider, sim};
 
 use super::Component;
 use crate::error::BtlError;
@@ -78,28 +80,15 @@ pub fn verbs_config(params: &Params) -> VerbsConfig {
     VerbsConfig::default()
 }
 
-/// The component on UDP, or on UDP behind the fault injector when the
-/// `UDBTL_FAULT_*` variables ask for losses (so that real multi-process runs
-/// can be made lossy), or on RDMA devices when `provider` is `verbs` and
-/// the build has the `verbs` feature. Two variants rather than a trait object: the BTL is
-/// generic over its provider, and the plain path pays nothing for the
-/// option. Run generic code on either with
-/// [`with_udp_component!`](crate::with_udp_component).
-#[derive(Debug)]
-pub enum UdpComponent {
-    /// Plain UDP.
-    Plain(Component<UdpProvider>),
-    /// UDP with injected faults.
-    Faulty(Component<FaultyProvider<UdpProvider>>),
-    /// RDMA devices through libibverbs (`provider=verbs`).
-    #[cfg(feature = "verbs")]
-    Verbs(Component<VerbsProvider>),
-}
+/// The transport a job runs on: the component on whichever provider
+/// [`Transport::open`] chose, boxed, so that one type serves every choice.
+/// The modules' contexts are [`AnyContext`](udbtl_fabric::AnyContext)s.
+pub type Transport = Component<AnyProvider>;
 
-/// [`UdpComponent::init`] failed.
+/// [`Transport::open`] failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum UdpComponentError {
+pub enum TransportError {
     /// `UDBTL_FAULT_*` held an invalid rate.
     #[error("fault injection: {0}")]
     Faults(#[from] FaultConfigError),
@@ -163,19 +152,19 @@ fn setting(params: &Params, name: &str, value: &str) -> String {
     }
 }
 
-/// Checks what [`UdpComponent::init`] checks before it opens the `udp`
+/// Checks what [`Transport::open`] checks before it opens the `udp`
 /// provider: that `provider` is not `sim`, that the interfaces
 /// `if_include` names exist (listing those the host has when none does;
 /// warning when only some are missing), and that some interface is left to
 /// use.
 ///
 /// # Errors
-/// [`UdpComponentError::SimulatedFabric`],
-/// [`UdpComponentError::NoSuchInterface`] or
-/// [`UdpComponentError::NoInterface`].
-pub fn check_udp_settings(udp: &UdpProvider, params: &Params) -> Result<(), UdpComponentError> {
+/// [`TransportError::SimulatedFabric`],
+/// [`TransportError::NoSuchInterface`] or
+/// [`TransportError::NoInterface`].
+pub fn check_udp_settings(udp: &UdpProvider, params: &Params) -> Result<(), TransportError> {
     if params.provider == sim::PROVIDER_NAME {
-        return Err(UdpComponentError::SimulatedFabric {
+        return Err(TransportError::SimulatedFabric {
             from: setting(params, "provider", &params.provider),
         });
     }
@@ -188,7 +177,7 @@ pub fn check_udp_settings(udp: &UdpProvider, params: &Params) -> Result<(), UdpC
         check_named_interfaces(udp, params, missing, present.clone())?;
     }
     if udp.devices().is_ok_and(|devices| devices.is_empty()) {
-        return Err(UdpComponentError::NoInterface {
+        return Err(TransportError::NoInterface {
             why: why_none_left(udp.config(), params),
             present,
         });
@@ -197,7 +186,7 @@ pub fn check_udp_settings(udp: &UdpProvider, params: &Params) -> Result<(), UdpC
 }
 
 /// Why the provider offers no interface at all, for
-/// [`UdpComponentError::NoInterface`].
+/// [`TransportError::NoInterface`].
 fn why_none_left(config: &UdpConfig, params: &Params) -> String {
     let would_use = match (config.interfaces.is_empty(), config.scope) {
         (false, _) => "those named",
@@ -230,7 +219,7 @@ fn check_named_interfaces(
     params: &Params,
     missing: Vec<String>,
     present: Vec<String>,
-) -> Result<(), UdpComponentError> {
+) -> Result<(), TransportError> {
     let setting = match &params.if_include {
         Some(include) => {
             let list: Vec<String> = include.iter().map(ToString::to_string).collect();
@@ -238,12 +227,12 @@ fn check_named_interfaces(
         }
         None => "the udp provider's configuration".to_owned(),
     };
-    let err = UdpComponentError::NoSuchInterface {
+    let err = TransportError::NoSuchInterface {
         setting,
         missing,
         present,
     };
-    if let UdpComponentError::NoSuchInterface { missing, .. } = &err {
+    if let TransportError::NoSuchInterface { missing, .. } = &err {
         if missing.len() < udp.config().interfaces.len() {
             tracing::warn!("{err}; using the others");
             return Ok(());
@@ -252,97 +241,79 @@ fn check_named_interfaces(
     Err(err)
 }
 
-impl UdpComponent {
-    /// Opens the UDP provider that `params` describe ([`udp_config`]),
-    /// behind the fault injector if the environment asks for faults, and
-    /// builds the modules ([`Component::init`]).
+impl Component<AnyProvider> {
+    /// Opens the provider that `params` choose and builds the modules
+    /// ([`Component::init`]): `verbs` when `provider` is `verbs` (and the
+    /// build has the `verbs` feature), else the `udp` provider that
+    /// `params` describe ([`udp_config`]), behind the fault injector when
+    /// the `UDBTL_FAULT_*` variables ask for losses (so that real
+    /// multi-process runs can be made lossy).
     ///
     /// # Errors
-    /// A bad fault setting, or no module could be built.
-    pub fn init(params: Params) -> Result<Self, UdpComponentError> {
-        Self::init_in_job(params, None, JobLayout::OneHost)
+    /// A provider this build lacks, a bad fault setting, a setting
+    /// [`check_udp_settings`] refuses, or no module could be built.
+    pub fn open(params: Params) -> Result<Self, TransportError> {
+        Self::open_in_job(params, None, JobLayout::OneHost)
     }
 
-    /// As [`init`](Self::init), for rank `rank` of a job laid out as
+    /// As [`open`](Self::open), for rank `rank` of a job laid out as
     /// `layout`, which chooses the interfaces when the parameters name none
     /// ([`udp_config_in`]). The warning that faults are injected, which
     /// every rank would give alike, is given by rank 0 only (at debug level
-    /// by the others); `None` warns, as [`init`](Self::init) does.
+    /// by the others); `None` warns, as [`open`](Self::open) does.
     ///
     /// # Errors
-    /// As [`init`](Self::init), and [`UdpComponentError::NoInterface`]
-    /// when no interface is left to use.
-    pub fn init_in_job(
+    /// As [`open`](Self::open), and [`TransportError::NoInterface`] when no
+    /// interface is left to use.
+    pub fn open_in_job(
         params: Params,
         rank: Option<u32>,
         layout: JobLayout,
-    ) -> Result<Self, UdpComponentError> {
-        if params.provider == "verbs" {
-            #[cfg(feature = "verbs")]
-            {
-                let verbs = VerbsProvider::new(verbs_config(&params));
-                return Ok(Self::Verbs(Component::init(verbs, params)?));
-            }
-            #[cfg(not(feature = "verbs"))]
-            return Err(UdpComponentError::NotBuilt {
-                provider: params.provider,
-            });
-        }
-        let udp = UdpProvider::new(udp_config_in(&params, layout));
-        check_udp_settings(&udp, &params)?;
-        let faulty = FaultyProvider::from_env(udp.clone())?;
-        Ok(if faulty.config().is_active() {
-            let faults = faulty.config();
-            let what = format!(
-                "fault injection is on: {}={} {}={} {}={} {}={}: datagrams are dropped, \
-                 duplicated or reordered on purpose (for testing); unset UDBTL_FAULT_* for a \
-                 normal run",
-                faulty::ENV_DROP,
-                faults.drop,
-                faulty::ENV_DUPLICATE,
-                faults.duplicate,
-                faulty::ENV_REORDER,
-                faults.reorder,
-                faulty::ENV_SEED,
-                faults.seed
-            );
-            if rank.is_none_or(|rank| rank == 0) {
-                tracing::warn!("{what}");
-            } else {
-                tracing::debug!("{what}");
-            }
-            Self::Faulty(Component::init(faulty, params)?)
-        } else {
-            Self::Plain(Component::init(udp, params)?)
-        })
+    ) -> Result<Self, TransportError> {
+        let provider = choose_provider(&params, rank, layout)?;
+        Ok(Self::init(provider, params)?)
     }
 }
 
-/// Runs `$body` with `$component` bound to whichever [`Component`] a
-/// [`UdpComponent`] holds.
-#[cfg(not(feature = "verbs"))]
-#[macro_export]
-macro_rules! with_udp_component {
-    ($udp:expr, $component:ident => $body:expr) => {
-        match $udp {
-            $crate::UdpComponent::Plain($component) => $body,
-            $crate::UdpComponent::Faulty($component) => $body,
-        }
-    };
-}
-
-/// Runs `$body` with `$component` bound to whichever [`Component`] a
-/// [`UdpComponent`] holds.
-#[cfg(feature = "verbs")]
-#[macro_export]
-macro_rules! with_udp_component {
-    ($udp:expr, $component:ident => $body:expr) => {
-        match $udp {
-            $crate::UdpComponent::Plain($component) => $body,
-            $crate::UdpComponent::Faulty($component) => $body,
-            $crate::UdpComponent::Verbs($component) => $body,
-        }
-    };
+/// The provider [`Transport::open_in_job`] opens, boxed.
+fn choose_provider(
+    params: &Params,
+    rank: Option<u32>,
+    layout: JobLayout,
+) -> Result<AnyProvider, TransportError> {
+    if params.provider == "verbs" {
+        #[cfg(feature = "verbs")]
+        return Ok(AnyProvider::new(VerbsProvider::new(verbs_config(params))));
+        #[cfg(not(feature = "verbs"))]
+        return Err(TransportError::NotBuilt {
+            provider: params.provider.clone(),
+        });
+    }
+    let udp = UdpProvider::new(udp_config_in(params, layout));
+    check_udp_settings(&udp, params)?;
+    let faulty = FaultyProvider::from_env(udp.clone())?;
+    if !faulty.config().is_active() {
+        return Ok(AnyProvider::new(udp));
+    }
+    let faults = faulty.config();
+    let what = format!(
+        "fault injection is on: {}={} {}={} {}={} {}={}: datagrams are dropped, duplicated or \
+         reordered on purpose (for testing); unset UDBTL_FAULT_* for a normal run",
+        faulty::ENV_DROP,
+        faults.drop,
+        faulty::ENV_DUPLICATE,
+        faults.duplicate,
+        faulty::ENV_REORDER,
+        faults.reorder,
+        faulty::ENV_SEED,
+        faults.seed
+    );
+    if rank.is_none_or(|rank| rank == 0) {
+        tracing::warn!("{what}");
+    } else {
+        tracing::debug!("{what}");
+    }
+    Ok(AnyProvider::new(faulty))
 }
 
 #[cfg(test)]
@@ -358,17 +329,14 @@ mod tests {
         })
         .expect("params");
         assert_eq!(params.provider, "verbs");
-        let result = UdpComponent::init(params);
+        let result = Transport::open(params);
         if cfg!(feature = "verbs") {
             if std::env::var_os("UDBTL_TEST_VERBS_DEVICE").is_none() {
-                assert!(
-                    matches!(result, Err(UdpComponentError::Btl(_))),
-                    "{result:?}"
-                );
+                assert!(matches!(result, Err(TransportError::Btl(_))), "{result:?}");
             }
         } else {
             assert!(
-                matches!(result, Err(UdpComponentError::NotBuilt { ref provider }) if provider == "verbs"),
+                matches!(result, Err(TransportError::NotBuilt { ref provider }) if provider == "verbs"),
                 "{result:?}"
             );
         }

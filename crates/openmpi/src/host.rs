@@ -1,0 +1,140 @@
+//! What the C side does with one module that [`Module`] has no single
+//! method for: descriptors with the address of their bytes, whether the
+//! module is the loopback one, and its counters and messages.
+//!
+//! Every function takes `&Module`: modules lock themselves, and the
+//! component calls them from any thread (`MPI_THREAD_MULTIPLE`).
+
+use std::fmt::Write as _;
+
+use udbtl_btl::{DesFlags, Descriptor, HostEvent, LentBytes, Module};
+use udbtl_fabric::{AnyContext, Context as _};
+use udbtl_wire::modex;
+
+use crate::transport::COUNTERS;
+
+/// A module of the component's transport.
+type Mod = Module<AnyContext>;
+
+/// Hands `event` back to the module once C's callback for it ran
+/// ([`Module::finish`]); `claimed` is `false` for a received message no
+/// receive callback took ([`Module::finish_unclaimed`]).
+pub fn finish(module: &Mod, event: HostEvent, claimed: bool) {
+    if claimed {
+        module.finish(event);
+    } else {
+        module.finish_unclaimed(event);
+    }
+}
+
+/// A send fragment of `size` bytes ([`Module::alloc`], the caller owning
+/// it) and where its bytes are; `None` when none is free or `size` is too
+/// large.
+pub fn alloc(module: &Mod, order: u8, size: usize) -> Option<(Descriptor, *mut u8)> {
+    let des = module.alloc(order, size, DesFlags::NONE)?;
+    match module.segment_ptr(des) {
+        Ok((data, _)) => Some((des, data)),
+        Err(_) => {
+            let _ = module.free(des);
+            None
+        }
+    }
+}
+
+/// A descriptor that sends `lent` without a copy after `reserve` header
+/// bytes ([`Module::prepare_lent`], the caller owning it), and where the
+/// header goes; `None` when it cannot (the caller copies instead).
+pub fn prepare_lent(
+    module: &Mod,
+    lent: Box<dyn LentBytes>,
+    order: u8,
+    reserve: usize,
+) -> Option<(Descriptor, *mut u8)> {
+    let des = module
+        .prepare_lent(lent, order, reserve, DesFlags::NONE)
+        .ok()?;
+    match module.segment_ptr(des) {
+        Ok((header, _)) => Some((des, header)),
+        Err(_) => {
+            let _ = module.free(des);
+            None
+        }
+    }
+}
+
+/// Whether the module's published address is a loopback address (IPv4 or
+/// IPv6); `false` for an address of another kind (InfiniBand).
+pub fn is_loopback(module: &Mod) -> bool {
+    match module.address().location {
+        modex::Location::Ipv4(ip) => std::net::Ipv4Addr::from(ip).is_loopback(),
+        modex::Location::Ipv6(ip) => std::net::Ipv6Addr::from(ip).is_loopback(),
+        _ => false,
+    }
+}
+
+/// The module's device and published address, for messages.
+pub fn describe_address(module: &Mod) -> String {
+    format!("{} {}", module.device(), module.address())
+}
+
+/// The module's `key=value` counters for the `udbtl-stats:` line: device,
+/// messages, limits, and with reliability its retransmission and
+/// integrity counters.
+pub fn stats_line(module: &Mod) -> String {
+    let s = module.stats();
+    let limits = module.limits();
+    let mut line = format!(
+        "device={} sent={} received={} send_errors={} eager_limit={} rndv_eager_limit={} \
+         max_send_size={}",
+        module.device(),
+        s.messages_sent,
+        s.recvs_delivered,
+        s.send_errors,
+        limits.eager_limit,
+        limits.rndv_eager_limit,
+        limits.max_send_size,
+    );
+    if let Some(r) = module.reliability_stats() {
+        let _ = write!(
+            line,
+            " retransmitted={} fast_retransmits={} timeouts={} duplicates={} keepalives={} \
+             lost_peers={} bad_checksum={} unauthenticated={} coalesced={}",
+            r.retransmitted,
+            r.fast_retransmits,
+            r.timeouts,
+            r.duplicates,
+            r.keepalives,
+            r.peers_lost,
+            s.recv_bad_checksum,
+            s.recv_unauthenticated,
+            s.messages_coalesced
+        );
+    }
+    line
+}
+
+/// Adds the module's counters to `totals`, indexed as [`COUNTERS`].
+pub fn add_counters(module: &Mod, totals: &mut [u64; COUNTERS.len()]) {
+    let s = module.stats();
+    let r = module.reliability_stats().unwrap_or_default();
+    let socket_full = module.with_context(|ctx| ctx.stats().rx_kernel_drops);
+    let values = [
+        s.messages_sent,
+        s.recvs_delivered,
+        s.send_errors,
+        r.retransmitted,
+        r.fast_retransmits,
+        r.timeouts,
+        r.duplicates,
+        r.peers_lost,
+        s.recv_bad_checksum,
+        s.recv_unauthenticated,
+        s.recv_malformed,
+        s.recv_bad_job_key,
+        s.recv_unknown_peer,
+        socket_full,
+    ];
+    for (total, value) in totals.iter_mut().zip(values) {
+        *total += value;
+    }
+}
