@@ -3,8 +3,8 @@
 use std::io;
 
 use udbtl_btl::Params;
-use udbtl_btl::params::env::{OTHER_VARS, VarUse};
 use udbtl_btl::params::ParamInfo;
+use udbtl_btl::params::env::{OTHER_VARS, VarUse};
 
 use crate::listing::{HELP_WIDTH, Listing, Row, source, wrap};
 use crate::modules::ModuleReport;
