@@ -22,8 +22,9 @@ use udbtl_btl::{
 use udbtl_fabric::AnyContext;
 
 use crate::gate::IdleGate;
+use crate::host::COUNTERS;
 use crate::params::{McaType, param_table};
-use crate::transport::{COUNTERS, Identity, OmpiTransport, job_key};
+use crate::transport::{Identity, OmpiTransport, job_key};
 use crate::{host, log};
 
 /// A module of the component's transport.

@@ -11,8 +11,6 @@ use udbtl_btl::{DesFlags, Descriptor, HostEvent, LentBytes, Module};
 use udbtl_fabric::{AnyContext, Context as _};
 use udbtl_wire::modex;
 
-use crate::transport::COUNTERS;
-
 /// A module of the component's transport.
 type Mod = Module<AnyContext>;
 
@@ -112,6 +110,49 @@ pub fn stats_line(module: &Mod) -> String {
     }
     line
 }
+
+/// The counters Open MPI tools read (MPI_T performance variables
+/// `btl_udbtl_<name>`), summed over the modules: name and description.
+pub const COUNTERS: [(&str, &str); 14] = [
+    (
+        "sent",
+        "Sends posted to the fabric (datagrams, retransmissions not counted)",
+    ),
+    ("received", "Messages delivered to Open MPI"),
+    ("send_errors", "Sends that failed (their peer was lost)"),
+    ("retransmitted", "Datagrams sent again"),
+    (
+        "fast_retransmits",
+        "Datagrams sent again because later ones were acknowledged",
+    ),
+    ("timeouts", "Retransmission timeouts"),
+    ("duplicates", "Datagrams received twice and dropped"),
+    ("lost_peers", "Peers declared lost"),
+    (
+        "dropped_bad_checksum",
+        "Datagrams dropped: the checksum did not match",
+    ),
+    (
+        "dropped_unauthenticated",
+        "Datagrams dropped: no valid authentication tag",
+    ),
+    (
+        "dropped_malformed",
+        "Datagrams dropped: headers that did not parse",
+    ),
+    (
+        "dropped_other_job",
+        "Datagrams dropped: from a job this process does not know",
+    ),
+    (
+        "dropped_unknown_peer",
+        "Datagrams dropped: from a process not added yet",
+    ),
+    (
+        "dropped_socket_full",
+        "Datagrams the kernel dropped at a full socket buffer",
+    ),
+];
 
 /// Adds the module's counters to `totals`, indexed as [`COUNTERS`].
 pub fn add_counters(module: &Mod, totals: &mut [u64; COUNTERS.len()]) {

@@ -6,8 +6,9 @@ use udbtl_btl::{BtlConfig, BtlError, EndpointId, JobLayout, Module, Transport};
 use udbtl_fabric::AnyContext;
 use udbtl_wire::{hash, modex};
 
+use crate::host::{self, COUNTERS};
+use crate::log;
 use crate::params::explicit_settings;
-use crate::{host, log};
 
 /// The key every datagram of a job carries, from Open MPI's job id: the
 /// same in every process of the job, different between jobs.
@@ -30,49 +31,6 @@ pub struct Identity {
     /// modules open when `if_include` names none.
     pub layout: JobLayout,
 }
-
-/// The counters Open MPI tools read (MPI_T performance variables
-/// `btl_udbtl_<name>`), summed over the modules: name and description.
-pub const COUNTERS: [(&str, &str); 14] = [
-    (
-        "sent",
-        "Sends posted to the fabric (datagrams, retransmissions not counted)",
-    ),
-    ("received", "Messages delivered to Open MPI"),
-    ("send_errors", "Sends that failed (their peer was lost)"),
-    ("retransmitted", "Datagrams sent again"),
-    (
-        "fast_retransmits",
-        "Datagrams sent again because later ones were acknowledged",
-    ),
-    ("timeouts", "Retransmission timeouts"),
-    ("duplicates", "Datagrams received twice and dropped"),
-    ("lost_peers", "Peers declared lost"),
-    (
-        "dropped_bad_checksum",
-        "Datagrams dropped: the checksum did not match",
-    ),
-    (
-        "dropped_unauthenticated",
-        "Datagrams dropped: no valid authentication tag",
-    ),
-    (
-        "dropped_malformed",
-        "Datagrams dropped: headers that did not parse",
-    ),
-    (
-        "dropped_other_job",
-        "Datagrams dropped: from a job this process does not know",
-    ),
-    (
-        "dropped_unknown_peer",
-        "Datagrams dropped: from a process not added yet",
-    ),
-    (
-        "dropped_socket_full",
-        "Datagrams the kernel dropped at a full socket buffer",
-    ),
-];
 
 /// The component's transport and its modules.
 #[derive(Debug)]
