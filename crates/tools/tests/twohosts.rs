@@ -61,12 +61,36 @@ fn across(hosts: &StandInHosts, np: u32, env: &[(&str, &str)], program: &[&str])
     finished.output
 }
 
+/// How many ranks a udrun rank list names (`0-3,5,7-8` is 7).
+fn ranks_in(list: &str) -> usize {
+    list.split(',')
+        .map(|part| match part.split_once('-') {
+            Some((a, b)) => match (a.parse::<usize>(), b.parse::<usize>()) {
+                (Ok(a), Ok(b)) if b >= a => b - a + 1,
+                _ => 1,
+            },
+            None => 1,
+        })
+        .sum()
+}
+
 /// Every rank's module was on the veth: none on loopback.
 fn assert_on_the_veth(out: &Output, np: u32) {
     let (_, stderr) = common::text(out);
+    // udrun writes a line that several ranks wrote within its window once,
+    // as `[ranks 2-3] LINE`: such a line stands for each of those ranks.
     let modules: Vec<&str> = stderr
         .lines()
-        .filter_map(|l| l.strip_prefix("module "))
+        .flat_map(|line| {
+            let (ranks, line) = match line
+                .strip_prefix("[ranks ")
+                .and_then(|rest| rest.split_once("] "))
+            {
+                Some((list, rest)) => (ranks_in(list), rest),
+                None => (1, line),
+            };
+            std::iter::repeat_n(line.strip_prefix("module "), ranks).flatten()
+        })
         .collect();
     assert_eq!(modules.len(), np as usize, "one module per rank:\n{stderr}");
     for device in ["vA:1", "vB:1"] {
