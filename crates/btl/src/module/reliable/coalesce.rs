@@ -92,7 +92,6 @@ impl Coalescer {
     /// (no lent or user bytes), holding a whole message no longer than a
     /// record may be; the carrier must also be BTL-owned (it is freed after
     /// its callback, so its rewritten segment is never seen again).
-    #[allow(clippy::too_many_arguments)]
     pub(in crate::module) fn ride<C: Context>(
         &mut self,
         ctx: &mut C,
