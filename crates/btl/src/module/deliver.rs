@@ -271,6 +271,8 @@ impl<C: Context> Engine<C> {
     pub(super) fn payload<'a>(&'a self, received: &'a Received) -> &'a [u8] {
         match &received.hold {
             Hold::Message { bytes, .. } => bytes,
+            // The event was made from these very bytes, and its buffer stays
+            // held until `finish`: the lookup cannot miss.
             Hold::Buffer(held) | Hold::Record(held) => self
                 .recv
                 .datagram(&self.ctx, *held)
