@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use udbtl_fabric::{Context, LKey, Mr, PdHandle, Sge};
 
+use crate::error::SendFailure;
 use crate::rcache::RegId;
 
 /// A fragment that is a whole message by itself.
@@ -190,6 +191,33 @@ pub(crate) struct Frag {
     pub(crate) rider: Option<Descriptor>,
     /// On a carrier, its last rider (where the next one is linked).
     pub(crate) rider_tail: Option<Descriptor>,
+    /// A user fragment longer than one datagram leaves as a train of
+    /// datagrams (`module/reliable/train.rs`): the fragment the caller holds
+    /// is the first, each car after it is a fragment of its own.
+    pub(crate) train: Option<Train>,
+}
+
+/// A fragment's place in a train of datagrams.
+#[derive(Debug)]
+pub(crate) enum Train {
+    /// The first datagram, the fragment the caller holds: its callback runs
+    /// once every datagram of the train is acknowledged (or has failed).
+    Head {
+        /// The first car behind it.
+        next: Option<Descriptor>,
+        /// Datagrams of the train, itself included, not yet acknowledged or
+        /// failed.
+        unfinished: u32,
+        /// Why the first datagram that failed did, if one did.
+        failure: Option<SendFailure>,
+    },
+    /// A later datagram: a share of the head's caller bytes.
+    Car {
+        head: Descriptor,
+        /// Its bytes, in the head's [`UserBytes`].
+        range: Range<usize>,
+        next: Option<Descriptor>,
+    },
 }
 
 /// A free list of fragments over chunks of registered memory.
@@ -269,6 +297,7 @@ impl FragPool {
             msg_flags: WHOLE_MESSAGE,
             rider: None,
             rider_tail: None,
+            train: None,
         }));
         Ok(true)
     }
@@ -298,6 +327,7 @@ impl FragPool {
         frag.msg_flags = WHOLE_MESSAGE;
         frag.rider = None;
         frag.rider_tail = None;
+        frag.train = None;
         let des = Descriptor::new(self.kind, index, frag.generation);
         self.high_water = self.high_water.max(self.in_use());
         Some(des)
@@ -310,6 +340,7 @@ impl FragPool {
             frag.state = FragState::Free;
             frag.generation = frag.generation.wrapping_add(1);
             frag.user = None;
+            frag.train = None;
             self.free.push(des.index() as u32);
         }
     }

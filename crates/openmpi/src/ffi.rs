@@ -358,7 +358,7 @@ pub unsafe extern "C" fn udbtl_rs_limits(module: *mut c_void, limits: *mut Limit
         *limits = Limits {
             eager_limit: found.eager_limit,
             rndv_eager_limit: found.rndv_eager_limit.min(found.eager_limit),
-            max_send_size: found.eager_limit,
+            max_send_size: found.frag_limit,
             send_frags_max: found.send_frags_max,
             exclusivity: found.exclusivity,
             bandwidth: found.bandwidth,

@@ -76,8 +76,8 @@ pub fn describe_address(module: &Mod) -> String {
 }
 
 /// The module's `key=value` counters for the `udbtl-stats:` line: device,
-/// messages, limits, and with reliability its retransmission and
-/// integrity counters.
+/// messages, the limits ob1 was given, and with reliability its
+/// retransmission, integrity, coalescing and train counters.
 pub fn stats_line(module: &Mod) -> String {
     let s = module.stats();
     let limits = module.limits();
@@ -90,13 +90,13 @@ pub fn stats_line(module: &Mod) -> String {
         s.send_errors,
         limits.eager_limit,
         limits.rndv_eager_limit,
-        limits.max_send_size,
+        limits.frag_limit,
     );
     if let Some(r) = module.reliability_stats() {
         let _ = write!(
             line,
             " retransmitted={} fast_retransmits={} timeouts={} duplicates={} keepalives={} \
-             lost_peers={} bad_checksum={} unauthenticated={} coalesced={}",
+             lost_peers={} bad_checksum={} unauthenticated={} coalesced={} trains={}",
             r.retransmitted,
             r.fast_retransmits,
             r.timeouts,
@@ -105,7 +105,8 @@ pub fn stats_line(module: &Mod) -> String {
             r.peers_lost,
             s.recv_bad_checksum,
             s.recv_unauthenticated,
-            s.messages_coalesced
+            s.messages_coalesced,
+            s.trains_sent
         );
     }
     line

@@ -210,6 +210,15 @@ static mca_btl_base_descriptor_t *udbtl_prepare_src(struct mca_btl_base_module_t
             return &frag->base;
         }
     }
+    /* Packed data fits one datagram's fragment; only data sent from the
+     * user's buffer goes up to max_send_size, as a train of datagrams. */
+    size_t eager = btl->btl_eager_limit;
+    if (reserve > eager) {
+        return NULL;
+    }
+    if (want > eager - reserve) {
+        want = eager - reserve;
+    }
     udbtl_frag_t *frag = frag_alloc(m, order, reserve + want, flags);
     if (NULL == frag) {
         return NULL;

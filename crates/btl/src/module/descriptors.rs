@@ -4,14 +4,15 @@
 
 use std::sync::Arc;
 
-use udbtl_fabric::{Context, Mr, Sge};
+use udbtl_fabric::{Context, LKey, Mr, Sge};
 use udbtl_wire::rel;
 
 use super::{Engine, deregister};
 use crate::convertor::Convertor;
 use crate::error::BtlError;
 use crate::frag::{
-    DesFlags, Descriptor, Frag, FragKind, FragPool, FragState, LentBytes, UserBytes, UserData,
+    DesFlags, Descriptor, Frag, FragKind, FragPool, FragState, LentBytes, Train, UserBytes,
+    UserData,
 };
 use crate::rcache::RegId;
 
@@ -60,6 +61,21 @@ impl Frags {
     /// header onwards).
     pub(super) fn head(&self, des: Descriptor, len: usize) -> Option<(Mr, Sge)> {
         self.pool(des).sge(des.index(), len)
+    }
+
+    /// The caller's bytes `des` sends after its registered head, with the
+    /// key of their registration: its own, or a car's share of its train
+    /// head's. `None` for a fragment whose payload is all registered.
+    pub(super) fn user_bytes(&self, des: Descriptor) -> Option<(LKey, &[u8])> {
+        let frag = self.get(des)?;
+        if let Some(user) = &frag.user {
+            return Some((user.lkey, &user.data.bytes()[user.range.clone()]));
+        }
+        let Some(Train::Car { head, range, .. }) = &frag.train else {
+            return None;
+        };
+        let user = self.get(*head)?.user.as_ref()?;
+        Some((user.lkey, user.data.bytes().get(range.clone())?))
     }
 
     /// Every descriptor the BTL owns (posted, waiting, or unacknowledged).
@@ -114,6 +130,7 @@ impl<C: Context> Engine<C> {
         if state != FragState::Allocated {
             return Err(bad(des, "still owned by the BTL"));
         }
+        self.uncouple_cars(des);
         self.release(des);
         Ok(())
     }
@@ -139,7 +156,7 @@ impl<C: Context> Engine<C> {
         size: &mut usize,
         flags: DesFlags,
     ) -> Option<Descriptor> {
-        let max_data = self.limits.max_send_size.checked_sub(reserve)?;
+        let max_data = self.limits.frag_limit.checked_sub(reserve)?;
         let want = (*size).min(convertor.remaining());
         let zero_copy = convertor.is_contiguous()
             && reserve <= super::USER_RESERVE_MAX
@@ -186,6 +203,11 @@ impl<C: Context> Engine<C> {
             convertor.rewind(range.len());
             return None;
         };
+        if !self.couple_cars(des, reserve, range.len()) {
+            self.frags.user.put(des);
+            convertor.rewind(range.len());
+            return None;
+        }
         let pd = self.pd;
         let reg = match registration {
             Some(reg) => self.rcache.retain(reg).ok().map(|lkey| (reg, lkey)),
@@ -203,6 +225,7 @@ impl<C: Context> Engine<C> {
                 .ok(),
         };
         let Some((reg, lkey)) = reg else {
+            self.uncouple_cars(des);
             self.frags.user.put(des);
             convertor.rewind(range.len());
             return None;
@@ -232,13 +255,17 @@ impl<C: Context> Engine<C> {
         let fits = reserve <= super::USER_RESERVE_MAX
             && reserve
                 .checked_add(len)
-                .is_some_and(|total| total <= self.limits.max_send_size);
+                .is_some_and(|total| total <= self.limits.frag_limit);
         if !fits {
             return Err(lent);
         }
         let Some(des) = self.frags.user.get(&mut self.ctx, self.pd) else {
             return Err(lent);
         };
+        if !self.couple_cars(des, reserve, len) {
+            self.frags.user.put(des);
+            return Err(lent);
+        }
         let pd = self.pd;
         let Ok((reg, lkey)) = self.rcache.acquire(
             &mut self.ctx,
@@ -246,6 +273,7 @@ impl<C: Context> Engine<C> {
             |c, r| c.reg_user_mr(pd, r),
             deregister,
         ) else {
+            self.uncouple_cars(des);
             self.frags.user.put(des);
             return Err(lent);
         };

@@ -31,9 +31,15 @@ pub struct Limits {
     /// parameter (or, unset, the port's largest datagram) less the BTL
     /// header.
     pub eager_limit: usize,
-    /// Largest payload of one fragment of any kind: equal to the eager
-    /// limit, since every fragment, prepared ones too, is one datagram.
+    /// Largest payload of one datagram: equal to the eager limit.
     pub max_send_size: usize,
+    /// Largest payload of a fragment prepared from the caller's memory
+    /// (`prepare_src`, `prepare_lent`), the reserve included: what a host
+    /// such as ob1 takes as the BTL's maximum send size. On a reliable
+    /// module the `frag_size` parameter, or the eager limit if larger: such
+    /// a fragment leaves as a train of datagrams and arrives whole. On an
+    /// unreliable one, the eager limit.
+    pub frag_limit: usize,
     /// Data size of the first fragment of a rendezvous (`min_send_size`).
     pub rndv_eager_limit: usize,
     /// Bytes a send may carry inline.
@@ -115,9 +121,15 @@ pub(super) fn limits_for(port: &PortAttr, params: &Params) -> Limits {
         None => port.max_msg_size,
     };
     let eager_limit = max_send_size.saturating_sub(header_len(params));
+    let frag_limit = if params.reliable {
+        params.frag_size.max(eager_limit)
+    } else {
+        eager_limit
+    };
     Limits {
         eager_limit,
         max_send_size: eager_limit,
+        frag_limit,
         rndv_eager_limit: params.min_send_size.unwrap_or(eager_limit).min(eager_limit),
         inline_max: 0,
         exclusivity: params.exclusivity,

@@ -30,17 +30,15 @@ impl<C: Context> Engine<C> {
             .frags
             .head(des, self.header_len + frag.seg_len)
             .ok_or_else(|| refused("descriptor"))?;
+        let user = self.frags.user_bytes(des);
         let gathers = [
             Gather::Registered(head),
-            match &frag.user {
-                Some(user) => Gather::User {
-                    lkey: user.lkey,
-                    data: &user.data.bytes()[user.range.clone()],
-                },
+            match user {
+                Some((lkey, data)) => Gather::User { lkey, data },
                 None => Gather::Registered(head),
             },
         ];
-        let sg_list = &gathers[..if frag.user.is_some() { 2 } else { 1 }];
+        let sg_list = &gathers[..if user.is_some() { 2 } else { 1 }];
         self.tx
             .post_now(&mut self.ctx, &route, sg_list, u64::from(des.raw()))?;
         self.stats.sends_posted += 1;
@@ -111,15 +109,17 @@ impl<C: Context> Engine<C> {
             return;
         };
         header.emit(&mut ext);
-        let user = frag
-            .user
-            .as_ref()
-            .map_or(&[][..], |u| &u.data.bytes()[u.range.clone()]);
-        if !seal(head, &[user], &header, peer_key) {
+        let user = self.frags.user_bytes(des);
+        if !seal(
+            head,
+            &[user.map_or(&[][..], |(_, data)| data)],
+            &header,
+            peer_key,
+        ) {
             self.stats.transmit_failures += 1;
             return;
         }
-        let user = frag.user.is_some().then_some(des);
+        let user = user.is_some().then_some(des);
         self.queue_post(QueuedPost {
             route,
             head: sge,

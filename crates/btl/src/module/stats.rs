@@ -48,6 +48,11 @@ pub struct ModuleStats {
     pub transmit_failures: u64,
     /// Messages reassembled from several datagrams.
     pub messages_reassembled: u64,
+    /// Fragments from the caller's memory longer than one datagram, sent as
+    /// a train of datagrams.
+    pub trains_sent: u64,
+    /// Datagrams of those trains after the first.
+    pub train_cars_sent: u64,
     /// Pieces of multi-datagram messages dropped: no message was in progress
     /// (its sender gave up on it), or it grew past the largest message.
     pub recv_orphan_pieces: u64,
@@ -86,9 +91,10 @@ impl<C: Context> fmt::Display for Engine<C> {
         )?;
         writeln!(
             f,
-            "  limits             eager {} max_send {} rndv_eager {} inline {}",
+            "  limits             eager {} max_send {} frag {} rndv_eager {} inline {}",
             self.limits.eager_limit,
             self.limits.max_send_size,
+            self.limits.frag_limit,
             self.limits.rndv_eager_limit,
             self.limits.inline_max
         )?;
@@ -168,7 +174,10 @@ impl<C: Context> fmt::Display for Engine<C> {
             )?;
             writeln!(
                 f,
-                "                     messages reassembled {} aborted {} orphan pieces {} in progress {}",
+                "                     trains sent {} ({} more datagrams) messages reassembled {} \
+                 aborted {} orphan pieces {} in progress {}",
+                s.trains_sent,
+                s.train_cars_sent,
                 s.messages_reassembled,
                 s.messages_aborted,
                 s.recv_orphan_pieces,

@@ -134,16 +134,9 @@ impl QueuedPost {
     /// the registered head, then the caller's bytes of a user fragment.
     fn gathers<'a>(&self, frags: &'a Frags, out: &mut [Gather<'a>; 2]) -> usize {
         out[0] = Gather::Registered(self.head);
-        let user = self
-            .user
-            .and_then(|des| frags.get(des))
-            .and_then(|frag| frag.user.as_ref());
-        match user {
-            Some(user) => {
-                out[1] = Gather::User {
-                    lkey: user.lkey,
-                    data: &user.data.bytes()[user.range.clone()],
-                };
+        match self.user.and_then(|des| frags.user_bytes(des)) {
+            Some((lkey, data)) => {
+                out[1] = Gather::User { lkey, data };
                 2
             }
             None => 1,

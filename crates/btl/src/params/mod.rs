@@ -376,6 +376,12 @@ parameters! {
          hung alltoall; unbounded lists pin unbounded memory)";
     user_frags_max: usize = (8192), int(1, 1 << 20), udbtl,
         "User (zero-copy) fragments a module's free list may grow to";
+    frag_size: usize = (64 << 10), size(64, 16 * MIB), udbtl,
+        "Largest fragment of a message one send carries from the caller's memory (the \
+         BTL's max_send_size, what ob1 cuts a large message into) on a reliable module: \
+         the BTL cuts it into a train of datagrams, each with its own sequence number, \
+         and the receiver delivers it whole; never less than one datagram's payload. An \
+         unreliable module sends one datagram per fragment";
     reliable: bool = (true), BOOL, udbtl,
         "Reliable, ordered, exactly-once delivery per peer (sequence numbers, ACKs, \
          retransmission); off gives the seed's unreliable behaviour";

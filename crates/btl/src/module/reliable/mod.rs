@@ -32,6 +32,7 @@ use udbtl_reliability::{Event, Instant, LossReason, PeerId, SendError};
 mod coalesce;
 mod receive;
 mod state;
+mod train;
 
 pub(super) use coalesce::Coalescer;
 use coalesce::may_carry;
@@ -100,6 +101,9 @@ impl<C: Context> Engine<C> {
         // Not carried: what is held back leaves first, keeping each peer's
         // order.
         let closed = self.close_open_carrier(now);
+        if self.heads_train(des) {
+            return self.send_train(now, peer, des, flush);
+        }
         let to_peer = |err: SendError| match err {
             SendError::NoPeer(_) => BtlError::BadEndpoint {
                 endpoint: endpoint.0,
@@ -224,8 +228,8 @@ impl<C: Context> Engine<C> {
                 return;
             };
             match event {
-                Event::Acked { frag, .. } => self.complete_with_riders(frag, Ok(())),
-                Event::Failed { peer, frag } => self.complete_with_riders(
+                Event::Acked { frag, .. } => self.finish_datagram(frag, Ok(())),
+                Event::Failed { peer, frag } => self.finish_datagram(
                     frag,
                     Err(SendFailure::PeerLost(format!(
                         "endpoint {} stopped acknowledging",
