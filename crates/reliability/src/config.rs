@@ -6,15 +6,16 @@ use udbtl_wire::SeqNum;
 
 /// The most datagrams a peer may have in flight. Between hosts a datagram is
 /// one MTU, so a window of 64 would cap a stream at ~90 KB per round trip.
+/// A multiple of 64 (the receiver keeps a bit per sequence number of the
+/// window) that divides 2^32.
 ///
-/// The selective ACK covers only [`SACK_SPAN`] sequence numbers past the
-/// cumulative ACK: a receiver buffers no more than that out of order, and a
-/// datagram further ahead of a gap is discarded and sent again. A lossless
-/// stream never meets that limit; a lossy one pays for it only behind a hole.
+/// A receiver buffers whatever arrives within the window, however far past
+/// a gap; the selective ACK names only the first [`SACK_SPAN`] of them, and
+/// the cumulative ACK covers the rest once the gap fills, so a lost datagram
+/// costs one resend at any window.
 pub const MAX_WINDOW: u16 = 1024;
 
-/// Sequence numbers past the cumulative ACK that the selective ACK covers,
-/// and so the most datagrams a receiver buffers out of order.
+/// Sequence numbers past the cumulative ACK that the selective ACK covers.
 pub const SACK_SPAN: i32 = 64;
 
 /// Parameters of the reliability protocol, shared by every peer of one

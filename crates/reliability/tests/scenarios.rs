@@ -435,7 +435,7 @@ fn goodput_through_a_bottleneck_meets_the_loss_recovery_targets() {
 
 /// A window past the selective ACK's span (as MTU-sized datagrams need):
 /// exactly once and in order, lossless and through loss, where a receiver
-/// drops what arrives too far ahead of a hole and the sender repairs it.
+/// buffers what arrives far ahead of a hole that the sender repairs.
 #[test]
 fn a_large_window_streams_and_repairs_loss() {
     let config = Config {

@@ -99,7 +99,9 @@ impl<F: Clone, R> Reliability<F, R> {
                 self.reclaimed.push(buf);
             }
         }
-        self.peers[peer as usize].rcv.sack = 0;
+        let rcv = &mut self.peers[peer as usize].rcv;
+        rcv.sack = 0;
+        rcv.beyond_sack = 0;
     }
 
     /// A buffer the state no longer holds (its peer was lost or closed

@@ -20,6 +20,11 @@ pub(super) struct RecvState {
     pub(super) nxt: SeqNum,
     /// Bit `i`: `nxt + 1 + i` arrived and is buffered.
     pub(super) sack: u64,
+    /// Datagrams buffered further ahead than `sack` can say (past
+    /// `nxt + 64`, within the window). The cumulative acknowledgement
+    /// covers them once the gap before them fills; until then only this
+    /// side knows, and each enters `sack` as `nxt` comes within 64 of it.
+    pub(super) beyond_sack: u16,
     /// Datagrams received since the last acknowledgement went out.
     pub(super) ack_pending: u16,
     /// An acknowledgement must go out at the next transmit opportunity.
@@ -34,6 +39,7 @@ impl RecvState {
         Self {
             nxt: initial,
             sack: 0,
+            beyond_sack: 0,
             ack_pending: 0,
             ack_now: false,
             ack_queued: false,
@@ -131,12 +137,28 @@ impl<F: Clone, R> Reliability<F, R> {
             self.queue_ack(peer);
             return Receipt::Discard(buf, Discard::Duplicate);
         }
-        // Further ahead of a gap than the selective ACK can say: dropped
-        // like one beyond the window, and sent again once the gap fills.
-        if offset >= window || offset > SACK_SPAN {
+        if offset >= window {
             self.stats.out_of_window += 1;
             self.queue_ack(peer);
             return Receipt::Discard(buf, Discard::OutOfWindow);
+        }
+        if offset > SACK_SPAN {
+            // Further ahead of a gap than the selective ACK can say: kept
+            // all the same, so that the sender resends only what is missing.
+            if self.early.contains_key(&(peer, seq.0)) {
+                self.stats.duplicates += 1;
+                self.queue_ack(peer);
+                return Receipt::Discard(buf, Discard::Duplicate);
+            }
+            if !room.early {
+                return self.refuse(peer, buf);
+            }
+            p.rcv.beyond_sack += 1;
+            self.early.insert((peer, seq.0), buf);
+            self.stats.out_of_order += 1;
+            self.stats.received += 1;
+            self.queue_ack(peer);
+            return Receipt::Buffered;
         }
         if offset > 0 {
             let bit = 1u64 << (offset - 1);
@@ -163,15 +185,27 @@ impl<F: Clone, R> Reliability<F, R> {
         self.stats.received += 1;
         p.rcv.nxt = p.rcv.nxt.next();
         let mut delivered = 1u16;
-        while p.rcv.sack & 1 != 0 {
+        loop {
+            // Bit 0 is the new `nxt`; after the shift bit `i` is
+            // `nxt + 1 + i` again, and bit 63 comes from what lies beyond.
+            let buffered = p.rcv.sack & 1 != 0;
             p.rcv.sack >>= 1;
+            if p.rcv.beyond_sack > 0 {
+                let entering = p.rcv.nxt + SACK_SPAN as u32;
+                if self.early.contains_key(&(peer, entering.0)) {
+                    p.rcv.sack |= 1 << 63;
+                    p.rcv.beyond_sack -= 1;
+                }
+            }
+            if !buffered {
+                break;
+            }
             if let Some(early) = self.early.remove(&(peer, p.rcv.nxt.0)) {
                 self.deliverable.push_back((PeerId(peer), early));
             }
             p.rcv.nxt = p.rcv.nxt.next();
             delivered += 1;
         }
-        p.rcv.sack >>= 1;
         p.rcv.ack_pending = p.rcv.ack_pending.saturating_add(delivered);
         if p.rcv.ack_now || p.rcv.ack_pending >= self.config.ack_every {
             self.queue_ack(peer);

@@ -163,8 +163,7 @@ pub struct Stats {
     pub duplicates: u64,
     /// Datagrams buffered because they arrived early.
     pub out_of_order: u64,
-    /// Datagrams discarded for being beyond the window, or further ahead of
-    /// a gap than the selective ACK covers.
+    /// Datagrams discarded for being beyond the window.
     pub out_of_window: u64,
     /// Peers declared lost.
     pub peers_lost: u64,
