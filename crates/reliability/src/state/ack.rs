@@ -143,7 +143,8 @@ impl<F: Clone, R> Reliability<F, R> {
             if p.head == NIL {
                 p.timers.stop(Timer::Rto);
             } else {
-                p.timers.set(Timer::Rto, now + p.rtt.rto());
+                p.timers
+                    .set(Timer::Rto, now + p.flight_timeout(config.ack_delay));
             }
             // Additive increase: a datagram per acknowledged datagram in slow
             // start, a datagram per window afterwards.
@@ -163,7 +164,8 @@ impl<F: Clone, R> Reliability<F, R> {
             p.rtt.end_backoff();
             p.probed = false;
             if newly_acked == 0 {
-                p.timers.set(Timer::Rto, now + p.rtt.rto());
+                p.timers
+                    .set(Timer::Rto, now + p.flight_timeout(config.ack_delay));
             }
         }
         if probing && p.can_send(config) {

@@ -32,14 +32,35 @@ impl Peer {
         false
     }
 
+    /// The retransmission timeout for the datagrams in flight: the measured
+    /// one, plus the receiver's delayed acknowledgement `ack_delay` while a
+    /// lone datagram is in flight, which nothing makes the receiver
+    /// acknowledge sooner (see [`probe_timeout`](Self::probe_timeout)):
+    /// `rto_min` may be shorter than the delay.
+    pub(super) fn flight_timeout(&self, ack_delay: Duration) -> Duration {
+        let rto = self.rtt.rto();
+        if self.in_flight == 1 {
+            rto + ack_delay
+        } else {
+            rto
+        }
+    }
+
     /// Two smoothed round trips, at least [`PTO_MIN`]; the initial timeout
-    /// before any sample.
-    pub(super) fn probe_timeout(&self) -> Duration {
+    /// before any sample. With a lone datagram in flight, plus the
+    /// receiver's delayed acknowledgement `ack_delay` (RFC 8985 §7.2): no
+    /// later datagram makes it acknowledge sooner, and a datagram that
+    /// ends a flight of several asks for an acknowledgement at once.
+    pub(super) fn probe_timeout(&self, ack_delay: Duration) -> Duration {
         let srtt = self.rtt.srtt();
         if srtt.is_zero() {
-            self.rtt.rto()
+            return self.rtt.rto();
+        }
+        let pto = (2 * srtt).max(PTO_MIN);
+        if self.in_flight == 1 {
+            pto + ack_delay
         } else {
-            (2 * srtt).max(PTO_MIN)
+            pto
         }
     }
 }
@@ -122,9 +143,10 @@ impl<F: Clone, R> Reliability<F, R> {
     /// out, two smoothed round trips after now (or after the first send,
     /// before any sample, the initial timeout).
     pub(super) fn arm_probe(&mut self, now: Instant, peer: u32) {
+        let ack_delay = self.config.ack_delay;
         let p = &mut self.peers[peer as usize];
         if p.head != NIL && !p.probed {
-            p.timers.set(Timer::Pto, now + p.probe_timeout());
+            p.timers.set(Timer::Pto, now + p.probe_timeout(ack_delay));
         } else {
             p.timers.stop(Timer::Pto);
         }

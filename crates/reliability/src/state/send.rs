@@ -162,10 +162,12 @@ impl<F: Clone, R> Reliability<F, R> {
                     }
                     let p = &mut self.peers[peer as usize];
                     if !p.timers.is_set(Timer::Rto) {
-                        p.timers.set(Timer::Rto, now + p.rtt.rto());
+                        let rto = p.flight_timeout(self.config.ack_delay);
+                        p.timers.set(Timer::Rto, now + rto);
                     }
                     if !p.probed {
-                        p.timers.set(Timer::Pto, now + p.probe_timeout());
+                        let pto = p.probe_timeout(self.config.ack_delay);
+                        p.timers.set(Timer::Pto, now + pto);
                     }
                     let p = &self.peers[peer as usize];
                     let window_full = !p.can_send(&self.config);

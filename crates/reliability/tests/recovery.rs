@@ -1,11 +1,13 @@
-//! Loss recovery at the windows MTU-sized datagrams use (740 at MTU 1500,
-//! up to the largest, 1024), far past the selective acknowledgement's 64
-//! datagrams: one lost datagram costs one resend, whatever the window.
+//! Loss recovery at the scale of real paths, deterministic on virtual time:
 //!
-//! Deterministic, on virtual time: a stream of 5 000 datagrams through a
-//! link of one datagram per 1.2 µs with a 10 µs one-way delay, the path of
-//! the issue that found resends growing with the window (676 for one loss
-//! at window 740).
+//! * at the windows MTU-sized datagrams use (740 at MTU 1500, up to the
+//!   largest, 1024), far past the selective acknowledgement's 64 datagrams,
+//!   one lost datagram costs one resend: a stream of 5 000 datagrams
+//!   through a link of one datagram per 1.2 µs with a 10 µs one-way delay,
+//!   the path of the issue that found resends growing with the window (676
+//!   for one loss at window 740);
+//! * a lone datagram, which the receiver acknowledges only after its delayed
+//!   acknowledgement, sets off no tail-loss probe.
 
 #![allow(clippy::unwrap_used)]
 
@@ -67,4 +69,31 @@ fn one_loss_costs_one_resend_at_every_window() {
             "window {window}: {s:?}"
         );
     }
+}
+
+#[test]
+fn a_lone_datagram_every_millisecond_sets_off_no_tail_loss_probe() {
+    let config = Config::default();
+    let mut net = Net::new(2, &config, 41);
+    net.latency = Duration::from_micros(5);
+    // A burst first, acknowledged at once (its last datagram asks): the
+    // smoothed round trip is the link's, about 10 µs, far below the
+    // receiver's delayed acknowledgement.
+    for i in 0..32 {
+        net.send(0, 1, payload(0, i, 64));
+    }
+    net.run_until_idle(Duration::from_secs(1));
+    for i in 32..132 {
+        net.send(0, 1, payload(0, i, 64));
+        let until = net.now + Duration::from_millis(1);
+        net.run_while(Duration::from_secs(1), |n| n.now < until);
+    }
+    net.run_until_idle(Duration::from_secs(2));
+    assert_eq!(net.nodes[1].delivered[&0].len(), 132);
+    let s = net.nodes[0].rel.stats();
+    assert_eq!(
+        (s.tail_probes, s.retransmitted, s.timeouts),
+        (0, 0, 0),
+        "{s:?}"
+    );
 }
