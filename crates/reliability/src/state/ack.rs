@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use udbtl_wire::rel;
 
-use super::peer::{CWND_UNIT, NIL, RELEASED, RETRANSMITTED, SACKED, SENT};
+use super::peer::{CWND_UNIT, LOST, NIL, RELEASED, RETRANSMITTED, SACKED, SENT};
 use super::timer_table::Timer;
 use super::types::{Event, PeerId};
 use super::{Pending, Reliability};
@@ -80,6 +80,9 @@ impl<F: Clone, R> Reliability<F, R> {
             if slot.flags & SACKED != 0 {
                 p.sacked -= 1;
             }
+            if slot.flags & LOST != 0 {
+                p.lost -= 1;
+            }
             if slot.flags & (RETRANSMITTED | SACKED) == 0 && slot.flags & SENT != 0 {
                 rtt_sample = min_sample(rtt_sample, now - slot.sent_at);
             }
@@ -112,6 +115,11 @@ impl<F: Clone, R> Reliability<F, R> {
             if offset > 0 && header.sack & (1u64 << (offset - 1)) != 0 && slot.flags & SACKED == 0 {
                 p.sacked += 1;
                 slot.flags |= SACKED;
+                if slot.flags & LOST != 0 {
+                    // Delivered after all: nothing to repair.
+                    slot.flags &= !LOST;
+                    p.lost -= 1;
+                }
                 newly_sacked += 1;
                 if slot.flags & RETRANSMITTED == 0 {
                     rtt_sample = min_sample(rtt_sample, now - slot.sent_at);

@@ -83,6 +83,7 @@ impl<F: Clone, R> Reliability<F, R> {
         p.backlog_tail = NIL;
         p.in_flight = 0;
         p.sacked = 0;
+        p.lost = 0;
         self.reclaim_early(peer);
     }
 

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::peer::{CWND_UNIT, NIL, Peer, QUEUED, RETRANSMITTED, SACKED, SENT};
+use super::peer::{CWND_UNIT, LOST, NIL, Peer, QUEUED, RETRANSMITTED, SACKED, SENT};
 use super::timer_table::{Timer, earliest};
 use super::{Pending, Reliability};
 use crate::time::Instant;
@@ -16,13 +16,18 @@ const PTO_MIN: Duration = Duration::from_micros(10);
 impl Peer {
     /// Notes that a datagram sent at `sent_at` was delivered (acknowledged
     /// cumulatively or selectively) at `now`, for RACK. Returns `true` if it
-    /// was a retransmission acknowledged sooner than any round trip: the
-    /// acknowledgement was for the first transmission, so the
-    /// retransmission was spurious, and it says nothing about when the
-    /// newest delivered datagram was sent.
+    /// was a retransmission acknowledged well within the shortest round trip
+    /// seen (under three quarters of it): the acknowledgement was for the
+    /// first transmission, so the retransmission was spurious, and it says
+    /// nothing about when the newest delivered datagram was sent. The margin
+    /// matters: the shortest round trip seen may include a little queueing,
+    /// and a retransmission's own acknowledgement over an emptied path
+    /// comes back a little sooner; taken for spurious, it would keep RACK
+    /// from ever seeing the rest of a lost flight, and every datagram of it
+    /// would wait for a timeout of its own.
     pub(super) fn rack_delivered(&mut self, now: Instant, sent_at: Instant, flags: u8) -> bool {
         let rtt = u32::try_from(now.saturating_since(sent_at).as_nanos()).unwrap_or(u32::MAX);
-        if flags & RETRANSMITTED != 0 && rtt < self.min_rtt_ns {
+        if flags & RETRANSMITTED != 0 && u64::from(rtt) * 4 < u64::from(self.min_rtt_ns) * 3 {
             return true;
         }
         if sent_at >= self.rack_sent {
@@ -66,12 +71,12 @@ impl Peer {
 }
 
 impl<F: Clone, R> Reliability<F, R> {
-    /// Marks lost, and queues again, every datagram in flight that RACK
-    /// finds lost at `now`: sent before the newest delivered one, not
-    /// delivered itself, and older than a round trip plus the reordering
-    /// window. A retransmission counts like any send, so a datagram lost
-    /// again is found again. The earliest suspect not yet due arms
-    /// [`Timer::Loss`].
+    /// Marks lost every datagram in flight that RACK finds lost at `now`:
+    /// sent before the newest delivered one, not delivered itself, and older
+    /// than a round trip plus the reordering window. A retransmission counts
+    /// like any send, so a datagram lost again is found again. The earliest
+    /// suspect not yet due arms [`Timer::Loss`]. What is lost goes again as
+    /// the congestion window allows ([`send_repairs`](Self::send_repairs)).
     ///
     /// Congestion response: each lost datagram takes a quarter datagram off
     /// the congestion window. Random loss at rate `p` then holds the window
@@ -102,12 +107,11 @@ impl<F: Clone, R> Reliability<F, R> {
                 sacked_after = sacked_after.saturating_sub(1);
                 continue;
             }
-            if slot.flags & QUEUED != 0 || slot.flags & SENT == 0 {
+            if slot.flags & (QUEUED | LOST) != 0 || slot.flags & SENT == 0 {
                 continue;
             }
             if slot.flags & RETRANSMITTED == 0 && sacked_after >= self.config.dup_threshold {
-                slot.flags |= QUEUED;
-                self.transmits.push_back(Pending::Data(index));
+                slot.flags |= LOST;
                 lost += 1;
                 continue;
             }
@@ -121,8 +125,7 @@ impl<F: Clone, R> Reliability<F, R> {
             }
             let due = slot.sent_at + wait;
             if due <= now {
-                slot.flags |= QUEUED;
-                self.transmits.push_back(Pending::Data(index));
+                slot.flags |= LOST;
                 lost += 1;
             } else {
                 loss_at = earliest(loss_at, Some(due));
@@ -133,9 +136,30 @@ impl<F: Clone, R> Reliability<F, R> {
         }
         if lost > 0 {
             self.stats.fast_retransmits += u64::from(lost);
+            p.lost = p.lost.saturating_add(lost as u16);
             let floor = 2 * CWND_UNIT;
             p.cwnd = p.cwnd.saturating_sub(lost * CWND_UNIT / 4).max(floor);
             p.ssthresh = p.cwnd;
+        }
+        self.send_repairs(peer);
+    }
+
+    /// Queues datagrams found lost, oldest first, while the pipe leaves room
+    /// in the congestion window: repairs go at the pace acknowledgements
+    /// come back, never in a burst past the window (after a timeout, one
+    /// datagram, then as slow start allows). They go before new data, which
+    /// `fill_window` sends only after them.
+    pub(super) fn send_repairs(&mut self, peer: u32) {
+        let p = &mut self.peers[peer as usize];
+        let mut at = p.head;
+        while p.lost > 0 && at != NIL && p.pipe_has_room() {
+            let slot = &mut self.slots[at as usize];
+            if slot.flags & LOST != 0 {
+                slot.flags = (slot.flags & !LOST) | QUEUED;
+                p.lost -= 1;
+                self.transmits.push_back(Pending::Data(at));
+            }
+            at = slot.next;
         }
     }
 
@@ -172,7 +196,12 @@ impl<F: Clone, R> Reliability<F, R> {
             at = slot.next;
         }
         if let Some(index) = newest {
-            self.slots[index as usize].flags |= QUEUED;
+            let slot = &mut self.slots[index as usize];
+            if slot.flags & LOST != 0 {
+                slot.flags &= !LOST;
+                p.lost -= 1;
+            }
+            slot.flags |= QUEUED;
             self.transmits.push_back(Pending::Data(index));
             self.stats.tail_probes += 1;
         }
@@ -217,11 +246,15 @@ impl<F: Clone, R> Reliability<F, R> {
         // RACK what else is missing (what was sent before it and is still
         // not delivered a round trip later), so a spurious timeout (a
         // receiver descheduled for a while) costs one datagram, and a real
-        // one repairs the rest at the pace acknowledgements come back.
+        // one repairs the rest as the window reopens (`send_repairs`).
         let mut at = p.head;
         while at != NIL {
             let slot = &mut self.slots[at as usize];
             if slot.flags & (SACKED | QUEUED) == 0 {
+                if slot.flags & LOST != 0 {
+                    slot.flags &= !LOST;
+                    p.lost -= 1;
+                }
                 slot.flags |= QUEUED;
                 self.transmits.push_back(Pending::Data(at));
                 break;

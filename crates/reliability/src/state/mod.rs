@@ -151,6 +151,14 @@ impl<F: Clone, R> Reliability<F, R> {
         self.peers.get(peer.0 as usize).map(|p| p.rtt.srtt())
     }
 
+    /// The congestion window towards a peer, in whole datagrams (at least
+    /// one).
+    pub fn cwnd(&self, peer: PeerId) -> Option<u32> {
+        self.peers
+            .get(peer.0 as usize)
+            .map(|p| (p.cwnd / peer::CWND_UNIT).max(1))
+    }
+
     /// Datagrams in flight to a peer, and waiting for its window.
     pub fn queued(&self, peer: PeerId) -> Option<(usize, usize)> {
         let p = self.peers.get(peer.0 as usize)?;

@@ -24,6 +24,9 @@ pub(super) const RELEASED: u8 = 0x10;
 /// The sender waits for this datagram's acknowledgement: every transmission
 /// asks for it at once.
 pub(super) const AWAITED: u8 = 0x20;
+/// Found lost, and waiting for room in the congestion window to be sent
+/// again.
+pub(super) const LOST: u8 = 0x40;
 
 /// One datagram of one peer's stream: in flight, or waiting for the window.
 #[derive(Debug, Clone)]
@@ -71,6 +74,8 @@ pub(super) struct Peer {
     pub(super) min_rtt_ns: u32,
     /// Datagrams in flight selectively acknowledged.
     pub(super) sacked: u16,
+    /// Datagrams in flight found lost and not sent again yet (`LOST`).
+    pub(super) lost: u16,
     /// A tail-loss probe went and nothing new was acknowledged since: the
     /// retransmission timer decides next.
     pub(super) probed: bool,
@@ -117,6 +122,7 @@ impl Peer {
             rack_rtt_ns: 0,
             min_rtt_ns: u32::MAX,
             sacked: 0,
+            lost: 0,
             probed: false,
             last_heard: now,
             last_data: None,
@@ -136,6 +142,16 @@ impl Peer {
     pub(super) fn can_send(&self, config: &Config) -> bool {
         u32::from(self.in_flight) < self.window(config)
             && (self.snd_nxt - self.snd_una) < i32::from(self.peer_credit)
+    }
+
+    /// Whether the congestion window has room for one more datagram in the
+    /// network: the pipe (RFC 6675), the datagrams in flight neither
+    /// selectively acknowledged nor found lost, is below it.
+    pub(super) fn pipe_has_room(&self) -> bool {
+        let pipe = u32::from(self.in_flight)
+            .saturating_sub(u32::from(self.sacked))
+            .saturating_sub(u32::from(self.lost));
+        pipe * CWND_UNIT < self.cwnd.max(CWND_UNIT)
     }
 
     /// Nothing is in flight or waiting for the peer.
