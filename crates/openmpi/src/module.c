@@ -28,9 +28,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Contiguous data at least this long is sent from the user's buffer, not
- * copied: below it, copying costs less than the registration lookup. */
-#define UDBTL_ZERO_COPY_MIN 16384
 
 /* ----- descriptors ------------------------------------------------------ */
 
@@ -202,7 +199,11 @@ static mca_btl_base_descriptor_t *udbtl_prepare_src(struct mca_btl_base_module_t
     if (want > max - reserve) {
         want = max - reserve;
     }
-    if (want >= UDBTL_ZERO_COPY_MIN && 0 == opal_convertor_need_buffers(convertor)) {
+    /* Contiguous data that does not fit one datagram's fragment is sent
+     * from the user's buffer, as a train of datagrams: copying it would take
+     * one fragment, and one ob1 fragment, per datagram. */
+    size_t eager = btl->btl_eager_limit;
+    if (reserve + want > eager && 0 == opal_convertor_need_buffers(convertor)) {
         udbtl_frag_t *frag = prepare_zero_copy(m, convertor, order, reserve, want, flags);
         if (NULL != frag) {
             *size = frag->segments[1].seg_len;
@@ -211,8 +212,7 @@ static mca_btl_base_descriptor_t *udbtl_prepare_src(struct mca_btl_base_module_t
         }
     }
     /* Packed data fits one datagram's fragment; only data sent from the
-     * user's buffer goes up to max_send_size, as a train of datagrams. */
-    size_t eager = btl->btl_eager_limit;
+     * user's buffer goes up to max_send_size. */
     if (reserve > eager) {
         return NULL;
     }
