@@ -132,6 +132,9 @@ pub(crate) enum UserBytes {
     Shared(Arc<[u8]>),
     /// Memory its owner lends until the send completes.
     Lent(Box<dyn LentBytes>),
+    /// A bounce buffer of the module's (`alloc` above the eager limit),
+    /// which the caller wrote the message into.
+    Bounce(Box<[u8]>),
 }
 
 impl UserBytes {
@@ -139,6 +142,7 @@ impl UserBytes {
         match self {
             Self::Shared(data) => data,
             Self::Lent(lent) => lent.bytes(),
+            Self::Bounce(buffer) => buffer,
         }
     }
 }
@@ -148,6 +152,7 @@ impl std::fmt::Debug for UserBytes {
         let kind = match self {
             Self::Shared(_) => "shared",
             Self::Lent(_) => "lent",
+            Self::Bounce(_) => "bounce",
         };
         write!(f, "{kind} {} bytes", self.bytes().len())
     }

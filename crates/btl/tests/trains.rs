@@ -5,7 +5,8 @@
 //! duplication, reordering and corruption; its send completes once, after
 //! the whole train is acknowledged; and the cars a train takes go back to
 //! the free list whatever becomes of it (sent, freed unsent, or sent to a
-//! peer that is lost).
+//! peer that is lost). A send fragment from `alloc` longer than one datagram
+//! (up to `eager_max`) is a bounce buffer that leaves the same way.
 //!
 //! Everything runs on virtual time.
 
@@ -240,4 +241,56 @@ fn a_train_to_a_lost_peer_fails_once_and_leaks_nothing() {
     assert_eq!(nodes[0].modules()[0].unacknowledged(), 0);
     finalize_clean(nodes);
     drop(b);
+}
+
+#[test]
+fn an_alloc_longer_than_a_datagram_is_a_bounce_buffer_that_leaves_as_a_train() {
+    let net = SimNetwork::new(32);
+    let mut nodes = vec![node(&net, "a", &config()), node(&net, "b", &config())];
+    let eps = mesh(&mut nodes);
+    let ab = eps[0][1].unwrap();
+    let got = inbox(&mut nodes[1], Tag::PML);
+    let limits = nodes[0].modules()[0].limits();
+    assert!(limits.alloc_limit > 8 * limits.eager_limit, "{limits:?}");
+    let module = &mut nodes[0].modules_mut()[0];
+    assert!(
+        module
+            .alloc(NO_ORDER, limits.alloc_limit + 1, DesFlags::NONE)
+            .is_none(),
+        "no alloc past the alloc limit"
+    );
+    // Freed unsent: its buffer and cars come back (finalize checks).
+    let unsent = module
+        .alloc(NO_ORDER, limits.alloc_limit, DesFlags::NONE)
+        .unwrap();
+    module.free(unsent).unwrap();
+    let mut expected = Vec::new();
+    for (i, len) in [limits.alloc_limit, 3 * limits.eager_limit + 5, 100]
+        .into_iter()
+        .enumerate()
+    {
+        let data = payload(0, 1, i, len);
+        let module = &mut nodes[0].modules_mut()[0];
+        // The largest, then written shorter: the segment length says how
+        // much of the buffer is the message.
+        let des = module
+            .alloc(NO_ORDER, limits.alloc_limit, DesFlags::BTL_OWNERSHIP)
+            .unwrap();
+        module.set_segment_len(des, len).unwrap();
+        module.segment_mut(des).unwrap().copy_from_slice(&data);
+        module.send(ab, des, Tag::PML).unwrap();
+        expected.push(data);
+    }
+    let stop = drive(&net, &mut nodes, Duration::from_secs(5), |n| {
+        got.lock().unwrap().len() == expected.len() && n[0].modules()[0].unacknowledged() == 0
+    });
+    assert_eq!(stop, Stop::Done, "at {:?}", net.now());
+    let got = got.lock().unwrap();
+    for (i, ((_, bytes), want)) in got.iter().zip(&expected).enumerate() {
+        assert!(bytes == want, "message {i} ({} bytes) intact", want.len());
+    }
+    // The last fits one datagram: its spare cars went back unused.
+    assert_eq!(nodes[0].modules()[0].stats().trains_sent, 2);
+    drop(got);
+    finalize_clean(nodes);
 }

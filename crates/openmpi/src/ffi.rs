@@ -41,6 +41,7 @@ const ERROR: c_int = -3;
 #[derive(Debug)]
 pub struct Limits {
     eager_limit: usize,
+    alloc_limit: usize,
     rndv_eager_limit: usize,
     max_send_size: usize,
     send_frags_max: usize,
@@ -357,6 +358,7 @@ pub unsafe extern "C" fn udbtl_rs_limits(module: *mut c_void, limits: *mut Limit
     unsafe {
         *limits = Limits {
             eager_limit: found.eager_limit,
+            alloc_limit: found.alloc_limit,
             rndv_eager_limit: found.rndv_eager_limit.min(found.eager_limit),
             max_send_size: found.frag_limit,
             send_frags_max: found.send_frags_max,

@@ -191,6 +191,7 @@ static mca_btl_base_descriptor_t *udbtl_prepare_src(struct mca_btl_base_module_t
     }
     OPAL_THREAD_LOCK(&m->lock);
     bool throttled = m->outstanding >= m->throttle_at;
+    size_t datagram = m->datagram;
     OPAL_THREAD_UNLOCK(&m->lock);
     if (throttled) {
         return NULL;
@@ -202,8 +203,7 @@ static mca_btl_base_descriptor_t *udbtl_prepare_src(struct mca_btl_base_module_t
     /* Contiguous data that does not fit one datagram's fragment is sent
      * from the user's buffer, as a train of datagrams: copying it would take
      * one fragment, and one ob1 fragment, per datagram. */
-    size_t eager = btl->btl_eager_limit;
-    if (reserve + want > eager && 0 == opal_convertor_need_buffers(convertor)) {
+    if (reserve + want > datagram && 0 == opal_convertor_need_buffers(convertor)) {
         udbtl_frag_t *frag = prepare_zero_copy(m, convertor, order, reserve, want, flags);
         if (NULL != frag) {
             *size = frag->segments[1].seg_len;
@@ -211,8 +211,10 @@ static mca_btl_base_descriptor_t *udbtl_prepare_src(struct mca_btl_base_module_t
             return &frag->base;
         }
     }
-    /* Packed data fits one datagram's fragment; only data sent from the
-     * user's buffer goes up to max_send_size. */
+    /* Packed data goes into a fragment of up to the eager limit (past one
+     * datagram, a bounce buffer); only data sent from the user's buffer goes
+     * up to max_send_size. */
+    size_t eager = btl->btl_eager_limit;
     if (reserve > eager) {
         return NULL;
     }

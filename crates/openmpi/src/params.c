@@ -186,9 +186,11 @@ static void register_component_vars(udbtl_component_t *c)
     c->eager_limit = 0;
     (void) mca_base_component_var_register(
         &c->super.btl_version, "eager_limit",
-        "Maximum size (in bytes, including ob1's header) of messages sent eagerly; 0: the "
-        "largest payload of one datagram of the module's interface (about 64 KiB on loopback, "
-        "1.4 KB at MTU 1500), which is also the most it may be",
+        "Maximum size (in bytes, including ob1's header) of messages sent eagerly; 0: "
+        "udbtl's eager_max on a reliable module (32 KiB; a message longer than one datagram "
+        "goes as a train of datagrams), or the largest payload of one datagram of the "
+        "module's interface (about 64 KiB on loopback, 1.4 KB at MTU 1500); either is also "
+        "the most it may be",
         MCA_BASE_VAR_TYPE_SIZE_T, NULL, 0, 0, OPAL_INFO_LVL_4, MCA_BASE_VAR_SCOPE_READONLY,
         &c->eager_limit);
     c->flags = MCA_BTL_FLAGS_SEND;
@@ -313,7 +315,7 @@ void udbtl_module_apply_limits(udbtl_module_t *m)
     if (UDBTL_RS_OK != udbtl_rs_limits(m->rs, &limits)) {
         return;
     }
-    size_t eager = limits.eager_limit;
+    size_t eager = limits.alloc_limit;
     if (c->eager_limit > 0 && c->eager_limit < eager) {
         eager = c->eager_limit;
     }
@@ -326,6 +328,7 @@ void udbtl_module_apply_limits(udbtl_module_t *m)
     m->super.btl_latency = c->latency;
     m->super.btl_flags = MCA_BTL_FLAGS_SEND & c->flags;
     OPAL_THREAD_LOCK(&m->lock);
+    m->datagram = limits.eager_limit;
     m->send_frags_max = limits.send_frags_max;
     m->silent_max = limits.send_frags_max / 2;
     m->throttle_at = m->silent_max + limits.send_frags_max / 8;

@@ -53,7 +53,11 @@
 
 /* What Open MPI learns of a module. */
 struct udbtl_rs_limits {
+    /* One datagram's payload: the most a packed fragment holds. */
     size_t eager_limit;
+    /* The largest alloc (a bounce buffer past one datagram): ob1's eager
+     * limit. */
+    size_t alloc_limit;
     size_t rndv_eager_limit;
     size_t max_send_size;
     size_t send_frags_max;
@@ -138,6 +142,9 @@ struct udbtl_module {
      * prepare_src refuses, so ob1 queues. */
     size_t frags_in_use;
     size_t outstanding;
+    /* One datagram's payload (ob1's eager limit may be larger: such an
+     * alloc is a bounce buffer sent as a train). */
+    size_t datagram;
     size_t send_frags_max;
     size_t silent_max;
     size_t throttle_at;

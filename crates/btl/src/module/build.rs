@@ -7,6 +7,7 @@ use udbtl_fabric::{
 use udbtl_wire::datagram::AuthKey;
 use udbtl_wire::modex;
 
+use super::bounce::BouncePool;
 use super::descriptors::{Frags, USER_FRAG_STRIDE};
 use super::endpoints::{Endpoints, module_address};
 use super::integrity::Integrity;
@@ -313,6 +314,7 @@ impl<C: Context> Engine<C> {
             frags: Frags {
                 send: send_frags,
                 user: user_frags,
+                bounce: bounce_pool(params, &built.limits),
             },
             rcache: RegCache::new(
                 params.rcache_max_entries,
@@ -408,4 +410,14 @@ impl<C: Context> Engine<C> {
             ))
         }
     }
+}
+
+/// The bounce buffers for `alloc`s longer than a datagram: none where the
+/// limits allow no such alloc; otherwise as many as fit `send_mem`.
+fn bounce_pool(params: &Params, limits: &Limits) -> BouncePool {
+    if limits.alloc_limit <= limits.eager_limit {
+        return BouncePool::new(0, 0);
+    }
+    let size = limits.alloc_limit;
+    BouncePool::new(size, (params.send_mem / size).max(16))
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use udbtl_fabric::{Context, LKey, Mr, Sge};
 use udbtl_wire::rel;
 
+use super::bounce::BouncePool;
 use super::{Engine, deregister};
 use crate::convertor::Convertor;
 use crate::error::BtlError;
@@ -20,13 +21,16 @@ use crate::rcache::RegId;
 /// caller's reserved header.
 pub(super) const USER_FRAG_STRIDE: usize = 128;
 
-/// The two free lists.
+/// The two free lists, and the bounce buffers of long `alloc`s.
 #[derive(Debug)]
 pub(super) struct Frags {
     /// Payload packed into BTL-owned registered memory.
     pub(super) send: FragPool,
     /// Payload gathered from registered user memory.
     pub(super) user: FragPool,
+    /// Memory of `alloc`s longer than one datagram (user fragments whose
+    /// bytes are the module's).
+    pub(super) bounce: BouncePool,
 }
 
 impl Frags {
@@ -78,6 +82,29 @@ impl Frags {
         Some((user.lkey, user.data.bytes().get(range.clone())?))
     }
 
+    /// Whether `des` is an `alloc` over a bounce buffer.
+    pub(super) fn is_bounce(&self, des: Descriptor) -> bool {
+        matches!(
+            self.get(des).and_then(|f| f.user.as_ref()),
+            Some(UserData {
+                data: UserBytes::Bounce(_),
+                ..
+            })
+        )
+    }
+
+    /// The message bytes of an `alloc` over a bounce buffer.
+    fn bounce_mut(&mut self, des: Descriptor) -> Option<&mut [u8]> {
+        match self.get_mut(des)?.user.as_mut()? {
+            UserData {
+                data: UserBytes::Bounce(buffer),
+                range,
+                ..
+            } => buffer.get_mut(range.clone()),
+            _ => None,
+        }
+    }
+
     /// Every descriptor the BTL owns (posted, waiting, or unacknowledged).
     pub(super) fn owned_by_btl(&self) -> Vec<Descriptor> {
         [&self.send, &self.user]
@@ -109,7 +136,7 @@ impl<C: Context> Engine<C> {
     /// contract.
     pub(super) fn alloc(&mut self, order: u8, size: usize, flags: DesFlags) -> Option<Descriptor> {
         if size > self.limits.eager_limit {
-            return None;
+            return self.alloc_bounce(order, size, flags);
         }
         let des = self.frags.send.get(&mut self.ctx, self.pd)?;
         let frag = self.frags.send.frag_mut(des)?;
@@ -117,6 +144,50 @@ impl<C: Context> Engine<C> {
         frag.flags = flags;
         frag.order = order;
         Some(des)
+    }
+
+    /// An `alloc` longer than one datagram, up to the alloc limit: a user
+    /// fragment over a bounce buffer, registered through the cache, with the
+    /// cars of its train taken. `None` when the limit, the bounce pool, the
+    /// user free list or a registration says no.
+    fn alloc_bounce(&mut self, order: u8, size: usize, flags: DesFlags) -> Option<Descriptor> {
+        if size > self.limits.alloc_limit || size > self.frags.bounce.size() {
+            return None;
+        }
+        let buffer = self.frags.bounce.take()?;
+        let Some(des) = self.frags.user.get(&mut self.ctx, self.pd) else {
+            self.frags.bounce.give_back(buffer);
+            return None;
+        };
+        let pd = self.pd;
+        let registered = self.couple_cars(des, 0, size)
+            && match self.rcache.acquire(
+                &mut self.ctx,
+                &buffer,
+                |c, r| c.reg_user_mr(pd, r),
+                deregister,
+            ) {
+                Ok((reg, lkey)) => {
+                    if let Some(frag) = self.frags.user.frag_mut(des) {
+                        frag.flags = flags;
+                        frag.order = order;
+                        frag.user = Some(UserData {
+                            reg,
+                            lkey,
+                            data: UserBytes::Bounce(buffer),
+                            range: 0..size,
+                        });
+                    }
+                    return Some(des);
+                }
+                Err(_) => false,
+            };
+        if !registered {
+            self.uncouple_cars(des);
+        }
+        self.frags.user.put(des);
+        self.frags.bounce.give_back(buffer);
+        None
     }
 
     /// The engine's side of `Module::free`, whose documentation is the
@@ -140,6 +211,9 @@ impl<C: Context> Engine<C> {
         if let Some(user) = self.frags.get_mut(des).and_then(|f| f.user.take()) {
             if let Err(err) = self.rcache.release(&mut self.ctx, user.reg, deregister) {
                 tracing::error!(%err, "user fragment held no registration reference");
+            }
+            if let UserBytes::Bounce(buffer) = user.data {
+                self.frags.bounce.give_back(buffer);
             }
         }
         self.frags.pool_mut(des).put(des);
@@ -321,6 +395,12 @@ impl<C: Context> Engine<C> {
     /// The engine's side of `Module::segment_mut`, whose documentation is the
     /// contract.
     pub(super) fn segment_mut(&mut self, des: Descriptor) -> Result<&mut [u8], BtlError> {
+        if self.frags.is_bounce(des) {
+            return self
+                .frags
+                .bounce_mut(des)
+                .ok_or_else(|| bad(des, "without memory"));
+        }
         let header_len = self.header_len;
         Ok(&mut self.registered_mut(des)?[header_len..])
     }
@@ -367,6 +447,19 @@ impl<C: Context> Engine<C> {
     pub(super) fn set_segment_len(&mut self, des: Descriptor, len: usize) -> Result<(), BtlError> {
         let limit = self.limits.eager_limit;
         let frag = self.frags.checked_mut(des)?;
+        // A bounce buffer's segment is the message in it.
+        if let Some(UserData {
+            data: UserBytes::Bounce(buffer),
+            range,
+            ..
+        }) = frag.user.as_mut()
+        {
+            if len > buffer.len() {
+                return Err(bad(des, "too small for that length"));
+            }
+            *range = 0..len;
+            return Ok(());
+        }
         // A user fragment's registered part is the caller's header only.
         let limit = if frag.user.is_some() {
             super::USER_RESERVE_MAX

@@ -318,6 +318,7 @@ impl<C: Context> Engine<C> {
         self.limits.eager_limit = fits;
         self.limits.max_send_size = fits;
         if !self.path.is_reliable() {
+            self.limits.alloc_limit = fits;
             self.limits.frag_limit = fits;
         }
         self.limits.rndv_eager_limit = self.limits.rndv_eager_limit.min(fits);

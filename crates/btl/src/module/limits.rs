@@ -33,6 +33,12 @@ pub struct Limits {
     pub eager_limit: usize,
     /// Largest payload of one datagram: equal to the eager limit.
     pub max_send_size: usize,
+    /// Largest `alloc`: on a reliable module the `eager_max` parameter, or
+    /// the eager limit if larger (above the eager limit the fragment is a
+    /// bounce buffer that leaves as a train of datagrams); on an unreliable
+    /// one, the eager limit. What a host such as ob1 takes as its eager
+    /// limit.
+    pub alloc_limit: usize,
     /// Largest payload of a fragment prepared from the caller's memory
     /// (`prepare_src`, `prepare_lent`), the reserve included: what a host
     /// such as ob1 takes as the BTL's maximum send size. On a reliable
@@ -121,14 +127,18 @@ pub(super) fn limits_for(port: &PortAttr, params: &Params) -> Limits {
         None => port.max_msg_size,
     };
     let eager_limit = max_send_size.saturating_sub(header_len(params));
-    let frag_limit = if params.reliable {
-        params.frag_size.max(eager_limit)
+    let (alloc_limit, frag_limit) = if params.reliable {
+        (
+            params.eager_max.max(eager_limit),
+            params.frag_size.max(eager_limit),
+        )
     } else {
-        eager_limit
+        (eager_limit, eager_limit)
     };
     Limits {
         eager_limit,
         max_send_size: eager_limit,
+        alloc_limit,
         frag_limit,
         rndv_eager_limit: params.min_send_size.unwrap_or(eager_limit).min(eager_limit),
         inline_max: 0,

@@ -28,12 +28,14 @@
 //! * `endpoints.rs`: the peers, the index from a sender's address to its
 //!   endpoint, and the route (address handle, queue pair) to each;
 //! * `descriptors.rs`: `alloc`, `prepare_src`, segments and `free`;
+//!   `bounce.rs`: the buffers of `alloc`s longer than a datagram;
 //! * `build.rs`: bringing a module up in the seed's order and tearing it
 //!   down in the verbs order; `limits.rs`: the sizes it works with
 //!   ([`Limits`], the header layout);
 //! * `helper.rs`: the progress thread; `wait.rs`: waiting with a deadline on
 //!   the fabric's clock; `stats.rs`: counters and the dump.
 
+mod bounce;
 mod build;
 mod deliver;
 mod delivery;

@@ -91,9 +91,10 @@ impl<C: Context> fmt::Display for Engine<C> {
         )?;
         writeln!(
             f,
-            "  limits             eager {} max_send {} frag {} rndv_eager {} inline {}",
+            "  limits             eager {} max_send {} alloc {} frag {} rndv_eager {} inline {}",
             self.limits.eager_limit,
             self.limits.max_send_size,
+            self.limits.alloc_limit,
             self.limits.frag_limit,
             self.limits.rndv_eager_limit,
             self.limits.inline_max
@@ -116,6 +117,15 @@ impl<C: Context> fmt::Display for Engine<C> {
                 pool.len(),
                 pool.max(),
                 pool.high_water
+            )?;
+        }
+        let (made, max) = self.frags.bounce.made();
+        if max > 0 {
+            writeln!(
+                f,
+                "  bounce buffers     {} in use of {made} (max {max}) x {} bytes",
+                self.frags.bounce.in_use(),
+                self.frags.bounce.size()
             )?;
         }
         writeln!(

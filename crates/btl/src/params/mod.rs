@@ -376,6 +376,12 @@ parameters! {
          hung alltoall; unbounded lists pin unbounded memory)";
     user_frags_max: usize = (8192), int(1, 1 << 20), udbtl,
         "User (zero-copy) fragments a module's free list may grow to";
+    eager_max: usize = (32 << 10), size(64, 16 * MIB), udbtl,
+        "Largest message a send fragment from alloc holds on a reliable module (what ob1 \
+         takes as the eager limit): longer than one datagram's payload, it is a bounce \
+         buffer that leaves as a train of datagrams; never less than one datagram's \
+         payload. Bounce buffers are made as needed within send_mem. An unreliable module \
+         allocs one datagram at most";
     frag_size: usize = (64 << 10), size(64, 16 * MIB), udbtl,
         "Largest fragment of a message one send carries from the caller's memory (the \
          BTL's max_send_size, what ob1 cuts a large message into) on a reliable module: \

@@ -197,8 +197,10 @@ impl<C: Context> Engine<C> {
                 None => None,
             };
         }
-        self.stats.trains_sent += 1;
-        self.stats.train_cars_sent += cars as u64;
+        if cars > 0 {
+            self.stats.trains_sent += 1;
+            self.stats.train_cars_sent += cars as u64;
+        }
         if flush == Flush::Now {
             self.flush_transmits(now);
         }

@@ -61,6 +61,8 @@ pub(crate) fn modules(
             let limits = &report.limits;
             out.field(&key("eager_limit"), limits.eager_limit)?;
             out.field(&key("max_send_size"), limits.max_send_size)?;
+            out.field(&key("alloc_limit"), limits.alloc_limit)?;
+            out.field(&key("frag_limit"), limits.frag_limit)?;
             out.field(&key("rndv_eager_limit"), limits.rndv_eager_limit)?;
             out.field(&key("inline_max"), limits.inline_max)?;
             out.field(&key("exclusivity"), limits.exclusivity)?;
