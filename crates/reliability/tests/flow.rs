@@ -857,3 +857,48 @@ fn a_closed_peer_that_never_acknowledges_fails_its_data_when_the_linger_ends() {
     assert_eq!(a.poll_timeout(), None, "no timer left");
     assert_eq!(a.queued(P), Some((0, 0)));
 }
+
+#[test]
+fn a_held_acknowledgement_rides_on_the_reply_or_goes_when_released() {
+    let config = Config::default();
+    let (mut a, mut b) = (core(&config), core(&config));
+    let t0 = Instant::ZERO;
+    // Two datagrams: the second ends the burst and asks for an
+    // acknowledgement at once.
+    for frag in 0..2 {
+        a.send(t0, P, frag).unwrap();
+    }
+    let tx = drain(&mut a, t0);
+    assert!(tx[1].header.has(FLAG_ACK_REQ));
+    let _ = feed(&mut b, t0, &tx, Room::ALL);
+    b.hold_acks();
+    assert!(drain(&mut b, t0).is_empty(), "held while a reply may come");
+    assert!(
+        b.poll_timeout().is_some(),
+        "the acknowledgement timer stays armed"
+    );
+    // The reply carries the acknowledgement; released, nothing more goes.
+    b.send(t0, P, 7).unwrap();
+    let reply = drain(&mut b, t0);
+    assert_eq!(reply.len(), 1);
+    assert_eq!((reply[0].frag, reply[0].header.ack), (Some(7), SeqNum(2)));
+    assert!(b.release_acks());
+    assert!(drain(&mut b, t0).is_empty(), "the reply carried it");
+    let _ = feed(&mut a, t0, &reply, Room::ALL);
+    assert_eq!(acked(&events(&mut a)), [0, 1]);
+
+    // No reply this time: released, the acknowledgement goes on its own.
+    a.send(t0, P, 2).unwrap();
+    let tx = drain(&mut a, t0);
+    let _ = feed(&mut b, t0, &tx, Room::ALL);
+    b.hold_acks();
+    a.send(t0, P, 3).unwrap();
+    let tx = drain(&mut a, t0);
+    let _ = feed(&mut b, t0, &tx, Room::ALL);
+    assert!(drain(&mut b, t0).is_empty());
+    assert!(b.release_acks());
+    let ack = drain(&mut b, t0);
+    assert_eq!(ack.len(), 1, "one acknowledgement, not one per hold");
+    assert!(ack[0].header.has(FLAG_ACK_ONLY));
+    assert_eq!(ack[0].header.ack, SeqNum(4));
+}

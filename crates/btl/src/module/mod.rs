@@ -271,6 +271,13 @@ impl<C: Context> Engine<C> {
         // Before polling: a timer must never fire on a clock read after an
         // empty poll, while what would have stopped it sits unread. An
         // unreliable module has no timers and reads no clock.
+        // Acknowledgements held back for a reply at the last call go now,
+        // unless the reply carried them.
+        let released = self
+            .path
+            .reliable_mut()
+            .is_some_and(|r| r.core.release_acks());
+        let held_before = self.held_for_app;
         let now = if self.path.is_reliable() {
             let now = self.clock();
             self.note_running(now);
@@ -301,9 +308,16 @@ impl<C: Context> Engine<C> {
                 WcOpcode::Recv => self.on_receive(&wc, now),
             }
         }
+        // Data for the caller arrived: it is likely to reply before its next
+        // call, and the reply carries what this call would send as an
+        // acknowledgement of its own (the helper thread never replies).
+        let reply_likely = app_present && self.held_for_app > held_before;
         if let Some(reliable) = self.path.reliable_mut() {
+            if reply_likely {
+                reliable.core.hold_acks();
+            }
             // An idle poll with no timer due costs one comparison.
-            if polled > 0 || reliable.core.poll_timeout().is_some_and(|at| at <= now) {
+            if polled > 0 || released || reliable.core.poll_timeout().is_some_and(|at| at <= now) {
                 // A full batch may have left completions in the fabric.
                 let drained = polled < self.recv.wcs.len();
                 self.drive_reliability(now, drained);

@@ -75,6 +75,10 @@ pub struct Reliability<F, R> {
     /// Buffers the state held for a peer that is gone: never deliverable.
     reclaimed: Vec<R>,
     transmits: VecDeque<Pending>,
+    /// Acknowledgement-only datagrams are held back (`hold_acks`).
+    acks_held: bool,
+    /// Peers whose acknowledgement-only datagram is held back.
+    held_acks: Vec<u32>,
     events: VecDeque<Event<F>>,
     timers: BinaryHeap<Reverse<(Instant, u32)>>,
     credit: u16,
@@ -108,6 +112,8 @@ impl<F: Clone, R> Reliability<F, R> {
             deliverable: VecDeque::new(),
             reclaimed: Vec::new(),
             transmits: VecDeque::new(),
+            acks_held: false,
+            held_acks: Vec::new(),
             events: VecDeque::new(),
             timers: BinaryHeap::new(),
             stats: Stats::default(),
@@ -133,6 +139,8 @@ impl<F: Clone, R> Reliability<F, R> {
         let room = self.peers.len() * (usize::from(self.config.window) + 2);
         self.transmits
             .reserve(room.saturating_sub(self.transmits.len()));
+        self.held_acks
+            .reserve(self.peers.len().saturating_sub(self.held_acks.len()));
         PeerId((self.peers.len() - 1) as u32)
     }
 

@@ -196,12 +196,23 @@ impl<F: Clone, R> Reliability<F, R> {
                 }
                 Pending::Ack(peer) => {
                     let p = &mut self.peers[peer as usize];
-                    p.rcv.ack_queued = false;
                     if (p.rcv.ack_pending == 0 && !p.rcv.ack_now) || p.mode == Mode::Lost {
                         // A data datagram carried it already, or the peer
                         // is gone.
+                        p.rcv.ack_queued = false;
                         continue;
                     }
+                    if self.acks_held {
+                        // Still queued: it goes when released, unless a
+                        // reply carries it first.
+                        if !p.timers.is_set(Timer::Ack) {
+                            p.timers.set(Timer::Ack, now + self.config.ack_delay);
+                        }
+                        self.held_acks.push(peer);
+                        self.reschedule(peer);
+                        continue;
+                    }
+                    p.rcv.ack_queued = false;
                     self.stats.acks_sent += 1;
                     return Some(self.control(peer, FLAG_ACK_ONLY));
                 }
@@ -218,6 +229,31 @@ impl<F: Clone, R> Reliability<F, R> {
             }
         }
         None
+    }
+
+    /// Holds acknowledgement-only datagrams back until
+    /// [`release_acks`](Self::release_acks): the caller was just handed data
+    /// and is likely to reply before its next call, and the reply carries
+    /// the acknowledgement, which then costs no datagram of its own (an
+    /// acknowledgement asked for at once included). Data, probes and resets
+    /// still go. A held acknowledgement keeps its peer's acknowledgement
+    /// timer armed (`ack_delay`), so that a caller that sleeps until
+    /// [`poll_timeout`](Self::poll_timeout) wakes in time to release it.
+    pub fn hold_acks(&mut self) {
+        self.acks_held = true;
+    }
+
+    /// Ends [`hold_acks`](Self::hold_acks): the held acknowledgements are
+    /// queued again, for the next [`poll_transmit`](Self::poll_transmit),
+    /// which skips those a data datagram carried meanwhile. Returns whether
+    /// any was held.
+    pub fn release_acks(&mut self) -> bool {
+        self.acks_held = false;
+        let held = !self.held_acks.is_empty();
+        for peer in self.held_acks.drain(..) {
+            self.transmits.push_back(Pending::Ack(peer));
+        }
+        held
     }
 
     /// A datagram without data: an acknowledgement with `flags`.
