@@ -160,3 +160,38 @@ fn after_an_outage_no_step_sends_more_than_the_congestion_window() {
         "{sent} datagrams at once with a congestion window of {cwnd}: {s:?}"
     );
 }
+
+#[test]
+fn a_timeout_found_spurious_gives_the_congestion_window_back() {
+    // One way takes 0.8 of the first timeout: the timer fires before any
+    // acknowledgement comes back, then the first transmissions' own
+    // acknowledgements show its resend was not needed.
+    let window = 512;
+    let config = Config {
+        window,
+        initial_cwnd: window,
+        initial_credit: window,
+        ..Config::default()
+    };
+    let mut net = Net::new(2, &config, 43);
+    net.latency = config.rto_initial.mul_f64(0.8);
+    for i in 0..2000 {
+        net.send(0, 1, payload(0, i, 64));
+    }
+    let peer = net.nodes[0].node_peer[&1];
+    let mut after_spurious = None;
+    net.run_while(Duration::from_secs(60), |n| {
+        let s = n.nodes[0].rel.stats();
+        if s.spurious_retransmits > 0 && after_spurious.is_none() {
+            after_spurious = n.nodes[0].rel.cwnd(peer);
+        }
+        n.nodes[1].delivered.get(&0).map_or(0, Vec::len) < 2000
+    });
+    let s = net.nodes[0].rel.stats();
+    assert!(s.timeouts >= 1 && s.spurious_retransmits >= 1, "{s:?}");
+    let cwnd = after_spurious.unwrap();
+    assert!(
+        cwnd >= u32::from(window),
+        "the window the timeout cut is restored: {cwnd} < {window}; {s:?}"
+    );
+}

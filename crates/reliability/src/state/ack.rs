@@ -140,6 +140,7 @@ impl<F: Clone, R> Reliability<F, R> {
             at = slot.next;
         }
         self.stats.spurious_retransmits += spurious;
+        p.settle_undo(header.ack, spurious);
         if let Some(sample) = rtt_sample.filter(|_| !repair_acked) {
             p.rtt.sample(sample, config.rto_min, config.rto_max);
             let ns = u32::try_from(sample.as_nanos()).unwrap_or(u32::MAX);

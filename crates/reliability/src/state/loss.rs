@@ -137,6 +137,7 @@ impl<F: Clone, R> Reliability<F, R> {
         if lost > 0 {
             self.stats.fast_retransmits += u64::from(lost);
             p.lost = p.lost.saturating_add(lost as u16);
+            p.note_undo();
             let floor = 2 * CWND_UNIT;
             p.cwnd = p.cwnd.saturating_sub(lost * CWND_UNIT / 4).max(floor);
             p.ssthresh = p.cwnd;
@@ -237,6 +238,7 @@ impl<F: Clone, R> Reliability<F, R> {
         if !resumed {
             self.stats.timeouts += 1;
             p.rtt.back_off(rto_max);
+            p.note_undo();
             p.ssthresh = (p.cwnd / 2).max(2 * CWND_UNIT);
             p.cwnd = CWND_UNIT;
         }

@@ -39,6 +39,35 @@ pub(super) struct Slot<F> {
     pub(super) flags: u8,
 }
 
+impl Peer {
+    /// Notes the congestion window before a loss response, unless one is
+    /// already under way (the first window is the one to restore).
+    pub(super) fn note_undo(&mut self) {
+        if self.undo_cwnd == 0 {
+            self.undo_cwnd = self.cwnd.max(1);
+            self.undo_until = self.snd_nxt;
+        }
+    }
+
+    /// An acknowledgement up to `ack` came in, showing `spurious` resends
+    /// were not needed. A spurious one restores the window the loss
+    /// response replaced, and continues from it in congestion avoidance;
+    /// one that covers everything sent before the response, with no such
+    /// sign, makes the response stand.
+    pub(super) fn settle_undo(&mut self, ack: SeqNum, spurious: u64) {
+        if self.undo_cwnd == 0 {
+            return;
+        }
+        if spurious > 0 {
+            self.cwnd = self.cwnd.max(self.undo_cwnd);
+            self.ssthresh = self.cwnd;
+            self.undo_cwnd = 0;
+        } else if !ack.is_before(self.undo_until) {
+            self.undo_cwnd = 0;
+        }
+    }
+}
+
 /// The state of one peer. Its size does not depend on traffic: datagrams in
 /// flight live in the state's shared slot table, linked from here.
 #[derive(Debug, Clone)]
@@ -60,6 +89,14 @@ pub(super) struct Peer {
     /// no floating point).
     pub(super) cwnd: u32,
     pub(super) ssthresh: u32,
+    /// The congestion window before the loss response under way (a
+    /// timeout, or losses found; 0: none), restored if an acknowledgement
+    /// shows a resend was spurious (Eifel, RFC 3522): a descheduled
+    /// receiver is not a congested path. The response stands once
+    /// everything sent before `undo_until` is acknowledged without such a
+    /// sign.
+    pub(super) undo_cwnd: u32,
+    pub(super) undo_until: SeqNum,
     /// Datagrams past `snd_una` the peer last said it accepts.
     pub(super) peer_credit: u16,
     pub(super) rtt: Rtt,
@@ -116,6 +153,8 @@ impl Peer {
             backlog_tail: NIL,
             cwnd: u32::from(config.initial_cwnd) * CWND_UNIT,
             ssthresh: u32::MAX,
+            undo_cwnd: 0,
+            undo_until: config.initial_seq,
             peer_credit: config.initial_credit,
             rtt: Rtt::new(config.rto_initial),
             rack_sent: Instant::ZERO,
