@@ -187,7 +187,7 @@ static void register_component_vars(udbtl_component_t *c)
     (void) mca_base_component_var_register(
         &c->super.btl_version, "eager_limit",
         "Maximum size (in bytes, including ob1's header) of messages sent eagerly; 0: "
-        "udbtl's eager_max on a reliable module (32 KiB; a message longer than one datagram "
+        "udbtl's eager_max on a reliable module (66 KiB; a message longer than one datagram "
         "goes as a train of datagrams), or the largest payload of one datagram of the "
         "module's interface (about 64 KiB on loopback, 1.4 KB at MTU 1500); either is also "
         "the most it may be",

@@ -50,6 +50,19 @@ impl Rtt {
     }
 
     /// Doubles the timeout after an expiry, up to `max`.
+    /// Makes the estimate cover `delay`, the round trip of a first
+    /// transmission whose resend proved spurious (the Eifel response, RFC
+    /// 4015): the smoothed round trip becomes at least `delay` and the
+    /// variance at least half of it, and the backoff ends.
+    pub(crate) fn cover(&mut self, delay: Duration, min: Duration, max: Duration) {
+        let r = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX).max(1);
+        self.srtt_ns = self.srtt_ns.max(r);
+        self.rttvar_ns = self.rttvar_ns.max(u32::try_from(r / 2).unwrap_or(u32::MAX));
+        let rto_ns = self.srtt_ns + (4 * u64::from(self.rttvar_ns)).max(GRANULARITY_NS);
+        self.base_rto_us = duration_us(Duration::from_nanos(rto_ns).clamp(min, max));
+        self.rto_us = self.base_rto_us;
+    }
+
     pub(crate) fn back_off(&mut self, max: Duration) {
         let doubled = Duration::from_micros(u64::from(self.rto_us) * 2);
         self.rto_us = duration_us(doubled.min(max));

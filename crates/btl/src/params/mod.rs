@@ -376,12 +376,13 @@ parameters! {
          hung alltoall; unbounded lists pin unbounded memory)";
     user_frags_max: usize = (8192), int(1, 1 << 20), udbtl,
         "User (zero-copy) fragments a module's free list may grow to";
-    eager_max: usize = (32 << 10), size(64, 16 * MIB), udbtl,
+    eager_max: usize = (66 << 10), size(64, 16 * MIB), udbtl,
         "Largest message a send fragment from alloc holds on a reliable module (what ob1 \
          takes as the eager limit): longer than one datagram's payload, it is a bounce \
          buffer that leaves as a train of datagrams; never less than one datagram's \
-         payload. Bounce buffers are made as needed within send_mem. An unreliable module \
-         allocs one datagram at most";
+         payload. 66 KiB: a 64 KiB message and ob1's header go without a rendezvous, whose \
+         extra round trip costs a time slice when ranks share CPUs. Bounce buffers are made \
+         as needed within send_mem. An unreliable module allocs one datagram at most";
     frag_size: usize = (64 << 10), size(64, 16 * MIB), udbtl,
         "Largest fragment of a message one send carries from the caller's memory (the \
          BTL's max_send_size, what ob1 cuts a large message into) on a reliable module: \
@@ -398,10 +399,12 @@ parameters! {
     peer_timeout: u32 = (30_000), int(10, 86_400_000), udbtl,
         "Milliseconds without acknowledgement, while data waits, before a peer is \
          declared lost (time, not a retry count, decides)";
-    rto_min: u32 = (250), int(10, 1_000_000), udbtl,
+    rto_min: u32 = (5000), int(10, 1_000_000), udbtl,
         "Microseconds the retransmission timeout never goes below, whatever the measured \
          round trip; losses are mostly repaired sooner, by time-based detection and the \
-         tail-loss probe (two round trips)";
+         tail-loss probe (two round trips). Above a scheduler's time slice, so that a peer \
+         descheduled on a shared CPU is not taken for a loss (at 250 us, 4 ranks on 2 CPUs \
+         retransmitted ten times as much and ran up to 2.4 times as long)";
     keepalive: bool = (true), BOOL, udbtl,
         "After data last flowed with a peer, probe it a few times while idle (every quarter \
          of peer_timeout, until it has answered for a whole peer_timeout), so that a peer \

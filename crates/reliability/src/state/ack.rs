@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use udbtl_wire::rel;
 
-use super::peer::{CWND_UNIT, LOST, NIL, RELEASED, RETRANSMITTED, SACKED, SENT};
+use super::peer::{CWND_UNIT, LOST, NIL, RELEASED, RESENT_AGAIN, RETRANSMITTED, SACKED, SENT};
 use super::timer_table::Timer;
 use super::types::{Event, PeerId};
 use super::{Pending, Reliability};
@@ -59,6 +59,9 @@ impl<F: Clone, R> Reliability<F, R> {
         let mut newly_acked = 0u32;
         let mut newly_sacked = 0u32;
         let mut spurious = 0u64;
+        // The longest a first transmission took to be acknowledged, among
+        // those resent once, for nothing.
+        let mut first_delay = Duration::ZERO;
         let mut rtt_sample = None;
         // The acknowledgement covers a retransmission, so it may answer that
         // (a timeout's or a probe's resend asks for one at once): the first
@@ -89,8 +92,13 @@ impl<F: Clone, R> Reliability<F, R> {
             if slot.flags & (RETRANSMITTED | SACKED) == RETRANSMITTED {
                 repair_acked = true;
             }
-            if slot.flags & (SACKED | SENT) == SENT {
-                spurious += u64::from(p.rack_delivered(now, slot.sent_at, slot.flags));
+            if slot.flags & (SACKED | SENT) == SENT
+                && p.rack_delivered(now, slot.sent_at, slot.flags)
+            {
+                spurious += 1;
+                if slot.flags & RESENT_AGAIN == 0 {
+                    first_delay = first_delay.max(now.saturating_since(slot.first_sent));
+                }
             }
             if slot.flags & RELEASED == 0 {
                 self.events.push_back(Event::Acked {
@@ -126,8 +134,11 @@ impl<F: Clone, R> Reliability<F, R> {
                 } else {
                     repair_acked = true;
                 }
-                if slot.flags & SENT != 0 {
-                    spurious += u64::from(p.rack_delivered(now, slot.sent_at, slot.flags));
+                if slot.flags & SENT != 0 && p.rack_delivered(now, slot.sent_at, slot.flags) {
+                    spurious += 1;
+                    if slot.flags & RESENT_AGAIN == 0 {
+                        first_delay = first_delay.max(now.saturating_since(slot.first_sent));
+                    }
                 }
                 if slot.flags & RELEASED == 0 {
                     slot.flags |= RELEASED;
@@ -141,6 +152,13 @@ impl<F: Clone, R> Reliability<F, R> {
         }
         self.stats.spurious_retransmits += spurious;
         p.settle_undo(header.ack, spurious);
+        if !first_delay.is_zero() {
+            // The path (or a descheduled receiver) took that long: the
+            // timeout must cover it, or it fires for nothing again (RFC
+            // 4015). Karn's rule had kept every such delay out of the
+            // estimate, since it always ended in a resend.
+            p.rtt.cover(first_delay, config.rto_min, config.rto_max);
+        }
         if let Some(sample) = rtt_sample.filter(|_| !repair_acked) {
             p.rtt.sample(sample, config.rto_min, config.rto_max);
             let ns = u32::try_from(sample.as_nanos()).unwrap_or(u32::MAX);

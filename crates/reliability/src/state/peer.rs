@@ -27,6 +27,11 @@ pub(super) const AWAITED: u8 = 0x20;
 /// Found lost, and waiting for room in the congestion window to be sent
 /// again.
 pub(super) const LOST: u8 = 0x40;
+/// Sent three times or more: an acknowledgement that follows a resend too
+/// closely to answer it says nothing of how long the first transmission
+/// took (it may answer the one before), unlike one of a datagram resent
+/// once.
+pub(super) const RESENT_AGAIN: u8 = 0x80;
 
 /// One datagram of one peer's stream: in flight, or waiting for the window.
 #[derive(Debug, Clone)]
@@ -34,7 +39,11 @@ pub(super) struct Slot<F> {
     pub(super) frag: F,
     pub(super) peer: u32,
     pub(super) seq: SeqNum,
+    /// When it was last sent.
     pub(super) sent_at: Instant,
+    /// When it was first sent: a resend found spurious measures the delay
+    /// the first transmission met (Eifel response, RFC 4015).
+    pub(super) first_sent: Instant,
     pub(super) next: u32,
     pub(super) flags: u8,
 }

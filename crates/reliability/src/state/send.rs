@@ -5,7 +5,7 @@
 use udbtl_wire::SeqNum;
 use udbtl_wire::rel::{FLAG_ACK_ONLY, FLAG_ACK_REQ, FLAG_RESET};
 
-use super::peer::{AWAITED, NIL, QUEUED, RETRANSMITTED, SENT, Slot};
+use super::peer::{AWAITED, NIL, QUEUED, RESENT_AGAIN, RETRANSMITTED, SENT, Slot};
 use super::timer_table::Timer;
 use super::types::Mode;
 use super::types::{PeerId, SendError, Transmit};
@@ -65,6 +65,7 @@ impl<F: Clone, R> Reliability<F, R> {
             peer: peer.0,
             seq: SeqNum(0),
             sent_at: now,
+            first_sent: now,
             next: NIL,
             flags,
         });
@@ -152,8 +153,14 @@ impl<F: Clone, R> Reliability<F, R> {
                     slot.flags &= !QUEUED;
                     let awaited = slot.flags & AWAITED != 0;
                     let retransmission = slot.flags & SENT != 0;
+                    if slot.flags & RETRANSMITTED != 0 {
+                        slot.flags |= RESENT_AGAIN;
+                    }
                     slot.flags |= SENT | if retransmission { RETRANSMITTED } else { 0 };
                     slot.sent_at = now;
+                    if !retransmission {
+                        slot.first_sent = now;
+                    }
                     let (peer, seq, frag) = (slot.peer, slot.seq, slot.frag.clone());
                     if retransmission {
                         self.stats.retransmitted += 1;
