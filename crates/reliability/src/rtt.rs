@@ -110,6 +110,18 @@ mod tests {
     }
 
     #[test]
+    fn covering_a_delay_raises_the_estimate_never_lowers_it() {
+        let mut rtt = Rtt::new(Duration::from_millis(20));
+        rtt.sample(Duration::from_millis(10), MIN, MAX);
+        rtt.back_off(MAX);
+        rtt.cover(Duration::from_millis(40), MIN, MAX);
+        assert_eq!(rtt.srtt(), Duration::from_millis(40));
+        assert_eq!(rtt.rto(), Duration::from_millis(40 + 4 * 20));
+        rtt.cover(Duration::from_millis(5), MIN, MAX);
+        assert_eq!(rtt.srtt(), Duration::from_millis(40));
+    }
+
+    #[test]
     fn clamps_and_backs_off() {
         let mut rtt = Rtt::new(Duration::from_millis(20));
         rtt.sample(Duration::from_micros(5), MIN, MAX);

@@ -7,7 +7,8 @@
 //!   the path of the issue that found resends growing with the window (676
 //!   for one loss at window 740);
 //! * after a timeout, repairs go as the congestion window allows, never in
-//!   one burst;
+//!   one burst, and a timeout found spurious gives the window back and
+//!   stretches the timeout to cover the delay it met;
 //! * a lone datagram, which the receiver acknowledges only after its delayed
 //!   acknowledgement, sets off no tail-loss probe.
 
@@ -194,4 +195,9 @@ fn a_timeout_found_spurious_gives_the_congestion_window_back() {
         cwnd >= u32::from(window),
         "the window the timeout cut is restored: {cwnd} < {window}; {s:?}"
     );
+    // The first transmissions' round trip (1.6 first timeouts) is what the
+    // timeout covers now (RFC 4015): it does not fire for nothing again.
+    let rto = net.nodes[0].rel.rto(peer).unwrap();
+    assert!(rto >= config.rto_initial.mul_f64(1.6), "{rto:?}");
+    assert_eq!(s.timeouts, 1, "{s:?}");
 }
