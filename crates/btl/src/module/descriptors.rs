@@ -159,35 +159,33 @@ impl<C: Context> Engine<C> {
             self.frags.bounce.give_back(buffer);
             return None;
         };
-        let pd = self.pd;
-        let registered = self.couple_cars(des, 0, size)
-            && match self.rcache.acquire(
-                &mut self.ctx,
-                &buffer,
-                |c, r| c.reg_user_mr(pd, r),
-                deregister,
-            ) {
-                Ok((reg, lkey)) => {
-                    if let Some(frag) = self.frags.user.frag_mut(des) {
-                        frag.flags = flags;
-                        frag.order = order;
-                        frag.user = Some(UserData {
-                            reg,
-                            lkey,
-                            data: UserBytes::Bounce(buffer),
-                            range: 0..size,
-                        });
-                    }
-                    return Some(des);
-                }
-                Err(_) => false,
-            };
-        if !registered {
-            self.uncouple_cars(des);
+        if !self.couple_cars(des, 0, size) {
+            self.frags.user.put(des);
+            self.frags.bounce.give_back(buffer);
+            return None;
         }
-        self.frags.user.put(des);
-        self.frags.bounce.give_back(buffer);
-        None
+        let pd = self.pd;
+        let registration = self.rcache.acquire(
+            &mut self.ctx,
+            &buffer,
+            |c, r| c.reg_user_mr(pd, r),
+            deregister,
+        );
+        let (Ok((reg, lkey)), Some(frag)) = (registration, self.frags.user.frag_mut(des)) else {
+            self.uncouple_cars(des);
+            self.frags.user.put(des);
+            self.frags.bounce.give_back(buffer);
+            return None;
+        };
+        frag.flags = flags;
+        frag.order = order;
+        frag.user = Some(UserData {
+            reg,
+            lkey,
+            data: UserBytes::Bounce(buffer),
+            range: 0..size,
+        });
+        Some(des)
     }
 
     /// The engine's side of `Module::free`, whose documentation is the
