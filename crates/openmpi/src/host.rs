@@ -95,11 +95,14 @@ pub fn stats_line(module: &Mod) -> String {
     if let Some(r) = module.reliability_stats() {
         let _ = write!(
             line,
-            " retransmitted={} fast_retransmits={} timeouts={} duplicates={} keepalives={} \
-             lost_peers={} bad_checksum={} unauthenticated={} coalesced={} trains={}",
+            " retransmitted={} fast_retransmits={} timeouts={} tail_probes={} spurious={} \
+             duplicates={} keepalives={} lost_peers={} bad_checksum={} unauthenticated={} \
+             coalesced={} trains={}",
             r.retransmitted,
             r.fast_retransmits,
             r.timeouts,
+            r.tail_probes,
+            r.spurious_retransmits,
             r.duplicates,
             r.keepalives,
             r.peers_lost,
