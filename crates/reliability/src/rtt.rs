@@ -80,6 +80,12 @@ impl Rtt {
         Duration::from_micros(u64::from(self.rto_us))
     }
 
+    /// The smoothed round trip plus four times its variance: the
+    /// retransmission timeout before its floor and ceiling.
+    pub(crate) fn variance_bound(&self) -> Duration {
+        Duration::from_nanos(self.srtt_ns + 4 * u64::from(self.rttvar_ns))
+    }
+
     pub(crate) fn srtt(&self) -> Duration {
         Duration::from_nanos(self.srtt_ns)
     }

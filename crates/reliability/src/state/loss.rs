@@ -51,7 +51,8 @@ impl Peer {
         }
     }
 
-    /// Two smoothed round trips, at least [`PTO_MIN`]; the initial timeout
+    /// Two smoothed round trips, or the smoothed round trip and four times
+    /// its variance if longer, at least [`PTO_MIN`]; the initial timeout
     /// before any sample. With a lone datagram in flight, plus the
     /// receiver's delayed acknowledgement `ack_delay` (RFC 8985 §7.2): no
     /// later datagram makes it acknowledge sooner, and a datagram that
@@ -61,7 +62,10 @@ impl Peer {
         if srtt.is_zero() {
             return self.rtt.rto();
         }
-        let pto = (2 * srtt).max(PTO_MIN);
+        // Where round trips vary a lot (a peer on a shared CPU, answering
+        // after a time slice), two smoothed ones are not enough: the probe
+        // waits as long as the variance says, as the timeout does.
+        let pto = (2 * srtt).max(self.rtt.variance_bound()).max(PTO_MIN);
         if self.in_flight == 1 {
             pto + ack_delay
         } else {
