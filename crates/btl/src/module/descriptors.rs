@@ -155,28 +155,13 @@ impl<C: Context> Engine<C> {
             return None;
         }
         let buffer = self.frags.bounce.take()?;
-        let Some(des) = self.frags.user.get(&mut self.ctx, self.pd) else {
+        // The whole buffer is registered, so that its next use hits the
+        // cache whatever the size; the cars are for this message's size.
+        let Some((des, reg, lkey)) = self.user_frag_over(&buffer, 0, size) else {
             self.frags.bounce.give_back(buffer);
             return None;
         };
-        if !self.couple_cars(des, 0, size) {
-            self.frags.user.put(des);
-            self.frags.bounce.give_back(buffer);
-            return None;
-        }
-        let pd = self.pd;
-        let registration = self.rcache.acquire(
-            &mut self.ctx,
-            &buffer,
-            |c, r| c.reg_user_mr(pd, r),
-            deregister,
-        );
-        let (Ok((reg, lkey)), Some(frag)) = (registration, self.frags.user.frag_mut(des)) else {
-            self.uncouple_cars(des);
-            self.frags.user.put(des);
-            self.frags.bounce.give_back(buffer);
-            return None;
-        };
+        let frag = self.frags.user.frag_mut(des)?;
         frag.flags = flags;
         frag.order = order;
         frag.user = Some(UserData {
@@ -186,6 +171,37 @@ impl<C: Context> Engine<C> {
             range: 0..size,
         });
         Some(des)
+    }
+
+    /// A user fragment that sends `len` bytes of `bytes` behind `reserve`
+    /// bytes of the caller's header: taken from the free list, with the cars
+    /// its train needs, and the registration of `bytes` from the cache.
+    /// `None`, with nothing taken, when any of them is refused.
+    fn user_frag_over(
+        &mut self,
+        bytes: &[u8],
+        reserve: usize,
+        len: usize,
+    ) -> Option<(Descriptor, RegId, LKey)> {
+        let des = self.frags.user.get(&mut self.ctx, self.pd)?;
+        if !self.couple_cars(des, reserve, len) {
+            self.frags.user.put(des);
+            return None;
+        }
+        let pd = self.pd;
+        match self.rcache.acquire(
+            &mut self.ctx,
+            bytes,
+            |c, r| c.reg_user_mr(pd, r),
+            deregister,
+        ) {
+            Ok((reg, lkey)) => Some((des, reg, lkey)),
+            Err(_) => {
+                self.uncouple_cars(des);
+                self.frags.user.put(des);
+                None
+            }
+        }
     }
 
     /// The engine's side of `Module::free`, whose documentation is the
@@ -331,22 +347,7 @@ impl<C: Context> Engine<C> {
         if !fits {
             return Err(lent);
         }
-        let Some(des) = self.frags.user.get(&mut self.ctx, self.pd) else {
-            return Err(lent);
-        };
-        if !self.couple_cars(des, reserve, len) {
-            self.frags.user.put(des);
-            return Err(lent);
-        }
-        let pd = self.pd;
-        let Ok((reg, lkey)) = self.rcache.acquire(
-            &mut self.ctx,
-            lent.bytes(),
-            |c, r| c.reg_user_mr(pd, r),
-            deregister,
-        ) else {
-            self.uncouple_cars(des);
-            self.frags.user.put(des);
+        let Some((des, reg, lkey)) = self.user_frag_over(lent.bytes(), reserve, len) else {
             return Err(lent);
         };
         let Some(frag) = self.frags.user.frag_mut(des) else {
