@@ -23,21 +23,29 @@ use udbtl_reliability::{Config, Stats};
 
 const MESSAGES: u64 = 5000;
 
-/// Streams [`MESSAGES`] at `window` with the data datagram of sequence
-/// number `lost` dropped once; checks every message arrived once, in order;
-/// returns the sender's counters.
-fn stream_with_one_loss(window: u16, lost: u32) -> Stats {
+/// Two nodes whose whole `window` is open from the first datagram, joined
+/// by the issue's path: a 10 µs one-way delay and a link of one datagram
+/// per 1.2 µs each way.
+fn path_of_the_issue(window: u16, seed: u64) -> Net {
     let config = Config {
         window,
         initial_cwnd: window,
         initial_credit: window,
         ..Config::default()
     };
-    let mut net = Net::new(2, &config, 40);
+    let mut net = Net::new(2, &config, seed);
     net.latency = Duration::from_micros(10);
     for (from, to) in [(0, 1), (1, 0)] {
         net.set_bottleneck(from, to, Duration::from_nanos(1200));
     }
+    net
+}
+
+/// Streams [`MESSAGES`] at `window` with the data datagram of sequence
+/// number `lost` dropped once; checks every message arrived once, in order;
+/// returns the sender's counters.
+fn stream_with_one_loss(window: u16, lost: u32) -> Stats {
+    let mut net = path_of_the_issue(window, 40);
     net.set_faults(
         0,
         1,
@@ -103,18 +111,7 @@ fn a_lone_datagram_every_millisecond_sets_off_no_tail_loss_probe() {
 
 #[test]
 fn after_an_outage_no_step_sends_more_than_the_congestion_window() {
-    let window = 740;
-    let config = Config {
-        window,
-        initial_cwnd: window,
-        initial_credit: window,
-        ..Config::default()
-    };
-    let mut net = Net::new(2, &config, 42);
-    net.latency = Duration::from_micros(10);
-    for (from, to) in [(0, 1), (1, 0)] {
-        net.set_bottleneck(from, to, Duration::from_nanos(1200));
-    }
+    let mut net = path_of_the_issue(740, 42);
     // Everything towards the receiver is lost for 2 ms, mid-stream.
     net.set_faults(
         0,
