@@ -200,6 +200,19 @@ pub(crate) struct Frag {
     /// datagrams (`module/reliable/train.rs`): the fragment the caller holds
     /// is the first, each car after it is a fragment of its own.
     pub(crate) train: Option<Train>,
+    /// The CRC-32 of the segment, taken as it was written while its bytes
+    /// were in the cache, so that sealing the datagram reads only its
+    /// headers. Valid while the segment is `seg_len` bytes long: a writer
+    /// that changes the segment in place clears it.
+    pub(crate) segment_crc: Option<SegmentCrc>,
+}
+
+/// The CRC-32 of a fragment's segment when it was `len` bytes long
+/// ([`udbtl_wire::datagram::payload_checksum`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SegmentCrc {
+    pub(crate) len: usize,
+    pub(crate) crc: u32,
 }
 
 /// A fragment's place in a train of datagrams.
@@ -303,6 +316,7 @@ impl FragPool {
             rider: None,
             rider_tail: None,
             train: None,
+            segment_crc: None,
         }));
         Ok(true)
     }
@@ -333,6 +347,7 @@ impl FragPool {
         frag.rider = None;
         frag.rider_tail = None;
         frag.train = None;
+        frag.segment_crc = None;
         let des = Descriptor::new(self.kind, index, frag.generation);
         self.high_water = self.high_water.max(self.in_use());
         Some(des)

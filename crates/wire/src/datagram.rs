@@ -10,9 +10,14 @@
 //!
 //! The checksum of a reliable datagram (present when the extension's
 //! [`rel::FLAG_CHECKSUM`] is set) is the IEEE CRC-32 (as in Ethernet and
-//! zlib; not CRC-32C) of every byte of the datagram, with the 4-byte checksum
-//! field counted as zeros. This module owns the offsets, so callers never add
-//! [`btl::HEADER_LEN`] to [`rel::CHECKSUM_FIELD`] themselves.
+//! zlib; not CRC-32C) of every byte of the datagram, payload first: the
+//! bytes after [`HEADER_LEN`], then the two headers with the 4-byte checksum
+//! field counted as zeros. With the payload first, a sender can checksum the
+//! payload as it writes it, while it is in the cache, and finish with the
+//! headers when it sends ([`payload_checksum`], [`fill_checksum_after`]);
+//! headers change at every resend, the payload never. This module owns the
+//! offsets, so callers never add [`btl::HEADER_LEN`] to
+//! [`rel::CHECKSUM_FIELD`] themselves.
 //!
 //! A sender may hold the datagram in pieces (its headers in one buffer, the
 //! user's payload in another): [`checksum`] takes the pieces in order.
@@ -70,8 +75,9 @@ pub fn extension_mut(datagram: &mut [u8]) -> Result<rel::Packet<&mut [u8]>> {
 }
 
 /// The checksum of the datagram made of `parts` in order: the IEEE CRC-32 of
-/// their concatenation with the bytes at [`CHECKSUM_FIELD`] counted as zeros,
-/// whatever they hold (the caller need not clear the field first).
+/// the bytes after [`HEADER_LEN`] followed by the first [`HEADER_LEN`] bytes,
+/// with the bytes at [`CHECKSUM_FIELD`] counted as zeros, whatever they hold
+/// (the caller need not clear the field first).
 ///
 /// `parts[0]` starts with the BTL header. The parts may split the datagram
 /// anywhere, even inside the checksum field; the result depends only on the
@@ -81,11 +87,62 @@ pub fn checksum(parts: &[&[u8]]) -> u32 {
     checksum_of(parts.iter().copied())
 }
 
-/// [`checksum`] over any sequence of parts.
-fn checksum_of<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> u32 {
-    let mut hasher = crc32fast::Hasher::new();
-    for_each_with_zeroed(parts, CHECKSUM_FIELD, |bytes| hasher.update(bytes));
+/// [`checksum`] over any sequence of parts (read twice: payload, headers).
+fn checksum_of<'a>(parts: impl IntoIterator<Item = &'a [u8]> + Clone) -> u32 {
+    let mut payload = crc32fast::Hasher::new();
+    for_each_in(parts.clone(), HEADER_LEN..usize::MAX, |bytes| {
+        payload.update(bytes);
+    });
+    finish_checksum(payload.finalize(), parts)
+}
+
+/// Continues the payload's CRC-32 `payload` over the headers at the start of
+/// `parts` (the first [`HEADER_LEN`] bytes), with the checksum field zeroed.
+fn finish_checksum<'a>(payload: u32, parts: impl IntoIterator<Item = &'a [u8]> + Clone) -> u32 {
+    let mut hasher = crc32fast::Hasher::new_with_initial(payload);
+    for_each_in(parts.clone(), 0..CHECKSUM_FIELD.start, |bytes| {
+        hasher.update(bytes);
+    });
+    hasher.update(&[0; CHECKSUM_FIELD.end - CHECKSUM_FIELD.start]);
+    for_each_in(parts, CHECKSUM_FIELD.end..HEADER_LEN, |bytes| {
+        hasher.update(bytes);
+    });
     hasher.finalize()
+}
+
+/// The CRC-32 of a payload held in `parts`, in order: what
+/// [`fill_checksum_after`] completes once the headers are written. A sender
+/// computes it right after writing the payload, so that the bytes are read
+/// while still in the cache rather than again when the datagram leaves.
+#[must_use]
+pub fn payload_checksum(parts: &[&[u8]]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    for part in parts {
+        hasher.update(part);
+    }
+    hasher.finalize()
+}
+
+/// Feeds the bytes of the concatenation of `parts` that lie in `range` to
+/// `sink`, in order, in pieces.
+fn for_each_in<'a>(
+    parts: impl IntoIterator<Item = &'a [u8]>,
+    range: Range<usize>,
+    mut sink: impl FnMut(&[u8]),
+) {
+    let mut offset = 0usize;
+    for part in parts {
+        let end = offset.saturating_add(part.len());
+        let lo = range.start.clamp(offset, end) - offset;
+        let hi = range.end.clamp(offset, end) - offset;
+        if lo < hi {
+            sink(&part[lo..hi]);
+        }
+        offset = end;
+        if offset >= range.end {
+            break;
+        }
+    }
 }
 
 /// Feeds the concatenation of `parts` to `sink` in pieces, with the bytes
@@ -135,6 +192,18 @@ pub fn set_checksum(head: &mut [u8], value: u32) {
 /// If `head` is shorter than [`HEADER_LEN`]: the sender sized it.
 pub fn fill_checksum(head: &mut [u8], rest: &[&[u8]]) -> u32 {
     let sum = checksum_of(core::iter::once(&*head).chain(rest.iter().copied()));
+    set_checksum(head, sum);
+    sum
+}
+
+/// Like [`fill_checksum`], for a sender that already holds the CRC-32 of
+/// the payload, `payload` ([`payload_checksum`] of every byte after
+/// [`HEADER_LEN`], in `head` and after it): only the headers are read.
+///
+/// # Panics
+/// If `head` is shorter than [`HEADER_LEN`]: the sender sized it.
+pub fn fill_checksum_after(head: &mut [u8], payload: u32) -> u32 {
+    let sum = finish_checksum(payload, [&*head]);
     set_checksum(head, sum);
     sum
 }
@@ -263,14 +332,15 @@ mod tests {
     }
 
     #[test]
-    fn checksum_is_ieee_crc32_with_the_field_zeroed() {
+    fn checksum_is_ieee_crc32_of_payload_then_headers_with_the_field_zeroed() {
         let bytes = datagram(b"payload");
         let mut zeroed = bytes.clone();
         zeroed[CHECKSUM_FIELD].fill(0);
-        assert_eq!(checksum(&[&bytes]), crc32fast::hash(&zeroed));
+        let reordered = [&zeroed[HEADER_LEN..], &zeroed[..HEADER_LEN]].concat();
+        assert_eq!(checksum(&[&bytes]), crc32fast::hash(&reordered));
         assert_eq!(
             extension(&bytes).unwrap().checksum(),
-            crc32fast::hash(&zeroed)
+            crc32fast::hash(&reordered)
         );
         // The check value of the IEEE CRC-32, so it cannot be CRC-32C.
         assert_eq!(crc32fast::hash(b"123456789"), 0xcbf4_3926);
@@ -371,6 +441,20 @@ mod tests {
             }
             parts.push(&bytes[start..]);
             prop_assert_eq!(checksum(&parts), checksum(&[&bytes]));
+        }
+
+        #[test]
+        fn a_payload_checksummed_ahead_seals_the_same(
+            payload in proptest::collection::vec(any::<u8>(), 0..200),
+            cut: prop::sample::Index,
+        ) {
+            let sealed = datagram(&payload);
+            let mut head = sealed[..HEADER_LEN].to_vec();
+            head[CHECKSUM_FIELD].fill(0xa5);
+            let (a, b) = payload.split_at(cut.index(payload.len() + 1));
+            let ahead = payload_checksum(&[a, b]);
+            prop_assert_eq!(fill_checksum_after(&mut head, ahead), checksum(&[&sealed]));
+            prop_assert_eq!(&head[..], &sealed[..HEADER_LEN]);
         }
 
         #[test]

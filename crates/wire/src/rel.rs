@@ -21,10 +21,10 @@
 //!   64 datagrams after the first gap).
 //! * `credit` is how many datagrams past `ack` the receiver will accept.
 //! * `checksum` is the IEEE CRC-32 (the polynomial of Ethernet and zlib, not
-//!   CRC-32C) of the whole datagram (BTL header, this extension and the
-//!   payload) with this field counted as zeros, meaningful when the
-//!   `CHECKSUM` flag is set: on fabrics that do not check integrity
-//!   themselves. [`crate::datagram`] computes, writes and verifies it.
+//!   CRC-32C) of the whole datagram, payload first (the payload, then the
+//!   BTL header and this extension), with this field counted as zeros,
+//!   meaningful when the `CHECKSUM` flag is set: on fabrics that do not
+//!   check integrity themselves. [`crate::datagram`] computes, writes and verifies it.
 //! * `flags`:
 //!
 //!   | bit    | name        | meaning                                            |

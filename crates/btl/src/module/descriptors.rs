@@ -5,15 +5,16 @@
 use std::sync::Arc;
 
 use udbtl_fabric::{Context, LKey, Mr, Sge};
-use udbtl_wire::rel;
+use udbtl_wire::{datagram, rel};
 
 use super::bounce::BouncePool;
+use super::integrity::Integrity;
 use super::{Engine, deregister};
 use crate::convertor::Convertor;
 use crate::error::BtlError;
 use crate::frag::{
-    DesFlags, Descriptor, Frag, FragKind, FragPool, FragState, LentBytes, Train, UserBytes,
-    UserData,
+    DesFlags, Descriptor, Frag, FragKind, FragPool, FragState, LentBytes, SegmentCrc, Train,
+    UserBytes, UserData,
 };
 use crate::rcache::RegId;
 
@@ -469,6 +470,26 @@ impl<C: Context> Engine<C> {
             return Err(bad(des, "too small for that length"));
         }
         frag.seg_len = len;
+        Ok(())
+    }
+
+    /// Notes the CRC-32 of a send fragment's segment, `written` into it just
+    /// now, when this module checksums its datagrams: the bytes are in the
+    /// cache now, and sealing the datagram then reads only its headers.
+    pub(super) fn note_segment_crc(
+        &mut self,
+        des: Descriptor,
+        written: &[u8],
+    ) -> Result<(), BtlError> {
+        let checksums = self
+            .path
+            .reliable()
+            .is_some_and(|r| matches!(r.integrity, Integrity::Checksum));
+        let frag = self.frags.checked_mut(des)?;
+        frag.segment_crc = checksums.then(|| SegmentCrc {
+            len: written.len(),
+            crc: datagram::payload_checksum(&[written]),
+        });
         Ok(())
     }
 

@@ -98,16 +98,22 @@ pub(super) enum Check {
 }
 
 /// Fills in the checksum or MAC that `header`'s flags ask for, over the
-/// datagram `head` followed by `rest`. `false` if it asks for a MAC and the
-/// peer has no key, which `add_procs` never lets happen.
+/// datagram `head` followed by `rest`. `payload_crc`, if known, is the CRC-32
+/// of everything after the headers, which a checksum then does not read
+/// again. `false` if it asks for a MAC and the peer has no key, which
+/// `add_procs` never lets happen.
 pub(super) fn seal(
     head: &mut [u8],
     rest: &[&[u8]],
+    payload_crc: Option<u32>,
     header: &rel::Repr,
     peer_key: Option<AuthKey>,
 ) -> bool {
     if header.has(rel::FLAG_CHECKSUM) {
-        datagram::fill_checksum(head, rest);
+        match payload_crc {
+            Some(crc) => datagram::fill_checksum_after(head, crc),
+            None => datagram::fill_checksum(head, rest),
+        };
     } else if header.has(rel::FLAG_MAC) {
         let Some(key) = peer_key else {
             return false;

@@ -225,6 +225,7 @@ impl<C: Context> Engine<C> {
         let sent = self
             .segment_mut(des)
             .map(|seg| seg.copy_from_slice(piece))
+            .and_then(|()| self.note_segment_crc(des, piece))
             .and_then(|()| self.set_message_bounds(des, first, last))
             .and_then(|()| {
                 self.frags.checked_mut(des)?.flags = DesFlags::BTL_OWNERSHIP;

@@ -110,9 +110,15 @@ impl<C: Context> Engine<C> {
         };
         header.emit(&mut ext);
         let user = self.frags.user_bytes(des);
+        // Taken as the segment was written, if it still covers all of it.
+        let payload_crc = frag
+            .segment_crc
+            .filter(|c| user.is_none() && c.len == frag.seg_len)
+            .map(|c| c.crc);
         if !seal(
             head,
             &[user.map_or(&[][..], |(_, data)| data)],
+            payload_crc,
             &header,
             peer_key,
         ) {
@@ -156,7 +162,7 @@ impl<C: Context> Engine<C> {
             return;
         };
         header.emit(&mut ext);
-        if !seal(buf, &[], &header, peer_key) {
+        if !seal(buf, &[], None, &header, peer_key) {
             self.stats.transmit_failures += 1;
             return;
         }

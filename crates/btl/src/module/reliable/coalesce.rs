@@ -159,6 +159,7 @@ impl Coalescer {
         };
         if let Some(c) = frags.get_mut(carrier) {
             c.seg_len = end;
+            c.segment_crc = None;
             c.msg_flags |= rel::FLAG_COALESCED;
             c.rider_tail = Some(des);
             if c_tail.is_none() {
