@@ -191,7 +191,8 @@ impl Context for UdpContext {
                 operation: "getsockname",
                 source: io::Error::other("no local address"),
             })?;
-        let rx = self.rx.new_qp(&socket);
+        let slot = self.verbs.port(1)?.max_msg_size + udbtl_wire::ud::HEADER_LEN;
+        let rx = self.rx.new_qp(&socket, slot);
         // Should anything below fail, closing the socket takes it out of
         // every epoll set it joined.
         for (_, channel) in self.channels.iter().filter(|(c, _)| *c == attr.recv_cq) {

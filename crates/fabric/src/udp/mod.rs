@@ -28,6 +28,7 @@ mod netif;
 mod recv;
 mod send;
 mod sys;
+mod train;
 
 pub use context::UdpContext;
 pub use netif::InterfaceScope;

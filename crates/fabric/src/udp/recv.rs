@@ -1,6 +1,6 @@
-//! Receiving: `recvmmsg` into the buffers posted on a queue pair, splitting
-//! GRO trains back into datagrams, and draining queue pairs that have no
-//! receive posted.
+//! Receiving: `recvmmsg` into the buffers posted on a queue pair (GRO
+//! trains are `train.rs`'s), and draining queue pairs that have no receive
+//! posted.
 //!
 //! [`Receiver`] holds what receiving needs across queue pairs of one context
 //! (the scratch space a batch uses, so that a poll prepares nothing, and
@@ -18,8 +18,8 @@ use udbtl_wire::ud;
 use super::{MAX_UDP_PAYLOAD_V6, sys};
 use crate::bookkeeping::{Memory, Verbs};
 use crate::{
-    CqHandle, FabricError, GRH_LEN, MrHandle, NodeAddr, QpAddr, QpHandle, Result, Sge, WcOpcode,
-    WcStatus, WorkCompletion,
+    CqHandle, FabricError, GRH_LEN, NodeAddr, QpAddr, QpHandle, Result, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 
 /// Empty queue pairs that never had a receive posted are drained (and their
@@ -30,29 +30,32 @@ const IDLE_DRAIN_INTERVAL: u32 = 64;
 /// receive posted reads: the rest wait for the next.
 const DISCARD_MAX: usize = 64;
 
-/// What one `recvmmsg` batch needs besides the buffers themselves.
+/// What one `recvmmsg` batch, or one GRO train, needs besides the buffers
+/// themselves.
 #[derive(Debug)]
-struct RecvScratch {
-    targets: [(usize, usize); sys::MAX_BATCH],
-    meta: [sys::RecvMeta; sys::MAX_BATCH],
+pub(super) struct RecvScratch {
+    pub(super) targets: [(usize, usize); sys::MAX_SCATTER],
+    pub(super) meta: [sys::RecvMeta; sys::MAX_BATCH],
 }
 
-const INVALID_QP: FabricError = FabricError::InvalidHandle { kind: "queue pair" };
+const _: () = assert!(sys::MAX_SCATTER >= sys::MAX_BATCH);
+
+pub(super) const INVALID_QP: FabricError = FabricError::InvalidHandle { kind: "queue pair" };
 
 /// The receive side of a context: what every queue pair's receives share.
 #[derive(Debug)]
 pub(super) struct Receiver {
     /// New queue pairs turn GRO on, until the kernel refuses it once.
     gro: bool,
-    /// Where a GRO train continues past the buffer its first datagram
-    /// landed in: [`sys::GRO_OVERFLOW`] bytes per datagram of a receive
-    /// batch, made with the first queue pair that has GRO on.
-    gro_overflow: Option<Box<[u8]>>,
+    /// Where a GRO train continues past the posted buffers it is spread
+    /// over ([`sys::recv_scattered`]): one maximal UDP payload, made with the
+    /// first queue pair that has GRO on.
+    pub(super) spill: Option<Box<[u8]>>,
     polls: u32,
     /// Where datagrams that no receive was posted for are read and discarded.
     drop_scratch: Box<[u8]>,
     /// Per-batch receive bookkeeping, kept here so a poll prepares nothing.
-    scratch: Box<RecvScratch>,
+    pub(super) scratch: Box<RecvScratch>,
 }
 
 /// A queue pair's socket.
@@ -77,7 +80,10 @@ pub(super) struct RecvState {
     /// Consecutive polls that found data.
     busy_polls: u32,
     /// The socket has UDP GRO on: a read may return a train.
-    gro: bool,
+    pub(super) gro: bool,
+    /// The longest datagram the port carries, UD header included: how much
+    /// of each posted buffer a GRO train fills before the next.
+    pub(super) slot: usize,
 }
 
 impl RecvState {
@@ -93,25 +99,27 @@ impl Receiver {
     pub(super) fn new(gro: bool) -> Self {
         Self {
             gro,
-            gro_overflow: None,
+            spill: None,
             polls: 0,
             drop_scratch: vec![0u8; MAX_UDP_PAYLOAD_V6 + GRH_LEN].into_boxed_slice(),
             scratch: Box::new(RecvScratch {
-                targets: [(0, 0); sys::MAX_BATCH],
+                targets: [(0, 0); sys::MAX_SCATTER],
                 meta: [sys::RecvMeta::EMPTY; sys::MAX_BATCH],
             }),
         }
     }
 
-    /// The receive state of a new queue pair on `socket`, with GRO on if
-    /// the kernel still takes it.
-    pub(super) fn new_qp(&mut self, socket: &Socket) -> RecvState {
+    /// The receive state of a new queue pair on `socket`, whose port
+    /// carries datagrams of up to `slot` bytes (UD header included), with
+    /// GRO on if the kernel still takes it.
+    pub(super) fn new_qp(&mut self, socket: &Socket, slot: usize) -> RecvState {
         let gro = self.gro && self.enable_gro(socket);
         RecvState {
             receives: false,
             batch_hint: 1,
             busy_polls: 0,
             gro,
+            slot,
         }
     }
 
@@ -122,9 +130,8 @@ impl Receiver {
             self.gro = false;
             return false;
         }
-        if self.gro_overflow.is_none() {
-            self.gro_overflow =
-                Some(vec![0u8; sys::MAX_BATCH * sys::GRO_OVERFLOW].into_boxed_slice());
+        if self.spill.is_none() {
+            self.spill = Some(vec![0u8; MAX_UDP_PAYLOAD_V6].into_boxed_slice());
         }
         true
     }
@@ -173,6 +180,9 @@ impl Receiver {
         qp: QpHandle,
         budget: usize,
     ) -> Result<usize> {
+        if verbs.qp(qp)?.transport.rx.gro {
+            return self.receive_trains(verbs, qp, budget);
+        }
         let mut queued = 0;
         loop {
             let entry = verbs.qp(qp)?;
@@ -197,10 +207,6 @@ impl Receiver {
                 let Verbs { mrs, qps, .. } = &mut *verbs;
                 let transport = &qps.get(qp.0).ok_or(INVALID_QP)?.transport;
                 let socket = &transport.socket;
-                let overflow = match &mut self.gro_overflow {
-                    Some(space) if transport.rx.gro => Some(&mut space[..]),
-                    _ => None,
-                };
                 let region = match mrs.get_mut(mr.0).map(|m| &mut m.memory) {
                     Some(Memory::Owned(bytes)) => &mut bytes[..],
                     _ => {
@@ -214,8 +220,7 @@ impl Receiver {
                     region,
                     &scratch.targets[..count],
                     &mut scratch.meta,
-                    transport.rx.gro,
-                    overflow,
+                    false,
                 )
                 .map_err(|source| FabricError::Io {
                     operation: "recvmmsg",
@@ -237,7 +242,7 @@ impl Receiver {
             if full && transport.rx.busy_polls >= 2 {
                 transport.rx.batch_hint = (count * 2).min(sys::MAX_BATCH);
             }
-            queued += self.complete_receives(verbs, qp, mr, received)?;
+            queued += self.complete_receives(verbs, qp, received)?;
             // A full batch of more than one suggests more are waiting.
             if !full || count == 1 || queued >= budget {
                 return Ok(queued);
@@ -246,29 +251,16 @@ impl Receiver {
     }
 
     /// Turns the `received` datagrams in the scratch space, which landed in
-    /// the first posted buffers of `qp` (all in registration `mr`), into
-    /// completions. A datagram that is malformed or carries the wrong keys
+    /// the first posted buffers of `qp`, into completions. A datagram that is malformed or carries the wrong keys
     /// leaves its buffer posted.
-    ///
-    /// A coalesced GRO train is split back into its datagrams: the first
-    /// landed in place; each later one is copied into the next posted buffer
-    /// of the same registration, so that completions stay one per datagram,
-    /// in arrival order. A train longer than the buffers posted loses its
-    /// tail, as UD drops a datagram that finds no receive.
     fn complete_receives(
         &mut self,
         verbs: &mut Verbs<UdpQp, IpAddr>,
         qp: QpHandle,
-        mr: MrHandle,
         received: usize,
     ) -> Result<usize> {
-        const SKIP: usize = GRH_LEN - ud::HEADER_LEN;
         let Verbs {
-            qps,
-            cqs,
-            mrs,
-            stats,
-            ..
+            qps, cqs, stats, ..
         } = &mut *verbs;
         let entry = qps.get_mut(qp.0).ok_or(INVALID_QP)?;
         let cq = cqs
@@ -276,111 +268,39 @@ impl Receiver {
             .ok_or(FabricError::InvalidHandle {
                 kind: "completion queue",
             })?;
-        let Some(Memory::Owned(region)) = mrs.get_mut(mr.0).map(|m| &mut m.memory) else {
-            return Err(FabricError::InvalidHandle {
-                kind: "memory region",
-            });
-        };
-        let overflow = self.gro_overflow.as_deref().unwrap_or(&[]);
-        let mut primary = [None; sys::MAX_BATCH];
-        for slot in primary.iter_mut().take(received) {
-            *slot = entry.recv_queue.pop_front();
-        }
         // Buffers whose datagram was dropped go back, at the front.
-        // Only first datagrams are kept: a later one of a train is copied
-        // into the front posted buffer, which leaves the queue only once the
-        // datagram is accepted (a dropped one leaves it for the next).
         let mut kept = [None; sys::MAX_BATCH];
         let mut kept_count = 0;
         let mut queued = 0;
-        for (i, meta) in self.scratch.meta[..received].iter().enumerate() {
-            let Some(first) = primary[i] else {
+        for meta in &self.scratch.meta[..received] {
+            let Some(wr) = entry.recv_queue.pop_front() else {
                 break;
             };
-            let segments = if meta.stride > 0 && meta.len > meta.stride && !meta.truncated {
-                meta.len.div_ceil(meta.stride)
-            } else {
-                1
+            let Some(repr) = parse_header(&meta.header, meta.len) else {
+                stats.rx_malformed += 1;
+                kept[kept_count] = Some(wr);
+                kept_count += 1;
+                continue;
             };
-            for k in 0..segments {
-                let extra = k > 0;
-                let (wr, len, header) = if segments == 1 {
-                    (first, meta.len, meta.header)
-                } else {
-                    let begin = k * meta.stride;
-                    let len = meta.stride.min(meta.len - begin);
-                    let wr = if k == 0 {
-                        first
-                    } else {
-                        match entry.recv_queue.front().copied() {
-                            Some(wr)
-                                if wr.sge.lkey == first.sge.lkey
-                                    && wr.sge.len >= SKIP + len
-                                    && cq.room() > 0 =>
-                            {
-                                copy_segment(region, overflow, first.sge, i, begin, len, wr.sge);
-                                wr
-                            }
-                            _ => {
-                                stats.rx_no_buffer += (segments - k) as u64;
-                                break;
-                            }
-                        }
-                    };
-                    // A datagram shorter than the header (junk) copies
-                    // what it has; parse_header then refuses it.
-                    let at = wr.sge.offset + SKIP;
-                    let have = ud::HEADER_LEN.min(len);
-                    let mut header = [0; ud::HEADER_LEN];
-                    header[..have].copy_from_slice(&region[at..at + have]);
-                    (wr, len, header)
-                };
-                let Some(repr) = parse_header(&header, len) else {
-                    stats.rx_malformed += 1;
-                    if !extra {
-                        kept[kept_count] = Some(wr);
-                        kept_count += 1;
-                    }
-                    continue;
-                };
-                if !entry.admit(repr.pkey, repr.qkey, stats) {
-                    if !extra {
-                        kept[kept_count] = Some(wr);
-                        kept_count += 1;
-                    }
-                    continue;
-                }
-                if extra {
-                    entry.recv_queue.pop_front();
-                }
-                let payload = len - ud::HEADER_LEN;
-                let (status, byte_len) = if meta.truncated {
-                    stats.rx_too_long += 1;
-                    (WcStatus::LocalLengthError, 0)
-                } else {
-                    stats.rx_datagrams += 1;
-                    stats.rx_bytes += payload as u64;
-                    (WcStatus::Success, (GRH_LEN + payload) as u32)
-                };
-                let src = meta.source.map(|s| QpAddr {
-                    node: NodeAddr::Ip(s.ip()),
-                    qpn: u32::from(s.port()),
-                });
-                let wc = WorkCompletion {
-                    wr_id: wr.wr_id,
-                    status,
-                    opcode: WcOpcode::Recv,
-                    byte_len,
-                    qp_num: entry.qp_num,
-                    src,
-                    imm: repr.imm,
-                };
-                cq.push(wc, qp);
-                queued += 1;
+            if !entry.admit(repr.pkey, repr.qkey, stats) {
+                kept[kept_count] = Some(wr);
+                kept_count += 1;
+                continue;
             }
-            if segments > 1 {
-                stats.rx_gro_trains += 1;
-            }
+            let payload = meta.len - ud::HEADER_LEN;
+            let completion = if meta.truncated {
+                stats.rx_too_long += 1;
+                Arrival::TooLong
+            } else {
+                stats.rx_datagrams += 1;
+                stats.rx_bytes += payload as u64;
+                Arrival::Whole { payload }
+            };
+            cq.push(
+                completion.of(wr.wr_id, entry.qp_num, meta.source, &repr),
+                qp,
+            );
+            queued += 1;
         }
         for wr in kept[..kept_count].iter().rev().flatten() {
             entry.recv_queue.push_front(*wr);
@@ -396,7 +316,11 @@ impl Receiver {
     /// that each, or each datagram of a GRO train, is judged by its own
     /// header. This path is not a fast one: it serves queue pairs that
     /// only send, whose sockets nobody should write to.
-    fn discard_unbuffered(&mut self, verbs: &mut Verbs<UdpQp, IpAddr>, qp: QpHandle) -> Result<()> {
+    pub(super) fn discard_unbuffered(
+        &mut self,
+        verbs: &mut Verbs<UdpQp, IpAddr>,
+        qp: QpHandle,
+    ) -> Result<()> {
         const SKIP: usize = GRH_LEN - ud::HEADER_LEN;
         let transport = &verbs.qp(qp)?.transport;
         let (socket, gro) = (&transport.socket, transport.rx.gro);
@@ -404,18 +328,11 @@ impl Receiver {
         let meta = &mut self.scratch.meta[..1];
         let (mut dropped, mut malformed) = (0, 0);
         for _ in 0..DISCARD_MAX {
-            let n = sys::recv_batch(
-                socket.as_fd(),
-                &mut self.drop_scratch,
-                &target,
-                meta,
-                gro,
-                None,
-            )
-            .map_err(|source| FabricError::Io {
-                operation: "recvmsg",
-                source,
-            })?;
+            let n = sys::recv_batch(socket.as_fd(), &mut self.drop_scratch, &target, meta, gro)
+                .map_err(|source| FabricError::Io {
+                    operation: "recvmsg",
+                    source,
+                })?;
             if n == 0 {
                 break;
             }
@@ -443,35 +360,46 @@ impl Receiver {
     }
 }
 
-/// Copies datagram bytes `begin..begin + len` of the train received into the
-/// buffer `from` (continued in batch slot `slot` of `overflow`) to the
-/// buffer `to`, where a datagram lands as `recv_batch` places it.
-fn copy_segment(
-    region: &mut [u8],
-    overflow: &[u8],
-    from: Sge,
-    slot: usize,
-    begin: usize,
-    len: usize,
-    to: Sge,
-) {
-    const SKIP: usize = GRH_LEN - ud::HEADER_LEN;
-    let in_place = from.len - SKIP;
-    let dest = to.offset + SKIP;
-    // The part still inside the first buffer, then the part that spilled.
-    let head = in_place.saturating_sub(begin).min(len);
-    if head > 0 {
-        let src = from.offset + SKIP + begin;
-        region.copy_within(src..src + head, dest);
-    }
-    if head < len {
-        let spilled = slot * sys::GRO_OVERFLOW + (begin + head - in_place);
-        region[dest + head..dest + len].copy_from_slice(&overflow[spilled..spilled + len - head]);
+/// How a datagram that was accepted arrived.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Arrival {
+    /// Whole, with `payload` bytes after its UD header.
+    Whole { payload: usize },
+    /// Longer than its buffer: it completes in error, as verbs reports it.
+    TooLong,
+}
+
+impl Arrival {
+    /// The completion of the receive `wr_id` on queue pair `qp_num`, from
+    /// `source`, whose UD header is `repr`.
+    pub(super) fn of(
+        self,
+        wr_id: u64,
+        qp_num: u32,
+        source: Option<std::net::SocketAddr>,
+        repr: &ud::Repr,
+    ) -> WorkCompletion {
+        let (status, byte_len) = match self {
+            Self::Whole { payload } => (WcStatus::Success, (GRH_LEN + payload) as u32),
+            Self::TooLong => (WcStatus::LocalLengthError, 0),
+        };
+        WorkCompletion {
+            wr_id,
+            status,
+            opcode: WcOpcode::Recv,
+            byte_len,
+            qp_num,
+            src: source.map(|s| QpAddr {
+                node: NodeAddr::Ip(s.ip()),
+                qpn: u32::from(s.port()),
+            }),
+            imm: repr.imm,
+        }
     }
 }
 
 /// The encapsulation header of a received datagram, if it has a valid one.
-fn parse_header(header: &[u8; ud::HEADER_LEN], len: usize) -> Option<ud::Repr> {
+pub(super) fn parse_header(header: &[u8; ud::HEADER_LEN], len: usize) -> Option<ud::Repr> {
     let header = header.get(..len.min(ud::HEADER_LEN))?;
     ud::Packet::new_checked(header)
         .and_then(|p| ud::Repr::parse(&p))

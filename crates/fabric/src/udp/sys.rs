@@ -47,13 +47,24 @@ impl RecvMeta {
     };
 }
 
+/// Where a datagram starts in a receive buffer: its UD header fills the
+/// last bytes of the GRH area, so that its payload starts after the GRH.
+pub(crate) const SKIP: usize = GRH_LEN - ud::HEADER_LEN;
+
+/// Most buffers one [`recv_scattered`] spreads a train over (a train holds
+/// at most 64 datagrams).
+pub(crate) const MAX_SCATTER: usize = 64;
+
+/// `region[offset..offset + len]` exists.
+fn within(region: &[u8], offset: usize, len: usize) -> bool {
+    offset
+        .checked_add(len)
+        .is_some_and(|end| end <= region.len())
+}
+
 fn is_interrupted(err: &io::Error) -> bool {
     err.kind() == io::ErrorKind::Interrupted
 }
-
-/// Bytes of overflow space each datagram of a batch gets under UDP GRO: a
-/// coalesced train is at most one maximal IP packet.
-pub(crate) const GRO_OVERFLOW: usize = 1 << 16;
 
 /// Receives up to `targets.len()` datagrams without blocking.
 ///
@@ -64,34 +75,23 @@ pub(crate) const GRO_OVERFLOW: usize = 1 << 16;
 /// datagram. The header is also copied into `meta[i].header`.
 ///
 /// With `gro` (a socket with UDP GRO on), `meta[i].stride` says whether a
-/// coalesced train arrived. With `overflow`, what does not fit the target
-/// continues in `overflow[i * GRO_OVERFLOW..][..GRO_OVERFLOW]`: the first
-/// datagram of a train lands in place, the rest are the caller's to split.
+/// coalesced train arrived; [`recv_scattered`] is the way to receive one
+/// whole, this is for reading trains to discard them.
 ///
 /// Returns how many datagrams (or trains) arrived; 0 when the socket is
 /// empty. Targets that lie outside `region` or cannot hold a GRH end the
-/// batch early, and so does overflow space too small for the batch.
+/// batch early.
 pub(crate) fn recv_batch(
     fd: BorrowedFd<'_>,
     region: &mut [u8],
     targets: &[(usize, usize)],
     meta: &mut [RecvMeta],
     gro: bool,
-    mut overflow: Option<&mut [u8]>,
 ) -> io::Result<usize> {
-    const SKIP: usize = GRH_LEN - ud::HEADER_LEN;
-    let room = overflow
-        .as_ref()
-        .map_or(MAX_BATCH, |o| o.len() / GRO_OVERFLOW);
     let count = targets
         .iter()
-        .take(MAX_BATCH.min(meta.len()).min(room))
-        .take_while(|(offset, len)| {
-            *len >= GRH_LEN
-                && offset
-                    .checked_add(*len)
-                    .is_some_and(|end| end <= region.len())
-        })
+        .take(MAX_BATCH.min(meta.len()))
+        .take_while(|(offset, len)| *len >= GRH_LEN && within(region, *offset, *len))
         .count();
     if count == 0 {
         return Ok(0);
@@ -101,25 +101,16 @@ pub(crate) fn recv_batch(
     // the kernel holds these pointers. Only the first `count` entries of the
     // arrays are initialised: a poll that finds nothing costs no memset.
     let base = region.as_mut_ptr();
-    let spill = overflow.as_mut().map(|o| o.as_mut_ptr());
-    let mut iovecs = [const { MaybeUninit::<[libc::iovec; 2]>::uninit() }; MAX_BATCH];
+    let mut iovecs = [const { MaybeUninit::<libc::iovec>::uninit() }; MAX_BATCH];
     let mut names = [const { MaybeUninit::<libc::sockaddr_in6>::uninit() }; MAX_BATCH];
     let mut controls = [const { MaybeUninit::<CmsgBuf>::uninit() }; MAX_BATCH];
     let mut msgs = [const { MaybeUninit::<libc::mmsghdr>::uninit() }; MAX_BATCH];
     for i in 0..count {
         let (offset, len) = targets[i];
-        let iov = iovecs[i].write([
-            libc::iovec {
-                iov_base: base.wrapping_add(offset + SKIP).cast(),
-                iov_len: len - SKIP,
-            },
-            libc::iovec {
-                iov_base: spill.map_or(std::ptr::null_mut(), |p| {
-                    p.wrapping_add(i * GRO_OVERFLOW).cast()
-                }),
-                iov_len: if spill.is_some() { GRO_OVERFLOW } else { 0 },
-            },
-        ]);
+        let iov = iovecs[i].write(libc::iovec {
+            iov_base: base.wrapping_add(offset + SKIP).cast(),
+            iov_len: len - SKIP,
+        });
         // SAFETY: sockaddr_in6 and mmsghdr are plain old data, for which
         // all-zero is a valid value.
         let name = names[i].write(unsafe { mem::zeroed() });
@@ -127,8 +118,8 @@ pub(crate) fn recv_batch(
         let msg = msgs[i].write(unsafe { mem::zeroed() });
         msg.msg_hdr.msg_name = (name as *mut libc::sockaddr_in6).cast();
         msg.msg_hdr.msg_namelen = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
-        msg.msg_hdr.msg_iov = iov.as_mut_ptr();
-        msg.msg_hdr.msg_iovlen = if spill.is_some() { 2 } else { 1 };
+        msg.msg_hdr.msg_iov = iov;
+        msg.msg_hdr.msg_iovlen = 1;
         if gro {
             let control = controls[i].write(CmsgBuf([0; 32]));
             msg.msg_hdr.msg_control = control.0.as_mut_ptr().cast();
@@ -157,7 +148,7 @@ pub(crate) fn recv_batch(
                 }
             } else if count == 1 {
                 let msg = msgs[0].assume_init_mut();
-                let iov = &iovecs[0].assume_init_ref()[0];
+                let iov = iovecs[0].assume_init_ref();
                 let rc = libc::recvfrom(
                     fd.as_raw_fd(),
                     iov.iov_base,
@@ -218,6 +209,89 @@ pub(crate) fn recv_batch(
         meta[i].header[..header_len].copy_from_slice(&region[start..start + header_len]);
     }
     Ok(received)
+}
+
+/// Receives one datagram, or one UDP GRO train, without blocking, spread
+/// over the buffers `targets` and then `spill`: the received bytes fill
+/// `slot` bytes of each target in turn, from where [`recv_batch`] places a
+/// datagram (`offset + SKIP`), and what does not fit them continues in
+/// `spill`. A train of `slot`-byte datagrams thus lands one datagram per
+/// buffer, in place; the caller moves those of a shorter stride. `meta`
+/// gets the length, truncation, source, GRO segment size and the first
+/// datagram's UD header.
+///
+/// Returns how many targets the bytes were spread over (those before the
+/// spill space), or `None` when the socket is empty. At most
+/// [`MAX_SCATTER`] targets are used; a target outside `region` or shorter
+/// than `SKIP + slot` ends the list early.
+pub(crate) fn recv_scattered(
+    fd: BorrowedFd<'_>,
+    region: &mut [u8],
+    targets: &[(usize, usize)],
+    slot: usize,
+    spill: &mut [u8],
+    meta: &mut RecvMeta,
+) -> io::Result<Option<usize>> {
+    let count = targets
+        .iter()
+        .take(MAX_SCATTER)
+        .take_while(|(offset, len)| *len >= SKIP + slot && within(region, *offset, *len))
+        .count();
+    // As in `recv_batch`, every pointer derives from one base per slice.
+    let base = region.as_mut_ptr();
+    let mut iovecs = [const { MaybeUninit::<libc::iovec>::uninit() }; MAX_SCATTER + 1];
+    for (iov, (offset, _)) in iovecs.iter_mut().zip(&targets[..count]) {
+        iov.write(libc::iovec {
+            iov_base: base.wrapping_add(offset + SKIP).cast(),
+            iov_len: slot,
+        });
+    }
+    iovecs[count].write(libc::iovec {
+        iov_base: spill.as_mut_ptr().cast(),
+        iov_len: spill.len(),
+    });
+    // SAFETY: sockaddr_in6 and msghdr are plain old data, for which all-zero
+    // is a valid value.
+    let mut name: libc::sockaddr_in6 = unsafe { mem::zeroed() };
+    let mut control = CmsgBuf([0; 32]);
+    // SAFETY: as above.
+    let mut hdr: libc::msghdr = unsafe { mem::zeroed() };
+    hdr.msg_name = (&raw mut name).cast();
+    hdr.msg_namelen = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+    hdr.msg_iov = iovecs.as_mut_ptr().cast();
+    hdr.msg_iovlen = count + 1;
+    hdr.msg_control = control.0.as_mut_ptr().cast();
+    hdr.msg_controllen = control.0.len() as _;
+    let received = loop {
+        // SAFETY: the first `count + 1` iovecs are initialised and point
+        // into `region` (bounds-checked above) and `spill`, both borrowed
+        // mutably for the call; `name` and `control` live on this frame.
+        // MSG_DONTWAIT keeps the call nonblocking.
+        let rc = unsafe { libc::recvmsg(fd.as_raw_fd(), &raw mut hdr, libc::MSG_DONTWAIT) };
+        if rc >= 0 {
+            break rc as usize;
+        }
+        let err = io::Error::last_os_error();
+        match err.kind() {
+            io::ErrorKind::WouldBlock => return Ok(None),
+            _ if is_interrupted(&err) => continue,
+            // An ICMP error queued by an earlier send; see `recv_batch`.
+            io::ErrorKind::ConnectionRefused => continue,
+            _ => return Err(err),
+        }
+    };
+    meta.len = received;
+    meta.truncated = hdr.msg_flags & libc::MSG_TRUNC != 0;
+    meta.source = socket_addr(&name, hdr.msg_namelen);
+    meta.stride = gro_segment_size(&hdr);
+    meta.header = [0; ud::HEADER_LEN];
+    let have = received.min(ud::HEADER_LEN);
+    let first = match targets[..count].first() {
+        Some((offset, _)) => &region[offset + SKIP..][..have],
+        None => &spill[..have],
+    };
+    meta.header[..have].copy_from_slice(first);
+    Ok(Some(count))
 }
 
 /// The segment size of a coalesced train, from the `UDP_GRO` control

@@ -168,6 +168,19 @@ pub fn post_forty<C: Context>(
     last_len: usize,
     first_post: usize,
 ) {
+    post_forty_of(a, ah, remote_qpn, qkey, [1400, last_len], first_post);
+}
+
+/// [`post_forty`] with datagrams of `lens[0]` bytes (at most 1400), the
+/// last one of `lens[1]`.
+pub fn post_forty_of<C: Context>(
+    a: &mut Endpoint<C>,
+    ah: AhHandle,
+    remote_qpn: u32,
+    qkey: u32,
+    lens: [usize; 2],
+    first_post: usize,
+) {
     let mr = a.send_mr;
     for i in 0..40usize {
         a.ctx.mr_bytes_mut(mr.handle).unwrap()[i * 1400..(i + 1) * 1400].fill(i as u8);
@@ -177,7 +190,7 @@ pub fn post_forty<C: Context>(
             [Gather::Registered(Sge {
                 lkey: mr.lkey,
                 offset: i * 1400,
-                len: if i == 39 { last_len } else { 1400 },
+                len: lens[usize::from(i == 39)],
             })]
         })
         .collect();

@@ -1,0 +1,269 @@
+//! Receiving on a socket with UDP GRO on: one `recvmsg` per datagram or
+//! coalesced train, spread over the posted buffers so that each datagram
+//! lands in a buffer of its own without a copy.
+//!
+//! [`sys::recv_scattered`] fills `slot` bytes (the port's longest datagram)
+//! of each front posted buffer in turn, then the spill space. A train of
+//! full-sized datagrams, what a stream of large messages sends, is then in
+//! place. A train of a shorter stride is put right here: datagram `k` moves
+//! to buffer `k`, from the last datagram to the first. That order never
+//! overwrites what is still to move, because datagram `k` starts at byte
+//! `k * stride`, at or before buffer `k`, so every byte not yet moved lies
+//! below the buffer being written; and within one datagram the part already
+//! in its own buffer moves first, forward.
+
+use std::net::IpAddr;
+use std::os::fd::AsFd;
+
+use udbtl_wire::ud;
+
+use super::recv::{Arrival, INVALID_QP, Receiver, UdpQp, parse_header};
+use super::sys::{self, SKIP};
+use crate::bookkeeping::{Memory, Verbs};
+use crate::{CqHandle, FabricError, MrHandle, QpHandle, Result};
+
+/// Where the bytes of one scattered receive lie: `slot` bytes at each
+/// buffer start (`offset + SKIP` of a target), then the spill space.
+struct Scattered<'a> {
+    targets: &'a [(usize, usize)],
+    slot: usize,
+}
+
+impl Scattered<'_> {
+    /// Moves received bytes `begin..begin + len` to `region[dest..]`, last
+    /// piece first (see the module's documentation for why that is safe).
+    /// `None`, and nothing moved, if a range falls outside its slice.
+    fn move_to(
+        &self,
+        region: &mut [u8],
+        spill: &[u8],
+        begin: usize,
+        len: usize,
+        dest: usize,
+    ) -> Option<()> {
+        let fits =
+            |at: usize, n: usize, within: usize| at.checked_add(n).is_some_and(|e| e <= within);
+        let spill_start = self.targets.len() * self.slot;
+        let spilled_from = begin.max(spill_start);
+        let spilled = (begin + len).saturating_sub(spilled_from);
+        if !fits(dest, len, region.len()) || !fits(spilled_from - spill_start, spilled, spill.len())
+        {
+            return None;
+        }
+        let mut end = begin + len;
+        while end > begin {
+            let buffer = (end - 1) / self.slot;
+            if let Some(&(offset, _)) = self.targets.get(buffer) {
+                let start = (buffer * self.slot).max(begin);
+                let src = offset + SKIP + (start - buffer * self.slot);
+                let n = end - start;
+                if !fits(src, n, region.len()) {
+                    return None;
+                }
+                region.copy_within(src..src + n, dest + (start - begin));
+                end = start;
+            } else {
+                let start = spill_start.max(begin);
+                let n = end - start;
+                let from = start - spill_start;
+                region[dest + (start - begin)..][..n].copy_from_slice(&spill[from..from + n]);
+                end = start;
+            }
+        }
+        Some(())
+    }
+}
+
+impl Receiver {
+    /// Receives trains (or single datagrams) on GRO queue pair `qp` until
+    /// the socket is empty, `budget` completions are queued, or no buffer
+    /// is posted; returns how many completions it queued.
+    pub(super) fn receive_trains(
+        &mut self,
+        verbs: &mut Verbs<UdpQp, IpAddr>,
+        qp: QpHandle,
+        budget: usize,
+    ) -> Result<usize> {
+        let mut queued = 0;
+        while queued < budget {
+            let entry = verbs.qp(qp)?;
+            let Some(first) = entry.recv_queue.front().copied() else {
+                self.discard_unbuffered(verbs, qp)?;
+                break;
+            };
+            let (cq, slot) = (entry.recv_cq, entry.transport.rx.slot);
+            let mut count = 0;
+            for wr in entry.recv_queue.iter().take(sys::MAX_SCATTER) {
+                if wr.sge.lkey != first.sge.lkey {
+                    break;
+                }
+                self.scratch.targets[count] = (wr.sge.offset, wr.sge.len);
+                count += 1;
+            }
+            let mr = verbs.owned_range(first.sge, entry.pd)?;
+            let Verbs { mrs, qps, .. } = &mut *verbs;
+            let socket = &qps.get(qp.0).ok_or(INVALID_QP)?.transport.socket;
+            let Some(Memory::Owned(region)) = mrs.get_mut(mr.0).map(|m| &mut m.memory) else {
+                return Err(FabricError::ProtectionError {
+                    lkey: first.sge.lkey,
+                });
+            };
+            let spill = self.spill.as_deref_mut().unwrap_or_default();
+            let meta = &mut self.scratch.meta[0];
+            let targets = &self.scratch.targets[..count];
+            let scattered = sys::recv_scattered(socket.as_fd(), region, targets, slot, spill, meta)
+                .map_err(|source| FabricError::Io {
+                    operation: "recvmsg",
+                    source,
+                })?;
+            let Some(scattered) = scattered else {
+                break;
+            };
+            queued += self.complete_train(verbs, qp, cq, mr, scattered, slot)?;
+        }
+        Ok(queued)
+    }
+
+    /// Turns what the last [`sys::recv_scattered`] brought in, spread over
+    /// the first `scattered` targets of the scratch space and then the
+    /// spill space, into one completion per datagram, each in a front
+    /// posted buffer of `qp`. A datagram that is malformed or carries the
+    /// wrong keys leaves its buffer posted; datagrams for which no buffer is
+    /// posted, or the completion queue has no room, are dropped, as UD drops
+    /// them.
+    fn complete_train(
+        &mut self,
+        verbs: &mut Verbs<UdpQp, IpAddr>,
+        qp: QpHandle,
+        cq: CqHandle,
+        mr: MrHandle,
+        scattered: usize,
+        slot: usize,
+    ) -> Result<usize> {
+        let meta = self.scratch.meta[0];
+        let Verbs {
+            qps,
+            cqs,
+            mrs,
+            stats,
+            ..
+        } = &mut *verbs;
+        let entry = qps.get_mut(qp.0).ok_or(INVALID_QP)?;
+        let cq = cqs.get_mut(cq.0).ok_or(FabricError::InvalidHandle {
+            kind: "completion queue",
+        })?;
+        let Some(Memory::Owned(region)) = mrs.get_mut(mr.0).map(|m| &mut m.memory) else {
+            return Err(FabricError::InvalidHandle {
+                kind: "memory region",
+            });
+        };
+        let Some(first) = entry.recv_queue.front().copied() else {
+            return Ok(0);
+        };
+        let train = meta.stride > 0 && meta.len > meta.stride;
+        if meta.len == 0 {
+            stats.rx_malformed += 1;
+            return Ok(0);
+        }
+        if (!train && (meta.truncated || meta.len > slot)) || (train && meta.stride > slot) {
+            // Longer than any datagram the port carries: the first buffer
+            // completes in error, as verbs reports it, and a train of such
+            // datagrams counts each.
+            let segments = if train {
+                meta.len.div_ceil(meta.stride)
+            } else {
+                1
+            };
+            stats.rx_too_long += segments as u64;
+            let Some(repr) = parse_header(&meta.header, meta.len) else {
+                stats.rx_malformed += 1;
+                return Ok(0);
+            };
+            if !entry.admit(repr.pkey, repr.qkey, stats) || cq.room() == 0 {
+                return Ok(0);
+            }
+            entry.recv_queue.pop_front();
+            cq.push(
+                Arrival::TooLong.of(first.wr_id, entry.qp_num, meta.source, &repr),
+                qp,
+            );
+            return Ok(1);
+        }
+        let stride = if train { meta.stride } else { meta.len };
+        // Whole datagrams only: a truncated train loses its cut tail.
+        let whole = if meta.truncated {
+            meta.len / stride
+        } else {
+            meta.len.div_ceil(stride)
+        };
+        // Each datagram's buffer: the front posted ones (the first
+        // `scattered` are where the bytes landed), in the same registration
+        // and long enough, as many as the completion queue has room for.
+        let mut usable = 0;
+        let take = whole.min(cq.room()).min(sys::MAX_SCATTER);
+        for wr in entry.recv_queue.iter().take(take) {
+            if wr.sge.lkey != first.sge.lkey || wr.sge.len < SKIP + stride {
+                break;
+            }
+            self.scratch.targets[usable] = (wr.sge.offset, wr.sge.len);
+            usable += 1;
+        }
+        stats.rx_no_buffer += (whole - usable + usize::from(meta.truncated)) as u64;
+        let spill = self.spill.as_deref().unwrap_or_default();
+        let layout = Scattered {
+            targets: &self.scratch.targets[..scattered],
+            slot,
+        };
+        let mut moved = [true; sys::MAX_SCATTER];
+        for k in (0..usable).rev() {
+            let in_place = k < scattered && (k == 0 || stride == slot);
+            if !in_place {
+                let begin = k * stride;
+                let dest = self.scratch.targets[k].0 + SKIP;
+                moved[k] = layout
+                    .move_to(region, spill, begin, stride.min(meta.len - begin), dest)
+                    .is_some();
+            }
+        }
+        let mut kept = [None; sys::MAX_SCATTER];
+        let mut kept_count = 0;
+        let mut queued = 0;
+        for (k, &ok) in moved.iter().enumerate().take(usable) {
+            let Some(wr) = entry.recv_queue.pop_front() else {
+                break;
+            };
+            let len = stride.min(meta.len - k * stride);
+            let at = wr.sge.offset + SKIP;
+            let mut header = [0; ud::HEADER_LEN];
+            let have = ud::HEADER_LEN.min(len);
+            let repr = region.get(at..at + have).filter(|_| ok).and_then(|bytes| {
+                header[..have].copy_from_slice(bytes);
+                parse_header(&header, len)
+            });
+            let Some(repr) = repr else {
+                stats.rx_malformed += 1;
+                kept[kept_count] = Some(wr);
+                kept_count += 1;
+                continue;
+            };
+            if !entry.admit(repr.pkey, repr.qkey, stats) {
+                kept[kept_count] = Some(wr);
+                kept_count += 1;
+                continue;
+            }
+            let payload = len - ud::HEADER_LEN;
+            stats.rx_datagrams += 1;
+            stats.rx_bytes += payload as u64;
+            let wc = Arrival::Whole { payload }.of(wr.wr_id, entry.qp_num, meta.source, &repr);
+            cq.push(wc, qp);
+            queued += 1;
+        }
+        if usable > 1 {
+            stats.rx_gro_trains += 1;
+        }
+        for wr in kept[..kept_count].iter().rev().flatten() {
+            entry.recv_queue.push_front(*wr);
+        }
+        Ok(queued)
+    }
+}
