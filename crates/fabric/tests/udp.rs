@@ -382,7 +382,11 @@ fn gro_trains_of_shorter_datagrams_are_put_one_per_buffer() {
         assert_eq!(got.len(), 40, "length {len}");
         for (i, wc) in got.iter().enumerate() {
             let want = if i == 39 { len.div_ceil(2) } else { len };
-            assert_eq!(b.payload(wc), vec![i as u8; want], "length {len}, datagram {i}");
+            assert_eq!(
+                b.payload(wc),
+                vec![i as u8; want],
+                "length {len}, datagram {i}"
+            );
         }
         assert!(b.ctx.stats().rx_gro_trains >= 1, "length {len}: no train");
         assert_eq!(b.ctx.stats().rx_datagrams, 40);

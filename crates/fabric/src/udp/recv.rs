@@ -84,7 +84,21 @@ pub(super) struct RecvState {
     /// The longest datagram the port carries, UD header included: how much
     /// of each posted buffer a GRO train fills before the next.
     pub(super) slot: usize,
+    /// How many posted buffers the next GRO receive spreads over, before
+    /// the spill space: the kernel imports every iovec of a `recvmsg`, even
+    /// one that finds nothing, so a socket that gets single datagrams
+    /// offers one buffer, and one that gets trains as many as the longest
+    /// train lately (1..=[`sys::MAX_SCATTER`]).
+    pub(super) scatter: usize,
+    /// Consecutive GRO receives that found nothing: after
+    /// [`SCATTER_IDLE_POLLS`] of them `scatter` falls back to one.
+    pub(super) idle_polls: u32,
 }
+
+/// Empty GRO receives in a row after which a queue pair offers one buffer
+/// again: many more than a stream makes between two trains, few against
+/// the polls a ping-pong makes while it waits.
+pub(super) const SCATTER_IDLE_POLLS: u32 = 64;
 
 impl RecvState {
     /// Notes that a receive was posted: from now on the queue pair is
@@ -120,6 +134,8 @@ impl Receiver {
             busy_polls: 0,
             gro,
             slot,
+            scatter: 1,
+            idle_polls: 0,
         }
     }
 

@@ -3,7 +3,9 @@
 //! lands in a buffer of its own without a copy.
 //!
 //! [`sys::recv_scattered`] fills `slot` bytes (the port's longest datagram)
-//! of each front posted buffer in turn, then the spill space. A train of
+//! of each front posted buffer in turn (as many as the longest recent train
+//! needed: one for a socket that gets single datagrams), then the spill
+//! space. A train of
 //! full-sized datagrams, what a stream of large messages sends, is then in
 //! place. A train of a shorter stride is put right here: datagram `k` moves
 //! to buffer `k`, from the last datagram to the first. That order never
@@ -17,7 +19,7 @@ use std::os::fd::AsFd;
 
 use udbtl_wire::ud;
 
-use super::recv::{Arrival, INVALID_QP, Receiver, UdpQp, parse_header};
+use super::recv::{Arrival, INVALID_QP, Receiver, SCATTER_IDLE_POLLS, UdpQp, parse_header};
 use super::sys::{self, SKIP};
 use crate::bookkeeping::{Memory, Verbs};
 use crate::{CqHandle, FabricError, MrHandle, QpHandle, Result};
@@ -32,7 +34,8 @@ struct Scattered<'a> {
 impl Scattered<'_> {
     /// Moves received bytes `begin..begin + len` to `region[dest..]`, last
     /// piece first (see the module's documentation for why that is safe).
-    /// `None`, and nothing moved, if a range falls outside its slice.
+    /// `None` if a range falls outside its slice: the datagram is then
+    /// dropped as malformed.
     fn move_to(
         &self,
         region: &mut [u8],
@@ -93,7 +96,7 @@ impl Receiver {
             };
             let (cq, slot) = (entry.recv_cq, entry.transport.rx.slot);
             let mut count = 0;
-            for wr in entry.recv_queue.iter().take(sys::MAX_SCATTER) {
+            for wr in entry.recv_queue.iter().take(entry.transport.rx.scatter) {
                 if wr.sge.lkey != first.sge.lkey {
                     break;
                 }
@@ -116,9 +119,21 @@ impl Receiver {
                     operation: "recvmsg",
                     source,
                 })?;
+            let rx = &mut verbs.qp_mut(qp)?.transport.rx;
             let Some(scattered) = scattered else {
+                rx.idle_polls = rx.idle_polls.saturating_add(1);
+                if rx.idle_polls >= SCATTER_IDLE_POLLS {
+                    rx.scatter = 1;
+                }
                 break;
             };
+            let meta = &self.scratch.meta[0];
+            let segments = match meta.stride {
+                0 => 1,
+                stride => meta.len.div_ceil(stride),
+            };
+            rx.idle_polls = 0;
+            rx.scatter = rx.scatter.max(segments).min(sys::MAX_SCATTER);
             queued += self.complete_train(verbs, qp, cq, mr, scattered, slot)?;
         }
         Ok(queued)
