@@ -82,12 +82,13 @@ pub fn stats_line(module: &Mod) -> String {
     let s = module.stats();
     let limits = module.limits();
     let mut line = format!(
-        "device={} sent={} received={} send_errors={} eager_limit={} rndv_eager_limit={} \
-         max_send_size={}",
+        "device={} sent={} received={} send_errors={} no_callback={} eager_limit={} \
+         rndv_eager_limit={} max_send_size={}",
         module.device(),
         s.messages_sent,
         s.recvs_delivered,
         s.send_errors,
+        s.recv_no_callback,
         limits.eager_limit,
         limits.rndv_eager_limit,
         limits.frag_limit,

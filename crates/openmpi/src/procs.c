@@ -255,9 +255,14 @@ void udbtl_c_error(void *btl, uint64_t endpoint_context, int fatal, const char *
 
 /* A message arrived: hand it to ob1's callback for its tag. The bytes stay
  * valid until this returns. Returns whether a callback took it (Rust counts
- * the rest). Called by Rust from progress, with no lock held. */
+ * the rest). Called by Rust from progress, with no lock held. The tag comes
+ * off the wire: Open MPI's table has MCA_BTL_TAG_MAX (255) entries, so the
+ * one value a byte holds past it must not index it. */
 int udbtl_c_received(void *btl, uint8_t tag, const void *payload, size_t len)
 {
+    if (tag >= MCA_BTL_TAG_MAX) {
+        return 0;
+    }
     mca_btl_base_segment_t segment = {.seg_addr.pval = (void *) payload, .seg_len = len};
     mca_btl_base_descriptor_t des;
     memset(&des, 0, sizeof(des));
