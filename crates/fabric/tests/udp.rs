@@ -393,6 +393,38 @@ fn gro_trains_of_any_length_are_put_one_per_buffer() {
     }
 }
 
+/// A train of datagrams longer than the port's own (a peer with a larger
+/// MTU), which the posted buffers can still hold, arrives spread over the
+/// buffers at the port's size and is put right, first datagram first.
+#[test]
+fn gro_trains_longer_than_the_ports_datagrams_are_put_one_per_buffer() {
+    let (_a, mut b) = train_pair(true, true, 64);
+    let stranger = Stranger::new();
+    let dest = SocketAddr::new(b.ctx.ip(), b.qp.qp_num as u16);
+    let header = udbtl_wire::ud::Repr {
+        pkey: 0xffff,
+        qkey: QKEY,
+        imm: None,
+    }
+    .to_bytes();
+    let segment = 1600;
+    let mut contents = Vec::new();
+    for i in 0..5u8 {
+        contents.extend_from_slice(&header);
+        contents.resize(contents.len() + segment - header.len(), i);
+    }
+    assert_eq!(stranger.send_train(dest, &contents, segment), 5);
+    let got = b.poll_for(5, WAIT);
+    assert_eq!(got.len(), 5, "{:?}", b.ctx.stats());
+    for (i, wc) in got.iter().enumerate() {
+        assert_eq!(
+            b.payload(wc),
+            vec![i as u8; segment - header.len()],
+            "datagram {i}"
+        );
+    }
+}
+
 #[test]
 fn a_train_polled_one_completion_at_a_time_is_delivered_whole() {
     let (mut a, mut b) = train_pair(true, true, 64);

@@ -5,14 +5,15 @@
 //! [`sys::recv_scattered`] fills `slot` bytes (the port's longest datagram)
 //! of each front posted buffer in turn (as many as the longest recent train
 //! needed: one for a socket that gets single datagrams), then the spill
-//! space. A train of
-//! full-sized datagrams, what a stream of large messages sends, is then in
-//! place. A train of a shorter stride is put right here: datagram `k` moves
-//! to buffer `k`, from the last datagram to the first. That order never
-//! overwrites what is still to move, because datagram `k` starts at byte
-//! `k * stride`, at or before buffer `k`, so every byte not yet moved lies
-//! below the buffer being written; and within one datagram the part already
-//! in its own buffer moves first, forward.
+//! space. A train of full-sized datagrams, what a stream of large messages
+//! sends, is then in place. Any other train is put right here: datagram `k`
+//! moves to buffer `k`. With a shorter stride, datagram `k` starts at byte
+//! `k * stride`, at or before buffer `k`, so moving from the last datagram
+//! to the first never overwrites bytes still to move: they all lie below
+//! the buffer being written. With a longer stride (junk, or a peer with a
+//! larger MTU), datagram `k` starts at or after buffer `k`, and the first
+//! moves first. Within one datagram the part already in its own buffer
+//! moves first.
 
 use std::net::IpAddr;
 use std::os::fd::AsFd;
@@ -32,46 +33,59 @@ struct Scattered<'a> {
 }
 
 impl Scattered<'_> {
-    /// Moves received bytes `begin..begin + len` to `region[dest..]`, last
-    /// piece first (see the module's documentation for why that is safe).
-    /// `None` if a range falls outside its slice: the datagram is then
-    /// dropped as malformed.
+    /// Moves received bytes `begin..begin + len` to `region[dest..]`, the
+    /// start of buffer `own` when that is one the bytes were spread over:
+    /// the part already in that buffer moves first (within the buffer),
+    /// then the parts elsewhere, which cannot overlap it. `None` if a range
+    /// falls outside its slice: the datagram is then dropped as malformed.
     fn move_to(
         &self,
         region: &mut [u8],
         spill: &[u8],
-        begin: usize,
-        len: usize,
+        (begin, len): (usize, usize),
         dest: usize,
+        own: Option<usize>,
     ) -> Option<()> {
+        let end = begin + len;
+        let in_buffers = self.targets.len() * self.slot;
         let fits =
             |at: usize, n: usize, within: usize| at.checked_add(n).is_some_and(|e| e <= within);
-        let spill_start = self.targets.len() * self.slot;
-        let spilled_from = begin.max(spill_start);
-        let spilled = (begin + len).saturating_sub(spilled_from);
-        if !fits(dest, len, region.len()) || !fits(spilled_from - spill_start, spilled, spill.len())
+        let spilled_from = begin.max(in_buffers);
+        if !fits(dest, len, region.len())
+            || !fits(
+                spilled_from - in_buffers,
+                end.saturating_sub(spilled_from),
+                spill.len(),
+            )
         {
             return None;
         }
-        let mut end = begin + len;
-        while end > begin {
-            let buffer = (end - 1) / self.slot;
-            if let Some(&(offset, _)) = self.targets.get(buffer) {
-                let start = (buffer * self.slot).max(begin);
-                let src = offset + SKIP + (start - buffer * self.slot);
-                let n = end - start;
-                if !fits(src, n, region.len()) {
-                    return None;
-                }
-                region.copy_within(src..src + n, dest + (start - begin));
-                end = start;
-            } else {
-                let start = spill_start.max(begin);
-                let n = end - start;
-                let from = start - spill_start;
-                region[dest + (start - begin)..][..n].copy_from_slice(&spill[from..from + n]);
-                end = start;
+        // The part of buffer `b` the bytes cover, as a range of them.
+        let part = |b: usize| (b * self.slot).max(begin)..((b + 1) * self.slot).min(end);
+        let copy_part = |b: usize, region: &mut [u8]| -> Option<()> {
+            let bytes = part(b);
+            let (offset, _) = *self.targets.get(b)?;
+            let src = offset + SKIP + (bytes.start - b * self.slot);
+            let n = bytes.end - bytes.start;
+            if !fits(src, n, region.len()) {
+                return None;
             }
+            region.copy_within(src..src + n, dest + (bytes.start - begin));
+            Some(())
+        };
+        if let Some(b) = own.filter(|&b| !part(b).is_empty()) {
+            copy_part(b, region)?;
+        }
+        let first = begin / self.slot;
+        let last = end.min(in_buffers).div_ceil(self.slot);
+        for b in (first..last).filter(|&b| Some(b) != own) {
+            copy_part(b, region)?;
+        }
+        if end > spilled_from {
+            let from = spilled_from - in_buffers;
+            let n = end - spilled_from;
+            let at = dest + (spilled_from - begin);
+            region[at..at + n].copy_from_slice(&spill[from..from + n]);
         }
         Some(())
     }
@@ -180,31 +194,25 @@ impl Receiver {
             stats.rx_malformed += 1;
             return Ok(0);
         }
-        if (!train && (meta.truncated || meta.len > slot)) || (train && meta.stride > slot) {
-            // Longer than any datagram the port carries: the first buffer
-            // completes in error, as verbs reports it, and a train of such
-            // datagrams counts each.
-            let segments = if train {
-                meta.len.div_ceil(meta.stride)
-            } else {
-                1
-            };
-            stats.rx_too_long += segments as u64;
+        let stride = if train { meta.stride } else { meta.len };
+        let segments = meta.len.div_ceil(stride);
+        if (meta.truncated && !train) || SKIP + stride > first.sge.len {
+            // Longer than the buffers posted: the first completes in error,
+            // as verbs reports it, and a train of such datagrams counts
+            // each (junk that does not parse counts as malformed instead).
             let Some(repr) = parse_header(&meta.header, meta.len) else {
-                stats.rx_malformed += 1;
+                stats.rx_malformed += segments as u64;
                 return Ok(0);
             };
             if !entry.admit(repr.pkey, repr.qkey, stats) || cq.room() == 0 {
                 return Ok(0);
             }
+            stats.rx_too_long += segments as u64;
             entry.recv_queue.pop_front();
-            cq.push(
-                Arrival::TooLong.of(first.wr_id, entry.qp_num, meta.source, &repr),
-                qp,
-            );
+            let wc = Arrival::TooLong.of(first.wr_id, entry.qp_num, meta.source, &repr);
+            cq.push(wc, qp);
             return Ok(1);
         }
-        let stride = if train { meta.stride } else { meta.len };
         // Whole datagrams only: a truncated train loses its cut tail.
         let whole = if meta.truncated {
             meta.len / stride
@@ -229,15 +237,24 @@ impl Receiver {
             targets: &self.scratch.targets[..scattered],
             slot,
         };
+        // Datagrams shorter than a slot start at or before their buffer and
+        // move last first; longer ones (junk, or a peer with a larger MTU)
+        // start at or after it and move first first: either way no move
+        // overwrites bytes still to be moved.
         let mut moved = [true; sys::MAX_SCATTER];
-        for k in (0..usable).rev() {
-            let in_place = k < scattered && (k == 0 || stride == slot);
+        let order: &mut dyn Iterator<Item = usize> = if stride <= slot {
+            &mut (0..usable).rev()
+        } else {
+            &mut (0..usable)
+        };
+        for k in order {
+            let in_place = k < scattered && stride <= slot && (k == 0 || stride == slot);
             if !in_place {
                 let begin = k * stride;
                 let dest = self.scratch.targets[k].0 + SKIP;
-                moved[k] = layout
-                    .move_to(region, spill, begin, stride.min(meta.len - begin), dest)
-                    .is_some();
+                let own = (k < scattered).then_some(k);
+                let bytes = (begin, stride.min(meta.len - begin));
+                moved[k] = layout.move_to(region, spill, bytes, dest, own).is_some();
             }
         }
         let mut kept = [None; sys::MAX_SCATTER];
