@@ -16,10 +16,12 @@ use socket2::Socket;
 use udbtl_wire::ud;
 
 use super::{MAX_UDP_PAYLOAD_V6, sys};
-use crate::bookkeeping::{Memory, Verbs};
+use std::collections::VecDeque;
+
+use crate::bookkeeping::{Memory, QpEntry, Verbs};
 use crate::{
-    CqHandle, FabricError, GRH_LEN, NodeAddr, QpAddr, QpHandle, Result, WcOpcode, WcStatus,
-    WorkCompletion,
+    CqHandle, FabricError, FabricStats, GRH_LEN, NodeAddr, QpAddr, QpHandle, RecvWr, Result,
+    WcOpcode, WcStatus, WorkCompletion,
 };
 
 /// Empty queue pairs that never had a receive posted are drained (and their
@@ -284,25 +286,15 @@ impl Receiver {
             .ok_or(FabricError::InvalidHandle {
                 kind: "completion queue",
             })?;
-        // Buffers whose datagram was dropped go back, at the front.
-        let mut kept = [None; sys::MAX_BATCH];
-        let mut kept_count = 0;
+        let mut kept = Kept::new();
         let mut queued = 0;
         for meta in &self.scratch.meta[..received] {
             let Some(wr) = entry.recv_queue.pop_front() else {
                 break;
             };
-            let Some(repr) = parse_header(&meta.header, meta.len) else {
-                stats.rx_malformed += 1;
-                kept[kept_count] = Some(wr);
-                kept_count += 1;
+            let Some(repr) = kept.admit(entry, stats, wr, Some(&meta.header), meta.len) else {
                 continue;
             };
-            if !entry.admit(repr.pkey, repr.qkey, stats) {
-                kept[kept_count] = Some(wr);
-                kept_count += 1;
-                continue;
-            }
             let payload = meta.len - ud::HEADER_LEN;
             let completion = if meta.truncated {
                 stats.rx_too_long += 1;
@@ -318,9 +310,7 @@ impl Receiver {
             );
             queued += 1;
         }
-        for wr in kept[..kept_count].iter().rev().flatten() {
-            entry.recv_queue.push_front(*wr);
-        }
+        kept.restore(&mut entry.recv_queue);
         Ok(queued)
     }
 
@@ -373,6 +363,53 @@ impl Receiver {
         verbs.stats.rx_no_buffer += dropped;
         verbs.stats.rx_malformed += malformed;
         Ok(())
+    }
+}
+
+/// Receives taken off a queue pair whose datagram was dropped: their
+/// buffers go back to the front of the queue, in order, once the batch is
+/// done, as verbs leaves a receive posted when a datagram is discarded.
+pub(super) struct Kept {
+    wrs: [Option<RecvWr>; sys::MAX_SCATTER],
+    count: usize,
+}
+
+impl Kept {
+    pub(super) const fn new() -> Self {
+        Self {
+            wrs: [None; sys::MAX_SCATTER],
+            count: 0,
+        }
+    }
+
+    /// The UD header `header` of the `len`-byte datagram received into
+    /// `wr`, if it parses and `entry` admits it; otherwise the drop is
+    /// counted (`None` for a header: malformed) and `wr` kept.
+    pub(super) fn admit<Q>(
+        &mut self,
+        entry: &QpEntry<Q>,
+        stats: &mut FabricStats,
+        wr: RecvWr,
+        header: Option<&[u8; ud::HEADER_LEN]>,
+        len: usize,
+    ) -> Option<ud::Repr> {
+        let repr = header.and_then(|header| parse_header(header, len));
+        if repr.is_none() {
+            stats.rx_malformed += 1;
+        }
+        let admitted = repr.filter(|r| entry.admit(r.pkey, r.qkey, stats));
+        if admitted.is_none() && self.count < self.wrs.len() {
+            self.wrs[self.count] = Some(wr);
+            self.count += 1;
+        }
+        admitted
+    }
+
+    /// Puts the kept receives back at the front of `queue`, in order.
+    pub(super) fn restore(self, queue: &mut VecDeque<RecvWr>) {
+        for wr in self.wrs[..self.count].iter().rev().flatten() {
+            queue.push_front(*wr);
+        }
     }
 }
 

@@ -20,7 +20,7 @@ use std::os::fd::AsFd;
 
 use udbtl_wire::ud;
 
-use super::recv::{Arrival, INVALID_QP, Receiver, SCATTER_IDLE_POLLS, UdpQp, parse_header};
+use super::recv::{Arrival, INVALID_QP, Kept, Receiver, SCATTER_IDLE_POLLS, UdpQp, parse_header};
 use super::sys::{self, SKIP};
 use crate::bookkeeping::{Memory, Verbs};
 use crate::{CqHandle, FabricError, MrHandle, QpHandle, Result};
@@ -257,8 +257,7 @@ impl Receiver {
                 moved[k] = layout.move_to(region, spill, bytes, dest, own).is_some();
             }
         }
-        let mut kept = [None; sys::MAX_SCATTER];
-        let mut kept_count = 0;
+        let mut kept = Kept::new();
         let mut queued = 0;
         for (k, &ok) in moved.iter().enumerate().take(usable) {
             let Some(wr) = entry.recv_queue.pop_front() else {
@@ -266,23 +265,15 @@ impl Receiver {
             };
             let len = stride.min(meta.len - k * stride);
             let at = wr.sge.offset + SKIP;
-            let mut header = [0; ud::HEADER_LEN];
             let have = ud::HEADER_LEN.min(len);
-            let repr = region.get(at..at + have).filter(|_| ok).and_then(|bytes| {
+            let mut header = [0; ud::HEADER_LEN];
+            let header = region.get(at..at + have).filter(|_| ok).map(|bytes| {
                 header[..have].copy_from_slice(bytes);
-                parse_header(&header, len)
+                &header
             });
-            let Some(repr) = repr else {
-                stats.rx_malformed += 1;
-                kept[kept_count] = Some(wr);
-                kept_count += 1;
+            let Some(repr) = kept.admit(entry, stats, wr, header, len) else {
                 continue;
             };
-            if !entry.admit(repr.pkey, repr.qkey, stats) {
-                kept[kept_count] = Some(wr);
-                kept_count += 1;
-                continue;
-            }
             let payload = len - ud::HEADER_LEN;
             stats.rx_datagrams += 1;
             stats.rx_bytes += payload as u64;
@@ -293,9 +284,7 @@ impl Receiver {
         if usable > 1 {
             stats.rx_gro_trains += 1;
         }
-        for wr in kept[..kept_count].iter().rev().flatten() {
-            entry.recv_queue.push_front(*wr);
-        }
+        kept.restore(&mut entry.recv_queue);
         Ok(queued)
     }
 }
