@@ -11,15 +11,21 @@
 //! offers: `set_int` holds the one `unsafe` call.
 #![allow(unsafe_code)]
 
+mod common;
+
 use std::hint::black_box;
 use std::net::UdpSocket;
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use udbtl_btl::{BtlConfig, Component, EndpointId, Params, RecvEvent, Tag, udp_config};
+use udbtl_btl::{Component, EndpointId, Tag};
 use udbtl_fabric::udp::UdpProvider;
+
+/// The parameters of an MTU-1500 path: 1416 bytes of payload per datagram.
+fn mtu_1500(name: &str) -> Option<String> {
+    (name == "UDBTL_UDP_MTU").then(|| UDP_MTU.to_string())
+}
 
 /// Payload per datagram once the UD and BTL headers are taken from 1472.
 const PAYLOAD: usize = 1416;
@@ -80,26 +86,6 @@ fn raw_gso_gro(c: &mut Criterion) {
     group.finish();
 }
 
-/// A component on UDP loopback at MTU 1500 that counts the messages it
-/// received.
-fn component() -> (Component<UdpProvider>, Arc<AtomicU64>) {
-    let params = Params::load_from(&BtlConfig::default(), |name| {
-        (name == "UDBTL_UDP_MTU").then(|| UDP_MTU.to_string())
-    })
-    .expect("params");
-    let mut btl = Component::init(UdpProvider::new(udp_config(&params)), params).expect("init");
-    let arrived = Arc::new(AtomicU64::new(0));
-    let counter = arrived.clone();
-    btl.modules_mut()[0].register(
-        Tag::PML,
-        Box::new(move |ev: &RecvEvent<'_>| {
-            black_box(ev.payload);
-            counter.fetch_add(1, Ordering::Relaxed);
-        }),
-    );
-    (btl, arrived)
-}
-
 /// Sends one message from `from` over `ep`, progressing both until it
 /// arrived and every datagram of it is acknowledged.
 fn one_message(
@@ -120,8 +106,8 @@ fn one_message(
 }
 
 fn udbtl(c: &mut Criterion) {
-    let (mut a, _) = component();
-    let (mut b, at_b) = component();
+    let (mut a, _) = common::component(mtu_1500);
+    let (mut b, at_b) = common::component(mtu_1500);
     assert_eq!(
         a.modules()[0].limits().eager_limit,
         PAYLOAD,

@@ -5,13 +5,14 @@
 //! model, reliability, checksums, callbacks) adds per round trip. Profile
 //! with `perf record` on this bench to see where that goes.
 
+mod common;
+
 use std::hint::black_box;
 use std::net::UdpSocket;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use udbtl_btl::{BtlConfig, Component, EndpointId, Params, RecvEvent, Tag, udp_config};
+use udbtl_btl::{Component, EndpointId, Tag};
 use udbtl_fabric::udp::UdpProvider;
 
 const LEN: usize = 8;
@@ -34,22 +35,6 @@ fn raw_udp(c: &mut Criterion) {
     });
 }
 
-/// A component on UDP loopback that counts the messages it received.
-fn component() -> (Component<UdpProvider>, Arc<AtomicU64>) {
-    let params = Params::load_from(&BtlConfig::default(), |_| None).expect("params");
-    let mut btl = Component::init(UdpProvider::new(udp_config(&params)), params).expect("init");
-    let arrived = Arc::new(AtomicU64::new(0));
-    let counter = arrived.clone();
-    btl.modules_mut()[0].register(
-        Tag::PML,
-        Box::new(move |ev: &RecvEvent<'_>| {
-            black_box(ev.payload);
-            counter.fetch_add(1, Ordering::Relaxed);
-        }),
-    );
-    (btl, arrived)
-}
-
 /// Sends one message from `from` over `ep` and progresses `to` until it
 /// arrived.
 fn one_way(
@@ -69,8 +54,8 @@ fn one_way(
 }
 
 fn udbtl(c: &mut Criterion) {
-    let (mut a, at_a) = component();
-    let (mut b, at_b) = component();
+    let (mut a, at_a) = common::component(|_| None);
+    let (mut b, at_b) = common::component(|_| None);
     let ab = a.add_procs(&[Some(&b.modex())]).expect("add")[0].endpoints[0].expect("ep");
     let ba = b.add_procs(&[Some(&a.modex())]).expect("add")[0].endpoints[0].expect("ep");
     let message = [7u8; LEN];
