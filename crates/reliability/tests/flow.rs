@@ -904,3 +904,44 @@ fn a_held_acknowledgement_rides_on_the_reply_or_goes_when_released() {
     assert!(ack[0].header.has(FLAG_ACK_ONLY));
     assert_eq!(ack[0].header.ack, SeqNum(4));
 }
+
+/// A message one datagram longer than the window: the last datagram leaves
+/// alone, when the acknowledgement of the rest opens the window. It ends
+/// the message's burst, so it asks for its acknowledgement at once instead
+/// of waiting out the receiver's delayed acknowledgement (as a lone
+/// request, whose reply carries it, does not).
+#[test]
+fn a_datagram_that_waited_for_the_window_asks_for_its_acknowledgement() {
+    let config = Config {
+        window: 4,
+        initial_cwnd: 4,
+        initial_credit: 4,
+        ..Config::default()
+    };
+    let (mut a, mut b) = (core(&config), core(&config));
+    let t0 = Instant::ZERO;
+    for frag in 0..5 {
+        a.send(t0, P, frag).unwrap();
+    }
+    let first = drain(&mut a, t0);
+    assert_eq!(first.len(), 4, "the window holds four");
+    let _ = feed(&mut b, t0, &first, Room::ALL);
+    let ack = drain(&mut b, t0);
+    let t1 = at(ms(1));
+    let _ = feed(&mut a, t1, &ack, Room::ALL);
+    let last = drain(&mut a, t1);
+    assert_eq!(last.len(), 1);
+    assert_eq!(last[0].frag, Some(4));
+    assert!(last[0].header.has(FLAG_ACK_REQ), "it ends the burst");
+
+    // A lone datagram sent as it is queued asks for nothing: a reply is
+    // likely to carry its acknowledgement.
+    let _ = feed(&mut b, t1, &last, Room::ALL);
+    let ack = drain(&mut b, t1);
+    let _ = feed(&mut a, t1, &ack, Room::ALL);
+    assert_eq!(acked(&events(&mut a)), [0, 1, 2, 3, 4]);
+    a.send(t1, P, 5).unwrap();
+    let lone = drain(&mut a, t1);
+    assert_eq!(lone.len(), 1);
+    assert!(!lone[0].header.has(FLAG_ACK_REQ));
+}

@@ -41,8 +41,9 @@ pub(super) struct Slot<F> {
     pub(super) seq: SeqNum,
     /// When it was last sent.
     pub(super) sent_at: Instant,
-    /// When it was first sent: a resend found spurious measures the delay
-    /// the first transmission met (Eifel response, RFC 4015).
+    /// When it was first sent (until then, when it was queued): a resend
+    /// found spurious measures the delay the first transmission met (Eifel
+    /// response, RFC 4015).
     pub(super) first_sent: Instant,
     pub(super) next: u32,
     pub(super) flags: u8,

@@ -153,6 +153,10 @@ impl<F: Clone, R> Reliability<F, R> {
                     slot.flags &= !QUEUED;
                     let awaited = slot.flags & AWAITED != 0;
                     let retransmission = slot.flags & SENT != 0;
+                    // Until its first transmission, `first_sent` holds when
+                    // it was queued: earlier than now, it waited for the
+                    // window.
+                    let waited = !retransmission && slot.first_sent < now;
                     if slot.flags & RETRANSMITTED != 0 {
                         slot.flags |= RESENT_AGAIN;
                     }
@@ -178,9 +182,13 @@ impl<F: Clone, R> Reliability<F, R> {
                     }
                     let p = &self.peers[peer as usize];
                     let window_full = !p.can_send(&self.config);
-                    // The newest datagram of a flight of several, with
-                    // nothing waiting behind it: the end of a burst.
-                    let burst_end = p.tail == index && p.backlog_head == NIL && p.in_flight > 1;
+                    // The newest datagram of a flight of several, or one
+                    // that waited for the window, with nothing waiting
+                    // behind it: the end of a burst. (A lone datagram sent
+                    // as it is queued is a request, whose reply carries the
+                    // acknowledgement.)
+                    let burst_end =
+                        p.tail == index && p.backlog_head == NIL && (p.in_flight > 1 || waited);
                     let mut header = self.ack_header(peer);
                     header.seq = seq;
                     if retransmission || window_full || awaited || burst_end {
