@@ -98,7 +98,7 @@ pub fn stats_line(module: &Mod) -> String {
             line,
             " retransmitted={} fast_retransmits={} timeouts={} tail_probes={} spurious={} \
              duplicates={} keepalives={} lost_peers={} bad_checksum={} unauthenticated={} \
-             coalesced={} trains={}",
+             unacceptable={} coalesced={} trains={}",
             r.retransmitted,
             r.fast_retransmits,
             r.timeouts,
@@ -109,6 +109,7 @@ pub fn stats_line(module: &Mod) -> String {
             r.peers_lost,
             s.recv_bad_checksum,
             s.recv_unauthenticated,
+            r.unacceptable_acks + r.unacceptable_resets,
             s.messages_coalesced,
             s.trains_sent
         );
@@ -118,7 +119,7 @@ pub fn stats_line(module: &Mod) -> String {
 
 /// The counters Open MPI tools read (MPI_T performance variables
 /// `btl_udbtl_<name>`), summed over the modules: name and description.
-pub const COUNTERS: [(&str, &str); 14] = [
+pub const COUNTERS: [(&str, &str); 15] = [
     (
         "sent",
         "Sends posted to the fabric (datagrams, retransmissions not counted)",
@@ -157,6 +158,10 @@ pub const COUNTERS: [(&str, &str); 14] = [
         "dropped_socket_full",
         "Datagrams the kernel dropped at a full socket buffer",
     ),
+    (
+        "dropped_unacceptable",
+        "Datagrams dropped: a reset or an acknowledgement the peer could not have sent",
+    ),
 ];
 
 /// Adds the module's counters to `totals`, indexed as [`COUNTERS`].
@@ -179,6 +184,7 @@ pub fn add_counters(module: &Mod, totals: &mut [u64; COUNTERS.len()]) {
         s.recv_bad_job_key,
         s.recv_unknown_peer,
         socket_full,
+        r.unacceptable_acks + r.unacceptable_resets,
     ];
     for (total, value) in totals.iter_mut().zip(values) {
         *total += value;

@@ -73,6 +73,7 @@ mod time;
 
 pub use config::{Config, ConfigError, MAX_WINDOW, SACK_SPAN};
 pub use state::{
-    Discard, Event, LossReason, PeerId, Receipt, Reliability, Room, SendError, Stats, Transmit,
+    Discard, Event, LossReason, PeerId, Receipt, Reliability, Room, SendError, Stats, StreamStart,
+    Transmit,
 };
 pub use time::Instant;

@@ -5,79 +5,18 @@
 #![allow(clippy::unwrap_used)]
 
 mod harness;
+mod pair;
 
 use std::time::Duration;
 
 use harness::{Net, payload};
 use udbtl_reliability::{
-    Config, Discard, Event, Instant, LossReason, PeerId, Receipt, Reliability, Room, SendError,
-    Transmit,
+    Config, Discard, Event, Instant, LossReason, PeerId, Receipt, Room, SendError, Transmit,
 };
 use udbtl_wire::SeqNum;
 use udbtl_wire::rel::{self, FLAG_ACK_ONLY, FLAG_ACK_REQ, FLAG_RESET};
 
-type Core = Reliability<u32, u32>;
-
-const P: PeerId = PeerId(0);
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn at(d: Duration) -> Instant {
-    Instant::ZERO + d
-}
-
-fn core(config: &Config) -> Core {
-    let mut core = Reliability::new(config.clone()).unwrap();
-    assert_eq!(core.add_peer(Instant::ZERO), P);
-    core
-}
-
-fn drain(core: &mut Core, now: Instant) -> Vec<Transmit<u32>> {
-    std::iter::from_fn(|| core.poll_transmit(now)).collect()
-}
-
-fn events(core: &mut Core) -> Vec<Event<u32>> {
-    std::iter::from_fn(|| core.poll_event()).collect()
-}
-
-/// A header without data from the peer, acknowledging `ack`.
-fn control(flags: u16, ack: u32, credit: u16) -> rel::Repr {
-    rel::Repr {
-        seq: SeqNum(0),
-        ack: SeqNum(ack),
-        credit,
-        flags: FLAG_ACK_ONLY | flags,
-        ..rel::Repr::default()
-    }
-}
-
-/// Feeds every transmit to `to` with `room`; returns the receipts.
-fn feed(to: &mut Core, now: Instant, txs: &[Transmit<u32>], room: Room) -> Vec<Receipt<u32>> {
-    txs.iter()
-        .map(|tx| to.on_datagram(now, P, &tx.header, tx.frag.unwrap_or(u32::MAX), room))
-        .collect()
-}
-
-fn acked(events: &[Event<u32>]) -> Vec<u32> {
-    let mut acked: Vec<u32> = events
-        .iter()
-        .filter_map(|e| match e {
-            Event::Acked { frag, .. } => Some(*frag),
-            _ => None,
-        })
-        .collect();
-    acked.sort_unstable();
-    acked
-}
-
-/// Moves time to `core`'s next deadline and fires it.
-fn fire_next(core: &mut Core) -> Instant {
-    let next = core.poll_timeout().unwrap();
-    core.handle_timeout(next);
-    next
-}
+use pair::*;
 
 // ----- 1. room for received data -------------------------------------------
 

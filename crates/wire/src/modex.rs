@@ -8,7 +8,7 @@
 //! ```text
 //! preamble:  0..2 magic 0x5541 ("UA") | 2 version | 3 entry count
 //! entry:     0 kind | 1 port | 2..4 LID | 4..8 process id | 8..24 address
-//!            24..28 max message size | 28..32 reserved | 32..40 network id
+//!            24..28 max message size | 28..32 stream nonce | 32..40 network id
 //!            40..56 the module's four QPNs
 //! key:       (version 2 only, after each entry) the module's receive key
 //! ```
@@ -23,6 +23,13 @@
 //! its ranks a job secret over a private channel keeps the keys off the
 //! key-value space.
 //!
+//! The stream nonce is drawn at random when the module is made, and both
+//! ends of a pair derive where their streams start from their two nonces
+//! ([`stream_start`]): a forger who cannot read the key-value space or the
+//! traffic cannot place a reset or an acknowledgement where a receiver
+//! accepts it (RFC 5961). Older blobs hold zero there, which is a nonce
+//! like any other.
+//!
 //! The first QPN receives. The module sends from all four (striping), and a
 //! receiver recognises a sender by whichever of them a datagram came from,
 //! so all four are published.
@@ -33,6 +40,7 @@
 //! network the port is attached to: a local module only pairs with a peer
 //! address on the same network.
 
+use crate::SeqNum;
 use crate::datagram::AuthKey;
 use crate::field::{Field, read_u16, read_u32, write_u16, write_u32};
 use crate::{Error, Result};
@@ -64,7 +72,7 @@ mod field {
     pub(super) const PROC_ID: Field = 4..8;
     pub(super) const ADDRESS: Field = 8..24;
     pub(super) const MAX_MSG: Field = 24..28;
-    pub(super) const RESERVED: Field = 28..32;
+    pub(super) const STREAM_NONCE: Field = 28..32;
     pub(super) const NETWORK_HI: Field = 32..36;
     pub(super) const NETWORK_LO: Field = 36..40;
     pub(super) const QPNS: usize = 40;
@@ -173,9 +181,9 @@ impl<T: AsRef<[u8]>> Entry<T> {
         read_u32(self.buffer.as_ref(), field::MAX_MSG)
     }
 
-    /// The reserved field (must be zero).
-    pub fn reserved(&self) -> u32 {
-        read_u32(self.buffer.as_ref(), field::RESERVED)
+    /// The module's stream nonce.
+    pub fn stream_nonce(&self) -> u32 {
+        read_u32(self.buffer.as_ref(), field::STREAM_NONCE)
     }
 
     /// The publishing process's id.
@@ -223,7 +231,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Entry<T> {
         }
         buffer[field::ADDRESS].copy_from_slice(&bytes);
         write_u32(buffer, field::MAX_MSG, address.max_msg_size);
-        write_u32(buffer, field::RESERVED, 0);
+        write_u32(buffer, field::STREAM_NONCE, address.stream_nonce);
         write_u32(buffer, field::NETWORK_HI, (address.network >> 32) as u32);
         write_u32(buffer, field::NETWORK_LO, address.network as u32);
     }
@@ -245,6 +253,9 @@ pub struct Address {
     pub max_msg_size: u32,
     /// The network the port is attached to.
     pub network: u64,
+    /// Drawn at random by the module: with a peer's, where the two streams
+    /// between them start ([`stream_start`]).
+    pub stream_nonce: u32,
     /// Whether the module authenticates datagrams, and with what key.
     pub auth: Auth,
 }
@@ -280,6 +291,23 @@ pub enum Auth {
     Derived,
 }
 
+/// The first sequence number of the stream from the module whose stream
+/// nonce is `sender` to the one whose nonce is `receiver`. Both ends compute
+/// it alike; the two directions start at unrelated numbers. The nonces are
+/// the secret: this only spreads them over the whole sequence space
+/// (`MurmurHash3`'s 64-bit finalizer, a bijection), so that a nonce near
+/// another does not start near it.
+#[must_use]
+pub const fn stream_start(sender: u32, receiver: u32) -> SeqNum {
+    let mut x = ((sender as u64) << 32) | receiver as u64;
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^= x >> 33;
+    SeqNum((x >> 32) as u32)
+}
+
 /// The context string of [`derive_receive_key`]'s hash: no other use of a
 /// job secret may use it.
 pub const RECEIVE_KEY_CONTEXT: &[u8] = b"udbtl 2026-12 module receive key v1";
@@ -309,8 +337,8 @@ impl Address {
     /// Parses a checked entry.
     ///
     /// # Errors
-    /// [`Error`] on a buffer shorter than [`ENTRY_LEN`], an unknown kind, a
-    /// non-zero reserved field, or padding bytes that should be zero.
+    /// [`Error`] on a buffer shorter than [`ENTRY_LEN`], an unknown kind, or
+    /// padding bytes that should be zero.
     pub fn parse<T: AsRef<[u8]>>(entry: &Entry<T>) -> Result<Self> {
         entry.check_len()?;
         let bytes = entry.address();
@@ -326,9 +354,6 @@ impl Address {
             },
             _ => return Err(Error),
         };
-        if entry.reserved() != 0 {
-            return Err(Error);
-        }
         Ok(Self {
             location,
             port: entry.port(),
@@ -336,6 +361,7 @@ impl Address {
             proc_id: entry.proc_id(),
             max_msg_size: entry.max_msg_size(),
             network: entry.network(),
+            stream_nonce: entry.stream_nonce(),
             auth: Auth::Off,
         })
     }
@@ -458,6 +484,7 @@ mod tests {
             proc_id: 42,
             max_msg_size: 65_483,
             network: 0x0102_0304_0506_0708,
+            stream_nonce: 0,
             auth: Auth::Off,
         }
     }
@@ -540,11 +567,23 @@ mod tests {
     fn malformed_blobs_are_errors() {
         assert!(parse_blob(&ONE_IPV4[..59]).is_err());
         assert!(parse_blob(&[]).is_err());
-        for (index, value) in [(0, 0), (2, 9), (3, 2), (4, 9), (6, 1), (17, 1), (32, 1)] {
+        for (index, value) in [(0, 0), (2, 9), (3, 2), (4, 9), (6, 1), (17, 1)] {
             let mut bad = ONE_IPV4;
             bad[index] = value;
             assert!(parse_blob(&bad).is_err(), "byte {index}");
         }
+    }
+
+    #[test]
+    fn the_stream_nonce_travels_and_the_two_directions_start_apart() {
+        let mut bytes = ONE_IPV4;
+        bytes[PREAMBLE_LEN + 28] = 0xab;
+        let parsed = parse_blob(&bytes).unwrap();
+        assert_eq!(parsed[0].stream_nonce, 0xab00_0000);
+        assert_eq!(emit_blob(&parsed).unwrap(), bytes);
+        assert_eq!(stream_start(7, 9), stream_start(7, 9));
+        assert_ne!(stream_start(1, 2), stream_start(2, 1));
+        assert_ne!(stream_start(1, 2), stream_start(1, 3));
     }
 
     #[test]
@@ -572,12 +611,12 @@ mod tests {
     proptest! {
         #[test]
         fn emit_then_parse(entries in proptest::collection::vec(
-            (location(), any::<u8>(), any::<[u32; QPNS]>(), any::<(u32, u32)>(), any::<u64>()), 0..8),
+            (location(), any::<u8>(), any::<[u32; QPNS]>(), any::<(u32, u32, u32)>(), any::<u64>()), 0..8),
             auth in 0u8..3,
         ) {
             let addresses: Vec<Address> = entries
                 .into_iter()
-                .map(|(location, port, qpns, (max_msg_size, proc_id), network)| Address { location, port, qpns, proc_id, max_msg_size, network, auth: [Auth::Off, Auth::Key(AuthKey([port; KEY_LEN])), Auth::Derived][usize::from(auth)] })
+                .map(|(location, port, qpns, (max_msg_size, proc_id, stream_nonce), network)| Address { location, port, qpns, proc_id, max_msg_size, network, stream_nonce, auth: [Auth::Off, Auth::Key(AuthKey([port; KEY_LEN])), Auth::Derived][usize::from(auth)] })
                 .collect();
             prop_assert_eq!(parse_blob(&emit_blob(&addresses).unwrap()).unwrap(), addresses);
         }

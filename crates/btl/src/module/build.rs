@@ -62,11 +62,25 @@ impl Partial {
 /// datagrams: a MAC with `auth` (under a key derived from the job secret and
 /// the module's address when there is a job secret, else a random one), else
 /// a checksum unless the fabric checks integrity end to end.
-fn integrity_for(params: &Params, port: &PortAttr, qps: &[QpInfo]) -> Result<Integrity, BtlError> {
+/// A reliable module's stream nonce (`modex::Address::stream_nonce`): from
+/// the operating system's randomness, so that no one outside the job can
+/// tell where its streams start.
+fn stream_nonce() -> Result<u32, BtlError> {
+    let mut bytes = [0u8; 4];
+    getrandom::fill(&mut bytes).map_err(BtlError::Randomness)?;
+    Ok(u32::from_ne_bytes(bytes))
+}
+
+fn integrity_for(
+    params: &Params,
+    port: &PortAttr,
+    qps: &[QpInfo],
+    stream_nonce: u32,
+) -> Result<Integrity, BtlError> {
     if params.auth {
         return Ok(match params.auth_secret {
             Some(job) => {
-                let address = module_address(port, qps, 0, modex::Auth::Derived);
+                let address = module_address(port, qps, 0, modex::Auth::Derived, stream_nonce);
                 Integrity::Mac {
                     own: modex::derive_receive_key(&job, &address),
                     job: Some(job),
@@ -273,8 +287,9 @@ impl<C: Context> Engine<C> {
         };
         let path = match ack_mr {
             Some(ack_mr) => {
-                let made = integrity_for(params, &built.port, &qps).and_then(|integrity| {
-                    Reliable::new(params, built.limits.max_send_size, ack_mr, integrity)
+                let made = stream_nonce().and_then(|nonce| {
+                    let integrity = integrity_for(params, &built.port, &qps, nonce)?;
+                    Reliable::new(params, built.limits.max_send_size, ack_mr, integrity, nonce)
                         .map_err(BtlError::from)
                 });
                 match made {

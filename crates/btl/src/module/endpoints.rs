@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use udbtl_fabric::{AhAttr, AhHandle, Context, FabricError, NodeAddr, PortAttr, QpAddr, QpInfo};
-use udbtl_reliability::{Instant, PeerId};
+use udbtl_reliability::{Instant, PeerId, StreamStart};
 use udbtl_wire::datagram::AuthKey;
 use udbtl_wire::modex;
 
@@ -192,6 +192,7 @@ pub(super) fn module_address(
     qps: &[QpInfo],
     proc_id: u32,
     auth: modex::Auth,
+    stream_nonce: u32,
 ) -> modex::Address {
     modex::Address {
         location: match port.addr {
@@ -206,6 +207,7 @@ pub(super) fn module_address(
         proc_id,
         max_msg_size: u32::try_from(port.max_msg_size).unwrap_or(u32::MAX),
         network: port.network,
+        stream_nonce,
         auth,
     }
 }
@@ -218,7 +220,8 @@ impl<C: Context> Engine<C> {
             .path
             .reliable()
             .map_or(modex::Auth::Off, |r| r.integrity.auth());
-        module_address(&self.port, &self.qps, self.proc_id, auth)
+        let nonce = self.path.reliable().map_or(0, |r| r.stream_nonce);
+        module_address(&self.port, &self.qps, self.proc_id, auth, nonce)
     }
 
     /// The engine's side of `Module::add_procs`, whose documentation is the
@@ -253,7 +256,7 @@ impl<C: Context> Engine<C> {
                 node: node_of(chosen.location),
                 qpn,
             });
-            match self.add_endpoint(qps, chosen.proc_id, peer_key) {
+            match self.add_endpoint(qps, chosen.proc_id, peer_key, chosen.stream_nonce) {
                 Ok(id) => {
                     result.endpoints[i] = Some(id);
                     result.reachable[i] = true;
@@ -348,6 +351,7 @@ impl<C: Context> Engine<C> {
         qps: [QpAddr; modex::QPNS],
         proc_id: u32,
         auth_key: Option<AuthKey>,
+        stream_nonce: u32,
     ) -> Result<EndpointId, BtlError> {
         let remote = qps[0];
         if let Some(id) = self.endpoints.existing(remote) {
@@ -377,9 +381,14 @@ impl<C: Context> Engine<C> {
         };
         // A reliable endpoint's id is its peer id, and neither is reused: a
         // closed peer lingers.
+        let own = reliable.stream_nonce;
+        let start = StreamStart {
+            send: modex::stream_start(own, stream_nonce),
+            recv: modex::stream_start(stream_nonce, own),
+        };
         let peer = reliable
             .core
-            .add_peer(Instant::from_duration(self.ctx.now()));
+            .add_peer_at(Instant::from_duration(self.ctx.now()), start);
         debug_assert_eq!(peer.0, self.endpoints.next_fresh_id().0);
         let id = self.endpoints.insert(endpoint, false);
         // Every peer may fill its credit at once: share the receive pool so

@@ -73,7 +73,9 @@ impl Integrity {
 
     /// Checks the received datagram `bytes`, whose reliability header is
     /// `header`. A module that authenticates checks its key before anything
-    /// else about the sender; one that does not cannot check a MAC.
+    /// else about the sender; one that does not cannot check a MAC. One that
+    /// checksums takes nothing without a checksum: every peer seals what it
+    /// sends alike, and a forger would otherwise skip it.
     pub(super) fn check(&self, bytes: &[u8], header: &rel::Repr) -> Check {
         match self.own_key() {
             Some(key) if header.has(rel::FLAG_MAC) && datagram::verify_mac(bytes, &key) => {
@@ -82,6 +84,9 @@ impl Integrity {
             Some(_) => Check::Unauthenticated,
             None if header.has(rel::FLAG_MAC) => Check::Unauthenticated,
             None if header.has(rel::FLAG_CHECKSUM) && !datagram::verify_checksum(bytes) => {
+                Check::BadChecksum
+            }
+            None if matches!(self, Self::Checksum) && !header.has(rel::FLAG_CHECKSUM) => {
                 Check::BadChecksum
             }
             None => Check::Intact,

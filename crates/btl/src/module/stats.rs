@@ -174,6 +174,12 @@ impl<C: Context> fmt::Display for Engine<C> {
             )?;
             writeln!(
                 f,
+                "                     unacceptable acknowledgements {} resets {} \
+                 (challenged {})",
+                r.unacceptable_acks, r.unacceptable_resets, r.challenge_acks
+            )?;
+            writeln!(
+                f,
                 "                     integrity {} bad checksum {} unauthenticated {} \
                  unknown peer {} unacknowledged {}",
                 reliable.integrity.name(),

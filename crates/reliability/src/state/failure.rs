@@ -42,7 +42,9 @@ impl<F: Clone, R> Reliability<F, R> {
         self.end_peer(peer);
         if reason == LossReason::Timeout {
             // Tell the peer, in case it still hears us: it must not wait
-            // for a stream this side abandoned.
+            // for a stream this side abandoned. Had everything sent
+            // arrived, it expects `snd_nxt`; if not, it challenges, and the
+            // answer carries the number it expects.
             self.transmits.push_back(Pending::Reset(peer));
         }
         self.events.push_back(Event::PeerLost {
@@ -56,7 +58,7 @@ impl<F: Clone, R> Reliability<F, R> {
     /// are taken back.
     pub(super) fn end_peer(&mut self, peer: u32) {
         let p = &mut self.peers[peer as usize];
-        p.mode = Mode::Lost;
+        p.mode = Mode::Lost(p.snd_nxt);
         p.timers.stop_all();
         p.resumed = false;
         // Its timer entry, if any, is left to be dropped as stale.

@@ -25,7 +25,9 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::time::Duration;
 
-pub use types::{Discard, Event, LossReason, PeerId, Receipt, Room, SendError, Stats, Transmit};
+pub use types::{
+    Discard, Event, LossReason, PeerId, Receipt, Room, SendError, Stats, StreamStart, Transmit,
+};
 
 use crate::config::{Config, ConfigError};
 use crate::time::Instant;
@@ -79,6 +81,10 @@ pub struct Reliability<F, R> {
     acks_held: bool,
     /// Peers whose acknowledgement-only datagram is held back.
     held_acks: Vec<u32>,
+    /// When the last challenge acknowledgement went (for a reset at an
+    /// unexpected sequence number): at most one per `rto_min`, whatever the
+    /// peer, so forged resets cannot make this side flood its peers.
+    last_challenge: Option<Instant>,
     events: VecDeque<Event<F>>,
     timers: BinaryHeap<Reverse<(Instant, u32)>>,
     credit: u16,
@@ -113,6 +119,7 @@ impl<F: Clone, R> Reliability<F, R> {
             reclaimed: Vec::new(),
             transmits: VecDeque::new(),
             acks_held: false,
+            last_challenge: None,
             held_acks: Vec::new(),
             events: VecDeque::new(),
             timers: BinaryHeap::new(),
@@ -130,9 +137,29 @@ impl<F: Clone, R> Reliability<F, R> {
         &self.stats
     }
 
-    /// Adds a peer and returns its id (ids are dense, from 0).
+    /// Adds a peer whose streams both start at the configuration's
+    /// `initial_seq`, and returns its id (ids are dense, from 0). For
+    /// tests and closed networks: a forger who knows where the streams
+    /// are can guess the numbers a reset or an acknowledgement needs. See
+    /// [`add_peer_at`](Self::add_peer_at).
     pub fn add_peer(&mut self, now: Instant) -> PeerId {
-        self.peers.push(Peer::new(&self.config, now));
+        let start = self.config.initial_seq;
+        self.add_peer_at(
+            now,
+            StreamStart {
+                send: start,
+                recv: start,
+            },
+        )
+    }
+
+    /// Adds a peer whose streams start at `start`, and returns its id (ids
+    /// are dense, from 0). The peer must add this side with the two
+    /// numbers swapped. Numbers drawn at random per peer pair and
+    /// incarnation keep a forger who cannot read the traffic from placing
+    /// a reset or an acknowledgement where this side accepts it.
+    pub fn add_peer_at(&mut self, now: Instant, start: StreamStart) -> PeerId {
+        self.peers.push(Peer::new(&self.config, now, start));
         // A retransmission timeout queues the peer's whole window, beside an
         // acknowledgement and a probe: room for that now, so that a timeout
         // does not allocate.
@@ -201,7 +228,7 @@ impl<F: Clone, R> Reliability<F, R> {
     pub fn is_lost(&self, peer: PeerId) -> bool {
         self.peers
             .get(peer.0 as usize)
-            .is_some_and(|p| p.mode == Mode::Lost)
+            .is_some_and(|p| p.mode.is_lost())
     }
 
     /// Sets the credit this side advertises to every peer (datagrams past

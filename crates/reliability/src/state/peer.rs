@@ -6,7 +6,7 @@ use udbtl_wire::SeqNum;
 
 use super::recv::RecvState;
 use super::timer_table::{Timer, TimerTable, earliest};
-use super::types::Mode;
+use super::types::{Mode, StreamStart};
 use crate::config::Config;
 use crate::rtt::Rtt;
 use crate::time::Instant;
@@ -140,6 +140,7 @@ pub(super) struct Peer {
     pub(super) resumed: bool,
     /// The receiving side: window, early datagrams, acknowledgement owed.
     pub(super) rcv: RecvState,
+
     // ----- timers
     /// The deadlines armed and stopped explicitly: retransmission, loss,
     /// tail-loss probe and delayed acknowledgement.
@@ -151,11 +152,11 @@ pub(super) struct Peer {
 pub(super) const CWND_UNIT: u32 = 1024;
 
 impl Peer {
-    pub(super) fn new(config: &Config, now: Instant) -> Self {
+    pub(super) fn new(config: &Config, now: Instant, start: StreamStart) -> Self {
         Self {
             mode: Mode::Active,
-            snd_una: config.initial_seq,
-            snd_nxt: config.initial_seq,
+            snd_una: start.send,
+            snd_nxt: start.send,
             head: NIL,
             tail: NIL,
             in_flight: 0,
@@ -164,7 +165,7 @@ impl Peer {
             cwnd: u32::from(config.initial_cwnd) * CWND_UNIT,
             ssthresh: u32::MAX,
             undo_cwnd: 0,
-            undo_until: config.initial_seq,
+            undo_until: start.send,
             peer_credit: config.initial_credit,
             rtt: Rtt::new(config.rto_initial),
             rack_sent: Instant::ZERO,
@@ -177,7 +178,8 @@ impl Peer {
             last_data: None,
             last_keepalive: None,
             resumed: false,
-            rcv: RecvState::new(config.initial_seq),
+            rcv: RecvState::new(start.recv),
+
             timers: TimerTable::new(),
             scheduled: None,
         }

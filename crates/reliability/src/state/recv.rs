@@ -52,8 +52,10 @@ impl<F: Clone, R> Reliability<F, R> {
     /// buffer holding it and `room` what the caller can take of its data.
     /// Acknowledgements it carries are processed first, whatever the room.
     ///
-    /// * Any valid datagram shows the peer alive: its failure clock
-    ///   restarts.
+    /// * A datagram whose acknowledgement the peer could not have sent (of
+    ///   data never sent, or further back than a window) is dropped
+    ///   ([`Discard::Unacceptable`]), whatever else it carries (RFC 5961
+    ///   §5). Any other shows the peer alive: its failure clock restarts.
     /// * Data the room does not allow is refused
     ///   ([`Discard::NoRoom`]): not acknowledged (the sender retransmits
     ///   it), but an acknowledgement goes out at once with the current
@@ -61,9 +63,14 @@ impl<F: Clone, R> Reliability<F, R> {
     /// * An acknowledgement-only datagram that asks for one
     ///   (`FLAG_ACK_REQ`, such as a zero-window probe) is answered.
     /// * A reset ([`rel::FLAG_RESET`]) declares the peer lost
-    ///   ([`LossReason::Reset`]).
+    ///   ([`LossReason::Reset`]) only at the next sequence number expected
+    ///   from it (RFC 5961 §3). Elsewhere in the receive window it draws a
+    ///   challenge acknowledgement, which a peer that did reset answers with
+    ///   a reset at that number; outside, it is only counted.
     /// * A peer already declared lost is answered with a reset when it sends
-    ///   data or asks for an acknowledgement, never otherwise.
+    ///   data or asks for an acknowledgement, never otherwise. The reset
+    ///   carries the datagram's acknowledgement number as its sequence
+    ///   number: the one the peer accepts.
     pub fn on_datagram(
         &mut self,
         now: Instant,
@@ -75,26 +82,30 @@ impl<F: Clone, R> Reliability<F, R> {
         let Some(p) = self.peers.get_mut(peer.0 as usize) else {
             return Receipt::Discard(buf, Discard::PeerLost);
         };
-        if p.mode == Mode::Lost {
+        if let Mode::Lost(reset_seq) = &mut p.mode {
             // It still believes the streams alive: tell it they are broken.
             // A reset or a plain acknowledgement gets no answer, so two
             // sides that lost each other cannot loop.
             if !header.has(FLAG_RESET) && (!header.has(FLAG_ACK_ONLY) || header.has(FLAG_ACK_REQ)) {
+                *reset_seq = header.ack;
                 self.transmits.push_back(Pending::Reset(peer.0));
             }
             return Receipt::Discard(buf, Discard::PeerLost);
         }
-        if !header.ack.is_after(p.snd_nxt) {
-            // A plausible header (a corrupt or stale one acknowledges what
-            // was never sent): the peer is alive, even if it grants nothing.
-            p.last_heard = now;
+        if header.has(FLAG_RESET) {
+            return self.on_reset(now, peer.0, header, buf);
         }
+        let window = i32::from(self.config.window);
+        if header.ack.is_after(p.snd_nxt) || header.ack - p.snd_una < -window {
+            // Forged, corrupt or from another incarnation: whatever it
+            // carries, it says nothing of the peer.
+            self.stats.unacceptable_acks += 1;
+            return Receipt::Discard(buf, Discard::Unacceptable);
+        }
+        // The peer is alive, even if it grants nothing.
+        p.last_heard = now;
         self.on_ack(now, peer.0, header);
-        if header.flags & (FLAG_ACK_ONLY | FLAG_RESET) != 0 {
-            if header.has(FLAG_RESET) {
-                self.declare_lost(peer.0, LossReason::Reset);
-                return Receipt::Discard(buf, Discard::PeerLost);
-            }
+        if header.has(FLAG_ACK_ONLY) {
             if header.has(FLAG_ACK_REQ) {
                 self.queue_ack(peer.0);
             }
@@ -104,6 +115,29 @@ impl<F: Clone, R> Reliability<F, R> {
         let receipt = self.on_data(now, peer.0, header, buf, room);
         self.reschedule(peer.0);
         receipt
+    }
+
+    /// A reset from an active peer: it ends the streams only at the exact
+    /// next sequence number expected (RFC 5961 §3.2).
+    fn on_reset(&mut self, now: Instant, peer: u32, header: &rel::Repr, buf: R) -> Receipt<R> {
+        let window = i32::from(self.config.window);
+        let rto_min = self.config.rto_min;
+        let offset = header.seq - self.peers[peer as usize].rcv.nxt;
+        if offset == 0 {
+            self.declare_lost(peer, LossReason::Reset);
+            return Receipt::Discard(buf, Discard::PeerLost);
+        }
+        self.stats.unacceptable_resets += 1;
+        let challenge_due = self.last_challenge.is_none_or(|at| now >= at + rto_min);
+        if offset > 0 && offset < window && challenge_due {
+            // Perhaps the peer reset after data of its that never arrived:
+            // asked for an acknowledgement, it answers with a reset at the
+            // number this side expects.
+            self.last_challenge = Some(now);
+            self.stats.challenge_acks += 1;
+            self.transmits.push_back(Pending::Probe(peer));
+        }
+        Receipt::Discard(buf, Discard::Unacceptable)
     }
 
     /// Refuses a data datagram for want of room: not acknowledged, but the

@@ -47,7 +47,7 @@ impl<F: Clone, R> Reliability<F, R> {
             .ok_or(SendError::NoPeer(peer.0))?;
         match p.mode {
             Mode::Active => Ok(()),
-            Mode::Lost => Err(SendError::PeerLost(peer.0)),
+            Mode::Lost(_) => Err(SendError::PeerLost(peer.0)),
             Mode::Lingering(_) => Err(SendError::Closed(peer.0)),
         }
     }
@@ -211,7 +211,7 @@ impl<F: Clone, R> Reliability<F, R> {
                 }
                 Pending::Ack(peer) => {
                     let p = &mut self.peers[peer as usize];
-                    if (p.rcv.ack_pending == 0 && !p.rcv.ack_now) || p.mode == Mode::Lost {
+                    if (p.rcv.ack_pending == 0 && !p.rcv.ack_now) || p.mode.is_lost() {
                         // A data datagram carried it already, or the peer
                         // is gone.
                         p.rcv.ack_queued = false;
@@ -232,14 +232,18 @@ impl<F: Clone, R> Reliability<F, R> {
                     return Some(self.control(peer, FLAG_ACK_ONLY));
                 }
                 Pending::Probe(peer) => {
-                    if self.peers[peer as usize].mode == Mode::Lost {
+                    if self.peers[peer as usize].mode.is_lost() {
                         continue;
                     }
                     return Some(self.control(peer, FLAG_ACK_ONLY | FLAG_ACK_REQ));
                 }
                 Pending::Reset(peer) => {
                     self.stats.resets_sent += 1;
-                    return Some(self.control(peer, FLAG_ACK_ONLY | FLAG_RESET));
+                    let mut reset = self.control(peer, FLAG_ACK_ONLY | FLAG_RESET);
+                    if let Mode::Lost(seq) = self.peers[peer as usize].mode {
+                        reset.header.seq = seq;
+                    }
+                    return Some(reset);
                 }
             }
         }

@@ -139,7 +139,7 @@ impl<F: Clone, R> Reliability<F, R> {
             p.timers.stop(Timer::Pto);
             p.timers.stop(Timer::Loss);
             p.probed = false;
-            if p.mode != Mode::Lost && (p.head != NIL || p.backlog_head != NIL) {
+            if !p.mode.is_lost() && (p.head != NIL || p.backlog_head != NIL) {
                 p.rtt.end_backoff();
                 p.timers.set(Timer::Rto, now);
                 p.resumed = true;

@@ -3,6 +3,7 @@
 //! events, errors and counters.
 
 use crate::time::Instant;
+use udbtl_wire::SeqNum;
 use udbtl_wire::rel;
 
 /// A peer, as numbered by the caller (an index into its own peer table).
@@ -23,6 +24,18 @@ pub enum Receipt<R> {
     Discard(R, Discard),
 }
 
+/// Where a peer's two streams start: the first sequence number this side
+/// sends it, and the first it expects from it. Both ends must agree, and
+/// an off-path forger must not be able to guess them; see
+/// [`Reliability::add_peer_at`](crate::Reliability::add_peer_at).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamStart {
+    /// The first sequence number sent to the peer.
+    pub send: SeqNum,
+    /// The first sequence number expected from the peer.
+    pub recv: SeqNum,
+}
+
 /// Why a datagram was discarded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Discard {
@@ -37,6 +50,11 @@ pub enum Discard {
     /// The caller had no [`Room`] for the datagram: its data was refused
     /// (not acknowledged), and the sender will retransmit it.
     NoRoom,
+    /// It could not have come from the peer as it stands (RFC 5961): it
+    /// acknowledges what was never sent or lies further back than a
+    /// window, or it resets the streams at a sequence number other than
+    /// the next one expected. It does not count as hearing from the peer.
+    Unacceptable,
 }
 
 /// What the caller can take of a received data datagram, passed to
@@ -177,6 +195,17 @@ pub struct Stats {
     pub keepalives: u64,
     /// Resets sent to peers (declared lost, or heard from after that).
     pub resets_sent: u64,
+    /// Datagrams dropped whose acknowledgement the peer could not have
+    /// sent: of data never sent, or older than a window behind the oldest
+    /// unacknowledged datagram ([`Discard::Unacceptable`]).
+    pub unacceptable_acks: u64,
+    /// Resets dropped for not carrying the next sequence number expected
+    /// ([`Discard::Unacceptable`]). One within the window draws a
+    /// challenge acknowledgement.
+    pub unacceptable_resets: u64,
+    /// Challenge acknowledgements sent: a peer that really reset its
+    /// streams answers one with a reset at the exact sequence number.
+    pub challenge_acks: u64,
     /// Calls of [`Reliability::resume`](crate::Reliability::resume).
     pub resumes: u64,
 }
@@ -188,6 +217,16 @@ pub(super) enum Mode {
     /// Closed by the caller: no new sends; still acknowledges until then.
     Lingering(Instant),
     /// Declared lost (nothing heard for `peer_timeout` while data waited,
-    /// or the peer sent a reset), or finished lingering.
-    Lost,
+    /// or the peer sent a reset), or finished lingering. It holds the
+    /// sequence number the next reset to the peer carries: the
+    /// acknowledgement number of the datagram the reset answers, which is
+    /// the next sequence number the peer expects (RFC 793), the only one at
+    /// which it accepts a reset.
+    Lost(SeqNum),
+}
+
+impl Mode {
+    pub(super) const fn is_lost(self) -> bool {
+        matches!(self, Self::Lost(_))
+    }
 }

@@ -178,7 +178,9 @@ impl<C: Context> Module<C> {
     /// (the first receives; datagrams from any of them are recognised as the
     /// peer's) in process `proc_id`, with an address handle built with the
     /// service level and path bits parameters. `auth_key` is the peer's
-    /// receive key, which a module with `auth` needs to send to it.
+    /// receive key, which a module with `auth` needs to send to it, and
+    /// `stream_nonce` the nonce it published, from which both derive where
+    /// their streams start.
     ///
     /// # Errors
     /// The address handle could not be created.
@@ -187,8 +189,10 @@ impl<C: Context> Module<C> {
         qps: [QpAddr; modex::QPNS],
         proc_id: u32,
         auth_key: Option<AuthKey>,
+        stream_nonce: u32,
     ) -> Result<EndpointId, BtlError> {
-        self.lock().add_endpoint(qps, proc_id, auth_key)
+        self.lock()
+            .add_endpoint(qps, proc_id, auth_key, stream_nonce)
     }
 
     /// Releases endpoints and their address handles. Sends waiting for a

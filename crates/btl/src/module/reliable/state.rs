@@ -36,6 +36,9 @@ pub(in crate::module) struct Reliable {
     /// When the engine last ran (progress or helper), to notice that the
     /// process was stopped.
     pub(super) last_run: Option<Instant>,
+    /// Published in the modex: with a peer's, where the streams between
+    /// the two start (`modex::stream_start`).
+    pub(in crate::module) stream_nonce: u32,
 }
 
 impl Reliable {
@@ -49,6 +52,7 @@ impl Reliable {
         datagram: usize,
         ack_ring: Mr,
         integrity: Integrity,
+        stream_nonce: u32,
     ) -> Result<Self, ConfigError> {
         Ok(Self {
             core: reliability_state(params, datagram)?,
@@ -58,6 +62,7 @@ impl Reliable {
             unknown_peers: Vec::new(),
             reassembly: Reassembly::default(),
             last_run: None,
+            stream_nonce,
         })
     }
 

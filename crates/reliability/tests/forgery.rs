@@ -1,0 +1,233 @@
+//! Datagrams from a forger who knows the addresses but must guess the
+//! numbers (RFC 5961): a reset acts only at the exact next sequence number,
+//! an acknowledgement the peer could not have sent is dropped and does not
+//! count as hearing from it, and streams start where the caller says, so
+//! the numbers can be unpredictable. A peer that really reset is still
+//! heard at once.
+
+#![allow(clippy::unwrap_used)]
+
+mod pair;
+
+use std::time::Duration;
+
+use pair::{Core, P, at, control, core, drain, events, feed, ms};
+use udbtl_reliability::{
+    Config, Discard, Event, Instant, LossReason, Receipt, Reliability, Room, StreamStart,
+};
+use udbtl_wire::SeqNum;
+use udbtl_wire::rel::{self, FLAG_ACK_ONLY, FLAG_ACK_REQ, FLAG_RESET};
+
+/// A reset with sequence number `seq`, acknowledging nothing new.
+fn reset_at(seq: u32) -> rel::Repr {
+    rel::Repr {
+        seq: SeqNum(seq),
+        flags: FLAG_ACK_ONLY | FLAG_RESET,
+        ..rel::Repr::default()
+    }
+}
+
+fn challenges(txs: &[udbtl_reliability::Transmit<u32>]) -> usize {
+    txs.iter()
+        .filter(|t| t.frag.is_none() && t.header.has(FLAG_ACK_ONLY | FLAG_ACK_REQ))
+        .count()
+}
+
+#[test]
+fn a_reset_away_from_the_next_expected_number_is_dropped_and_challenged() {
+    let config = Config::default();
+    let (mut a, mut b) = (core(&config), core(&config));
+    let t0 = Instant::ZERO;
+    a.send(t0, P, 1).unwrap();
+    let _ = feed(&mut b, t0, &drain(&mut a, t0), Room::ALL);
+    let _ = drain(&mut b, t0);
+    // b expects sequence number 1 next.
+    let t1 = at(ms(1));
+    for seq in [2, 3, 1_000_000] {
+        assert_eq!(
+            b.on_datagram(t1, P, &reset_at(seq), 9, Room::ALL),
+            Receipt::Discard(9, Discard::Unacceptable),
+            "reset at {seq}"
+        );
+    }
+    assert!(!b.is_lost(P));
+    assert!(events(&mut b).is_empty());
+    // One challenge for the two in the window: at most one per rto_min.
+    let answer = drain(&mut b, t1);
+    assert_eq!(challenges(&answer), 1, "{answer:?}");
+    assert_eq!(answer[0].header.ack, SeqNum(1));
+    let s = b.stats();
+    assert_eq!((s.unacceptable_resets, s.challenge_acks), (3, 1));
+    // Not answered by a reset (a is alive), the challenge changes nothing;
+    // a reset at the exact number ends the streams.
+    let t2 = t1 + config.rto_min;
+    assert_eq!(
+        b.on_datagram(t2, P, &reset_at(1), 10, Room::ALL),
+        Receipt::Discard(10, Discard::PeerLost)
+    );
+    assert!(b.is_lost(P));
+}
+
+/// a gives b up after data of its that b never got: its own reset is at a
+/// number b does not expect, but b's challenge draws one at the number b
+/// does, and both sides know.
+#[test]
+fn a_peer_that_reset_after_data_that_never_arrived_is_heard_through_the_challenge() {
+    let config = Config {
+        peer_timeout: Duration::from_secs(1),
+        ..Config::default()
+    };
+    let (mut a, mut b) = (core(&config), core(&config));
+    let t0 = Instant::ZERO;
+    for frag in 0..3 {
+        a.send(t0, P, frag).unwrap();
+    }
+    let sent = drain(&mut a, t0);
+    // Only the first arrives, and nothing from b reaches a.
+    let _ = feed(&mut b, t0, &sent[..1], Room::ALL);
+    let _ = drain(&mut b, t0);
+    let mut now = t0;
+    while !a.is_lost(P) {
+        now = a.poll_timeout().unwrap();
+        a.handle_timeout(now);
+        let _ = drain(&mut a, now);
+        assert!(now < at(10 * config.peer_timeout), "a never gave up");
+    }
+    a.send(now, P, 3).unwrap_err();
+    // a's reset went with the timeout's transmissions; send it again.
+    let reset = reset_at(3);
+    assert_eq!(
+        b.on_datagram(now, P, &reset, 20, Room::ALL),
+        Receipt::Discard(20, Discard::Unacceptable)
+    );
+    let challenge = drain(&mut b, now);
+    assert_eq!(challenges(&challenge), 1);
+    let _ = feed(&mut a, now, &challenge, Room::ALL);
+    let answer = drain(&mut a, now);
+    assert_eq!(answer.len(), 1);
+    assert!(answer[0].header.has(FLAG_RESET));
+    assert_eq!(answer[0].header.seq, SeqNum(1), "the number b expects");
+    let _ = feed(&mut b, now, &answer, Room::ALL);
+    assert!(b.is_lost(P));
+    assert!(events(&mut b).contains(&Event::PeerLost {
+        peer: P,
+        reason: LossReason::Reset
+    }));
+}
+
+/// The reset a lost peer sends on its own, at the timeout, is the one to
+/// use when everything it sent arrived: the number it sends next.
+#[test]
+fn a_timeout_reset_after_everything_arrived_ends_the_peer_at_once() {
+    let config = Config {
+        peer_timeout: Duration::from_secs(1),
+        ..Config::default()
+    };
+    let (mut a, mut b) = (core(&config), core(&config));
+    let t0 = Instant::ZERO;
+    for frag in 0..3 {
+        a.send(t0, P, frag).unwrap();
+    }
+    let _ = feed(&mut b, t0, &drain(&mut a, t0), Room::ALL);
+    let _ = drain(&mut b, t0);
+    let mut resets = Vec::new();
+    while !a.is_lost(P) {
+        let now = a.poll_timeout().unwrap();
+        a.handle_timeout(now);
+        resets = drain(&mut a, now);
+    }
+    resets.retain(|t| t.header.has(FLAG_RESET));
+    assert_eq!(resets.len(), 1);
+    assert_eq!(resets[0].header.seq, SeqNum(3));
+    let _ = feed(&mut b, at(ms(5000)), &resets, Room::ALL);
+    assert!(b.is_lost(P));
+}
+
+#[test]
+fn forged_acknowledgements_release_nothing_and_do_not_keep_a_lost_peer_alive() {
+    let config = Config {
+        peer_timeout: Duration::from_secs(1),
+        ..Config::default()
+    };
+    let mut a = core(&config);
+    let t0 = Instant::ZERO;
+    for frag in 0..3 {
+        a.send(t0, P, frag).unwrap();
+    }
+    let _ = drain(&mut a, t0);
+    // b is gone. A forger sends, every 50 ms, an acknowledgement of data
+    // never sent and one from further back than a window.
+    let ahead = control(0, 5, 64);
+    let behind = control(0, 0u32.wrapping_sub(u32::from(config.window) + 1), 64);
+    let mut now = t0;
+    let mut forged = 0;
+    while !a.is_lost(P) {
+        now = now + ms(50);
+        for header in [ahead, behind] {
+            assert_eq!(
+                a.on_datagram(now, P, &header, 7, Room::ALL),
+                Receipt::Discard(7, Discard::Unacceptable)
+            );
+            forged += 1;
+        }
+        while a.poll_timeout().is_some_and(|t| t <= now) {
+            a.handle_timeout(now);
+        }
+        let _ = drain(&mut a, now);
+        assert!(now < at(10 * config.peer_timeout), "kept alive");
+    }
+    assert!(now <= at(config.peer_timeout + config.rto_max), "{now:?}");
+    let all = events(&mut a);
+    assert!(!all.iter().any(|e| matches!(e, Event::Acked { .. })));
+    assert_eq!(a.stats().unacceptable_acks, forged);
+}
+
+/// Two sides that agree where their streams start, here just before the
+/// sequence numbers wrap, exchange data across the wrap; a reset at the
+/// number every stream used to start at is refused.
+#[test]
+fn streams_start_where_add_peer_at_says() {
+    let config = Config::default();
+    let start = StreamStart {
+        send: SeqNum(u32::MAX - 2),
+        recv: SeqNum(0x1234_5678),
+    };
+    let swapped = StreamStart {
+        send: start.recv,
+        recv: start.send,
+    };
+    let t0 = Instant::ZERO;
+    let (mut a, mut b): (Core, Core) = (
+        Reliability::new(config.clone()).unwrap(),
+        Reliability::new(config).unwrap(),
+    );
+    assert_eq!(a.add_peer_at(t0, start), P);
+    assert_eq!(b.add_peer_at(t0, swapped), P);
+    // The initial credit: four datagrams, the last after the wrap.
+    for frag in 0..4 {
+        a.send(t0, P, frag).unwrap();
+    }
+    let sent = drain(&mut a, t0);
+    assert_eq!(sent[0].header.seq, SeqNum(u32::MAX - 2));
+    let delivered = feed(&mut b, t0, &sent, Room::ALL)
+        .iter()
+        .filter(|r| matches!(r, Receipt::Deliver(_)))
+        .count();
+    assert_eq!(delivered, 4);
+    b.send(t0, P, 100).unwrap();
+    let reply = drain(&mut b, t0);
+    let data = reply.iter().find(|t| t.frag == Some(100)).unwrap();
+    assert_eq!(data.header.seq, SeqNum(0x1234_5678));
+    assert_eq!(data.header.ack, SeqNum(1), "across the wrap");
+    let _ = feed(&mut a, t0, &reply, Room::ALL);
+    let acked = events(&mut a)
+        .iter()
+        .filter(|e| matches!(e, Event::Acked { .. }))
+        .count();
+    assert_eq!(acked, 4);
+    assert_eq!(
+        b.on_datagram(t0, P, &reset_at(0), 9, Room::ALL),
+        Receipt::Discard(9, Discard::Unacceptable)
+    );
+    assert!(!b.is_lost(P));
+}
