@@ -38,6 +38,10 @@
 //!   computes for `--busy-ms` from the start.
 //! * `into-one`: every rank but 0 sends to rank 0, which checks every
 //!   stream (a tiny pool, `UDBTL_RD_NUM=16`, makes credit tight).
+//! * `stranger`: ranks 0 and 1 exchange checked messages until a stranger
+//!   who forges datagrams to them makes `--dir`/done; each rank writes its
+//!   process id to `--dir`/pid.<rank> and reports the datagrams it found
+//!   unacceptable (`stranger.rs`).
 //!
 //! The ranks print what they measured (and, on an error, what they received
 //! before it), with wall-clock times as `at <ms since the epoch>` for the
@@ -49,6 +53,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 mod scenarios;
+mod stranger;
 
 use clap::{Parser, Subcommand};
 use udbtl::{Tag, World};
@@ -134,6 +139,14 @@ enum Scenario {
     },
     /// Every rank but 0 sends to rank 0.
     IntoOne,
+    /// Ranks 0 and 1 exchange checked messages while a stranger forges
+    /// datagrams to them.
+    Stranger {
+        /// Where the ranks write their process ids and the stranger says
+        /// it is done.
+        #[arg(long)]
+        dir: std::path::PathBuf,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -102,6 +102,9 @@ pub(crate) fn run(args: &Args) -> Result<(), Failure> {
             deadline,
         )?,
         Scenario::IntoOne => into_one(world, &inbox, args.messages, deadline)?,
+        Scenario::Stranger { ref dir } => {
+            crate::stranger::stranger(world, &inbox, dir, deadline)?;
+        }
     }
     Ok(())
 }

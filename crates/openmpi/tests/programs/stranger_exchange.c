@@ -1,13 +1,14 @@
 /*
- * forged_tag: two ranks exchange checked messages until a stranger is done
- * sending to them, then one more round trip, so that what the stranger sent
- * has been read: it must neither crash a rank nor reach a message.
+ * stranger_exchange: two ranks exchange checked messages until a stranger is
+ * done sending forged datagrams to them, then one more round trip, so that
+ * what the stranger sent has been read: it must neither crash a rank, nor
+ * end the job, nor reach a message.
  *
- * usage: forged_tag DIR
+ * usage: stranger_exchange DIR
  *
  * Each rank writes its process id to DIR/pid.<rank>; rank 0 stops the
  * exchange once DIR/done exists (the stranger makes it after its last
- * datagram), and says OK forged_tag if every message was right.
+ * datagram), and says OK stranger_exchange if every message was right.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -22,7 +23,7 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (argc != 2 || size != 2) {
         if (rank == 0)
-            fprintf(stderr, "usage: mpirun -np 2 forged_tag DIR\n");
+            fprintf(stderr, "usage: mpirun -np 2 stranger_exchange DIR\n");
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
     char path[4096];
@@ -58,9 +59,9 @@ int main(int argc, char **argv)
     MPI_Reduce(&bad, &all_bad, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
     if (rank == 0) {
         if (all_bad)
-            printf("forged_tag: %d messages wrong\n", all_bad);
+            printf("stranger_exchange: %d messages wrong\n", all_bad);
         else
-            printf("OK forged_tag\n");
+            printf("OK stranger_exchange\n");
     }
     MPI_Finalize();
     return all_bad != 0;

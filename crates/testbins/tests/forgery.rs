@@ -1,0 +1,94 @@
+//! A stranger on the host forges resets and acknowledgements to a job under
+//! `udrun` (`udprobe stranger`): reliable and checksummed, with the job's
+//! key (read from a rank's environment, as its owner or root can), from
+//! each rank's own address and port to the other's, at the sequence numbers
+//! every stream used to start from. Each must be counted and dropped (RFC
+//! 5961), where the first reset used to end the job. Sending from another
+//! process's address takes a raw socket: as root only, SKIPPED otherwise.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+#[path = "../../../tests/support/udrun_jobs.rs"]
+mod common;
+
+#[path = "../../../tests/support/forger.rs"]
+mod forger;
+
+const PROBE: &str = env!("CARGO_BIN_EXE_udprobe");
+
+/// The job key in process `pid`'s environment.
+fn job_key_of(pid: u32) -> Option<u32> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    environ
+        .split(|b| *b == 0)
+        .filter_map(|var| std::str::from_utf8(var).ok())
+        .find_map(|var| var.strip_prefix("UDBTL_JOB_KEY="))
+        .and_then(|key| key.parse().ok())
+}
+
+/// The numbers after "acknowledgements" and "resets" in each rank's
+/// "unacceptable" report, summed.
+fn unacceptable(all: &str) -> u64 {
+    all.lines()
+        .filter_map(|line| line.split_once("unacceptable acknowledgements "))
+        .filter_map(|(_, rest)| {
+            let mut words = rest.split_whitespace();
+            let acks: u64 = words.next()?.parse().ok()?;
+            let resets: u64 = words.nth(1)?.parse().ok()?;
+            Some(acks + resets)
+        })
+        .sum()
+}
+
+#[test]
+fn forged_resets_and_acknowledgements_are_counted_and_dropped_under_udrun() {
+    let spoofer = match forger::Spoofer::open() {
+        Ok(spoofer) => spoofer,
+        Err(reason) => {
+            eprintln!("SKIPPED: {reason}");
+            return;
+        }
+    };
+    let dir = std::env::temp_dir().join(format!("udbtl-forgery-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir_arg = dir.to_str().unwrap();
+    let mut child = common::start(&["-n", "2", PROBE, "stranger", "--dir", dir_arg], &[]);
+    let started = Instant::now();
+    let pids = forger::rank_pids(&dir, 2, || {
+        child.try_wait().unwrap().is_some() || started.elapsed() > Duration::from_secs(60)
+    });
+    let mut forged = None;
+    if let Some(pids) = &pids {
+        let job_key = job_key_of(pids[0]).expect("UDBTL_JOB_KEY in rank 0's environment");
+        let ranks: Vec<_> = pids
+            .iter()
+            .zip(0..)
+            .map(|(pid, rank)| (rank, forger::udp_sockets(*pid)))
+            .collect();
+        forged = Some(forger::forge_resets_and_acks(&spoofer, job_key, &ranks).unwrap());
+    }
+    std::fs::write(dir.join("done"), b"").unwrap();
+    let job = common::finish(child, Duration::from_secs(120));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (stdout, stderr) = common::text(&job.output);
+    let all = format!("{stdout}\n{stderr}");
+    println!("{all}");
+    assert!(!job.timed_out, "the job hung: {all}");
+    assert!(job.output.status.success(), "the job failed: {all}");
+    assert_eq!(
+        all.matches("messages each way, in order and intact")
+            .count(),
+        2,
+        "{all}"
+    );
+    let forged = forged.expect("both ranks wrote their process id");
+    let counted = unacceptable(&all);
+    println!(
+        "{} resets and {} acknowledgements forged: {counted} counted as unacceptable",
+        forged.resets, forged.acks
+    );
+    assert!(counted > 0, "no forged datagram was counted: {all}");
+}

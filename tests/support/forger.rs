@@ -1,0 +1,211 @@
+//! A stranger on the host who forges datagrams to a job's udbtl sockets.
+//!
+//! It finds the ranks' UDP sockets in `/proc`, as any local user can, and
+//! knows the job key and the ranks' process ids. With a raw socket
+//! (`CAP_NET_RAW`) it sends from one rank's own address and port to
+//! another's, so the receiver takes each datagram for that rank's. What it
+//! cannot know is where the streams between the ranks are: it guesses the
+//! sequence numbers that were right while every stream started at 0.
+//!
+//! For the tests of the Open MPI component and of the test drivers:
+//! included with `#[path]`, since tests of different crates share no
+//! module otherwise.
+
+#![allow(dead_code)]
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::Path;
+use std::time::Duration;
+
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use udbtl_wire::datagram;
+use udbtl_wire::rel::{self, FLAG_ACK_ONLY, FLAG_CHECKSUM, FLAG_RESET};
+use udbtl_wire::{SeqNum, btl, ud};
+
+/// The default `ib_qkey`, which every queue pair checks.
+pub(crate) const QKEY: u32 = 0x0133_0133;
+/// Sequence numbers guessed per kind of forgery.
+pub(crate) const GUESSES: u32 = 16;
+
+/// The IPv4 UDP sockets process `pid` holds: their local addresses.
+pub(crate) fn udp_sockets(pid: u32) -> Vec<SocketAddrV4> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|dir| {
+            dir.filter_map(Result::ok)
+                .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+                .filter_map(|target| {
+                    let target = target.to_string_lossy().into_owned();
+                    Some(
+                        target
+                            .strip_prefix("socket:[")?
+                            .strip_suffix(']')?
+                            .to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/udp")).unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|row| {
+            let cols: Vec<&str> = row.split_whitespace().collect();
+            let (ip, port) = cols.get(1)?.split_once(':')?;
+            let inode = cols.get(9)?;
+            if !inodes.iter().any(|i| i == inode) {
+                return None;
+            }
+            // The kernel prints the address's four bytes as one native
+            // integer.
+            let ip = Ipv4Addr::from(u32::from_str_radix(ip, 16).ok()?.to_ne_bytes());
+            Some(SocketAddrV4::new(ip, u16::from_str_radix(port, 16).ok()?))
+        })
+        .collect()
+}
+
+/// The process ids the ranks wrote into `dir` as `pid.<rank>`, once all
+/// `ranks` have; `None` if `gone` says the job ended first.
+pub(crate) fn rank_pids(
+    dir: &Path,
+    ranks: u32,
+    mut gone: impl FnMut() -> bool,
+) -> Option<Vec<u32>> {
+    loop {
+        let pids: Vec<u32> = (0..ranks)
+            .filter_map(|rank| std::fs::read_to_string(dir.join(format!("pid.{rank}"))).ok())
+            .filter_map(|text| text.trim().parse().ok())
+            .collect();
+        if pids.len() == ranks as usize {
+            return Some(pids);
+        }
+        if gone() {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A reliable datagram without data, as udbtl's UDP provider carries it
+/// (UD header, BTL header, reliability header), from process `src` of the
+/// job `job_key`, with a valid checksum.
+pub(crate) fn control_datagram(job_key: u32, src: u32, header: rel::Repr) -> Vec<u8> {
+    let mut head = [0u8; datagram::HEADER_LEN];
+    btl::Repr {
+        tag: 0,
+        job_key,
+        reliable: true,
+    }
+    .emit(&mut btl::Packet::new_unchecked(&mut head[..]));
+    let header = rel::Repr {
+        src,
+        flags: header.flags | FLAG_CHECKSUM,
+        ..header
+    };
+    let mut ext = datagram::extension_mut(&mut head).expect("room for the headers");
+    header.emit(&mut ext);
+    datagram::fill_checksum(&mut head, &[]);
+    let mut bytes = ud::Repr {
+        pkey: 0xffff,
+        qkey: QKEY,
+        imm: None,
+    }
+    .to_bytes()
+    .to_vec();
+    bytes.extend_from_slice(&head);
+    bytes
+}
+
+/// Sends UDP datagrams from any address and port: a raw socket that writes
+/// its own IP header.
+pub(crate) struct Spoofer {
+    socket: Socket,
+}
+
+impl Spoofer {
+    /// The reason it cannot, where raw sockets are refused (no
+    /// `CAP_NET_RAW`).
+    pub(crate) fn open() -> Result<Self, String> {
+        let socket = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::UDP))
+            .map_err(|err| format!("a raw socket needs CAP_NET_RAW (run as root): {err}"))?;
+        socket
+            .set_header_included_v4(true)
+            .map_err(|err| format!("IP_HDRINCL: {err}"))?;
+        Ok(Self { socket })
+    }
+
+    /// Sends `payload` in a UDP datagram from `from` to `to`. The kernel
+    /// fills in the IP header's length, id and checksum; the UDP checksum
+    /// is left out, as IPv4 allows.
+    pub(crate) fn send(
+        &self,
+        from: SocketAddrV4,
+        to: SocketAddrV4,
+        payload: &[u8],
+    ) -> io::Result<()> {
+        let udp_len = u16::try_from(8 + payload.len()).expect("a short datagram");
+        let mut packet = Vec::with_capacity(28 + payload.len());
+        packet.extend_from_slice(&[0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 17, 0, 0]);
+        packet.extend_from_slice(&from.ip().octets());
+        packet.extend_from_slice(&to.ip().octets());
+        packet.extend_from_slice(&from.port().to_be_bytes());
+        packet.extend_from_slice(&to.port().to_be_bytes());
+        packet.extend_from_slice(&udp_len.to_be_bytes());
+        packet.extend_from_slice(&[0, 0]);
+        packet.extend_from_slice(payload);
+        let dest = SockAddr::from(SocketAddr::V4(SocketAddrV4::new(*to.ip(), 0)));
+        self.socket.send_to(&packet, &dest).map(|_| ())
+    }
+}
+
+/// What [`forge_resets_and_acks`] sent.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Forged {
+    pub(crate) resets: usize,
+    pub(crate) acks: usize,
+}
+
+/// From every socket of each rank to every socket of each other rank
+/// (`ranks[i]` is rank `i`'s process id and sockets): resets at sequence
+/// numbers `0..GUESSES` and acknowledgements of `1..=GUESSES`, each with a
+/// valid checksum and all the credit a window can give. Before streams
+/// started at random numbers, the first reset ended the job, and the
+/// acknowledgements released data the peer never had.
+pub(crate) fn forge_resets_and_acks(
+    spoofer: &Spoofer,
+    job_key: u32,
+    ranks: &[(u32, Vec<SocketAddrV4>)],
+) -> io::Result<Forged> {
+    let mut forged = Forged::default();
+    for (victim, (_, to_sockets)) in ranks.iter().enumerate() {
+        for (rank, (proc_id, from_sockets)) in ranks.iter().enumerate() {
+            if rank == victim {
+                continue;
+            }
+            for guess in 0..GUESSES {
+                let reset = rel::Repr {
+                    seq: SeqNum(guess),
+                    flags: FLAG_ACK_ONLY | FLAG_RESET,
+                    ..rel::Repr::default()
+                };
+                let ack = rel::Repr {
+                    ack: SeqNum(guess + 1),
+                    credit: u16::MAX,
+                    flags: FLAG_ACK_ONLY,
+                    ..rel::Repr::default()
+                };
+                for (header, count) in [(reset, &mut forged.resets), (ack, &mut forged.acks)] {
+                    let bytes = control_datagram(job_key, *proc_id, header);
+                    for from in from_sockets {
+                        for to in to_sockets {
+                            spoofer.send(*from, *to, &bytes)?;
+                            *count += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(forged)
+}
