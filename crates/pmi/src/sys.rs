@@ -1,6 +1,7 @@
-//! The operating-system side of the client: taking ownership of the
+//! The operating-system side of the PMI client and server: taking ownership of the
 //! descriptor a launcher hands down in `PMI_FD` (the only `unsafe` block of
-//! the crate), and asking whether a connection has something to read.
+//! the crate), and asking whether a connection (or a listener) has something
+//! to read.
 #![allow(unsafe_code)]
 
 use std::io;
@@ -68,13 +69,28 @@ pub(crate) fn take_inherited_socket(raw: RawFd) -> io::Result<UnixStream> {
 ///
 /// The error of `poll`, or `EBADF` if `fd` is not open (`POLLNVAL`).
 pub(crate) fn readable_now(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    wait_readable(fd, Some(std::time::Duration::ZERO))
+}
+
+/// Waits until a `read` (or, for a listening socket, an `accept`) of `fd`
+/// would return at once, for at most `timeout` (`None`: for as long as it
+/// takes); returns whether it would. A signal that interrupts the wait
+/// restarts it with the whole timeout.
+///
+/// # Errors
+///
+/// The error of `poll`, or `EBADF` if `fd` is not open (`POLLNVAL`).
+pub(crate) fn wait_readable(
+    fd: BorrowedFd<'_>,
+    timeout: Option<std::time::Duration>,
+) -> io::Result<bool> {
     let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
-    let now = Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let timeout = timeout.map(|t| Timespec {
+        tv_sec: i64::try_from(t.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(t.subsec_nanos()),
+    });
     loop {
-        match rustix::event::poll(&mut fds, Some(&now)) {
+        match rustix::event::poll(&mut fds, timeout.as_ref()) {
             Ok(0) => return Ok(false),
             // IN, HUP or ERR: the next read returns data, 0 or the error.
             Ok(_) if fds[0].revents().contains(PollFlags::NVAL) => {

@@ -30,11 +30,12 @@ pub const CHALLENGE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long an authenticated client keeps reconnecting when the server
 /// closes the connection before sending anything, which is what a server
-/// does when [`PortOptions::with_max_handshakes`] connections are already
-/// in their handshake (a flood of junk connections, say). Attempts are
-/// spaced 10 ms apart at first, doubling up to 500 ms.
+/// does when [`PortOptions::with_max_handshakes_per_source`] connections
+/// from the client's address are already in their handshake and as many
+/// more wait (a flood of junk connections from it, say).
+/// Attempts are spaced 10 ms apart at first, doubling up to 500 ms.
 ///
-/// [`PortOptions::with_max_handshakes`]: crate::server::PortOptions::with_max_handshakes
+/// [`PortOptions::with_max_handshakes_per_source`]: crate::server::PortOptions::with_max_handshakes_per_source
 pub const PORT_RETRY_WINDOW: Duration = Duration::from_secs(30);
 
 impl PmiClient {

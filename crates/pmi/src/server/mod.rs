@@ -91,10 +91,16 @@
 //!
 //! * At most [`PortOptions::with_max_handshakes`] connections per listener
 //!   are in their handshake at once (default [`DEFAULT_MAX_HANDSHAKES`]);
-//!   one more is closed as soon as it is accepted. Each connection in its
-//!   handshake has a thread; a connection that completes it keeps that
-//!   thread as its rank's. So a listener runs at most `cap + size` threads,
-//!   plus its accept thread.
+//!   while that many are, the listener accepts nothing, and new
+//!   connections wait in the kernel's listen queue in the order they came.
+//!   At most [`PortOptions::with_max_handshakes_per_source`] of them come
+//!   from one address (default [`DEFAULT_MAX_HANDSHAKES_PER_SOURCE`]); more
+//!   from it wait, accepted and without a thread, for its slots to free,
+//!   up to the cap; beyond that one is closed as soon as it is accepted. So
+//!   a host that holds idle connections, or reconnects as each is closed,
+//!   leaves the other hosts' ranks room. Each connection in its handshake has a thread; a
+//!   connection that completes it keeps that thread as its rank's. So a
+//!   listener runs at most `cap + size` threads, plus its accept thread.
 //! * A handshake must be over within [`PortOptions::with_handshake_timeout`]
 //!   (default [`DEFAULT_HANDSHAKE_TIMEOUT`]) from the accept: a deadline for
 //!   the whole exchange, so a peer that sends a byte at a time is cut off
@@ -151,7 +157,10 @@ pub use self::core::{
     VALLEN_MAX,
 };
 pub use self::handshake::{Handshake, Refusal, challenge_message};
-pub use self::port::{DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_HANDSHAKES, PortOptions};
+pub use self::port::{
+    DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_HANDSHAKES, DEFAULT_MAX_HANDSHAKES_PER_SOURCE,
+    PortOptions,
+};
 pub use self::threaded::{Server, ServerEvent, ServerStats};
 
 /// A failure to set up the server or a connection.

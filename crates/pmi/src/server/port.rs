@@ -4,10 +4,12 @@
 //! for it), and the cap on connections in their handshake. See the [module
 //! docs](super#port-mode).
 
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::Arc;
+use std::net::{IpAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -17,6 +19,7 @@ use super::handshake::challenge_message;
 use super::threaded::{Shared, bump, send};
 use super::{Handshake, Refusal, Server, ServerError, ServerEvent};
 use crate::auth::{self, JobSecret};
+use crate::sys;
 use crate::wire::{self, Message, ReadError};
 
 /// Default of [`PortOptions::with_handshake_timeout`]: how long a
@@ -28,6 +31,15 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// connections may be in their handshake at once, per listener.
 pub const DEFAULT_MAX_HANDSHAKES: usize = 64;
 
+/// Default of [`PortOptions::with_max_handshakes_per_source`]: how many of
+/// them may come from one address. A real node's ranks each finish their
+/// handshake in milliseconds, so a few slots serve all of them in turn.
+pub const DEFAULT_MAX_HANDSHAKES_PER_SOURCE: usize = 8;
+
+/// How often the accept thread looks again while the handshake cap is
+/// reached.
+const CAP_POLL: Duration = Duration::from_millis(2);
+
 /// How [`Server::listen_tcp_with`] serves port-mode connections. Build it
 /// with [`PortOptions::new`] (or `default()`) and the `with_*` methods.
 #[derive(Debug, Clone)]
@@ -35,6 +47,7 @@ pub struct PortOptions {
     secret: Option<JobSecret>,
     handshake_timeout: Duration,
     max_handshakes: usize,
+    max_handshakes_per_source: usize,
 }
 
 impl Default for PortOptions {
@@ -46,12 +59,14 @@ impl Default for PortOptions {
 impl PortOptions {
     /// No secret (the plain `initack` handshake), a handshake time of
     /// [`DEFAULT_HANDSHAKE_TIMEOUT`] and at most [`DEFAULT_MAX_HANDSHAKES`]
-    /// connections in their handshake at once.
+    /// connections in their handshake at once, at most
+    /// [`DEFAULT_MAX_HANDSHAKES_PER_SOURCE`] of them from one address.
     pub fn new() -> Self {
         Self {
             secret: None,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             max_handshakes: DEFAULT_MAX_HANDSHAKES,
+            max_handshakes_per_source: DEFAULT_MAX_HANDSHAKES_PER_SOURCE,
         }
     }
 
@@ -76,15 +91,30 @@ impl PortOptions {
     }
 
     /// How many connections of this listener may be in their handshake at
-    /// once (at least 1); a connection accepted beyond that is closed at
-    /// once, counted in [`ServerStats::connections_refused_over_cap`] and
-    /// reported. The listener thus runs at most this many handshake threads
-    /// plus one thread per connected rank.
-    ///
-    /// [`ServerStats::connections_refused_over_cap`]: super::ServerStats::connections_refused_over_cap
+    /// once (at least 1). While that many are, the listener accepts
+    /// nothing: new connections wait in the kernel's listen queue, in the
+    /// order they came, and none is closed, so a flood cannot win the race
+    /// against a rank that connects later. The listener thus runs at most
+    /// this many handshake threads plus one thread per connected rank.
     #[must_use]
     pub fn with_max_handshakes(mut self, max: usize) -> Self {
         self.max_handshakes = max.max(1);
+        self
+    }
+
+    /// How many of those may come from one address (at least 1, at most
+    /// the whole cap). One more from it waits, accepted but without a
+    /// thread, until a slot of its address frees (as the ranks of a big
+    /// node do when they start together); with as many waiting as the
+    /// whole cap, one more is closed at once, counted in
+    /// [`ServerStats::connections_refused_over_cap`] and reported (a real
+    /// rank's client reconnects). One host holding idle connections thus
+    /// leaves the other hosts' slots free.
+    ///
+    /// [`ServerStats::connections_refused_over_cap`]: super::ServerStats::connections_refused_over_cap
+    #[must_use]
+    pub fn with_max_handshakes_per_source(mut self, max: usize) -> Self {
+        self.max_handshakes_per_source = max.max(1);
         self
     }
 
@@ -170,8 +200,31 @@ impl Server {
 
 impl Shared {
     fn accept_loop(self: &Arc<Self>, listener: &TcpListener, options: &Arc<PortOptions>) {
-        let in_handshake = Arc::new(AtomicUsize::new(0));
-        for stream in listener.incoming() {
+        let in_handshake = Arc::new(InHandshake::default());
+        let per_source = options
+            .max_handshakes_per_source
+            .min(options.max_handshakes);
+        // Connections from an address that had its share of handshake
+        // slots, oldest first: each starts, with a thread, once a slot of
+        // its address frees. At most `max_handshakes` wait; one more is
+        // closed.
+        let mut parked: VecDeque<Parked> = VecDeque::new();
+        loop {
+            if self.lock().shutdown {
+                return;
+            }
+            self.start_parked(&mut parked, &in_handshake, per_source, options);
+            if in_handshake.total() >= options.max_handshakes {
+                // At the cap, leave new connections in the listen queue.
+                thread::sleep(CAP_POLL);
+                continue;
+            }
+            // With connections parked, look at them again soon.
+            let wait = (!parked.is_empty()).then_some(CAP_POLL);
+            if !sys::wait_readable(listener.as_fd(), wait).unwrap_or(true) {
+                continue;
+            }
+            let stream = listener.accept().map(|(stream, _)| stream);
             if self.lock().shutdown {
                 return;
             }
@@ -186,32 +239,74 @@ impl Shared {
                 }
             };
             bump(&self.counters.connections_accepted);
-            let peer = stream
-                .peer_addr()
-                .map_or_else(|_| "an unknown peer".to_owned(), |a| a.to_string());
-            // Only this thread increments, so the check cannot race.
-            if in_handshake.load(Ordering::Acquire) >= options.max_handshakes {
-                drop(stream);
+            let source = stream.peer_addr().ok();
+            let connection = Parked {
+                peer: source.map_or_else(|| "an unknown peer".to_owned(), |a| a.to_string()),
+                source: source.map(|a| a.ip()),
+                stream,
+            };
+            // Only this thread takes slots, so the check cannot race.
+            if in_handshake.from(connection.source) < per_source {
+                self.start_handshake(connection, &in_handshake, options);
+            } else if parked.len() < options.max_handshakes {
+                parked.push_back(connection);
+            } else {
                 self.refuse_over_cap(
-                    &peer,
+                    &connection.peer,
                     format!(
-                        "{} connections already in their handshake",
-                        options.max_handshakes
+                        "{per_source} connections from its address in their handshake, \
+                         and {} waiting",
+                        parked.len()
                     ),
                 );
-                continue;
             }
-            let slot = HandshakeSlot::take(&in_handshake, self);
-            let shared = Arc::clone(self);
-            let options = Arc::clone(options);
-            let conn_peer = peer.clone();
-            let spawned = thread::Builder::new()
-                .name("pmi-port-conn".into())
-                .spawn(move || shared.port_connection(stream, &conn_peer, &options, slot));
-            if let Err(e) = spawned {
-                // The closure, its stream and its slot were dropped.
-                self.refuse_over_cap(&peer, format!("cannot start a thread: {e}"));
+        }
+    }
+
+    /// Starts the parked connections whose address has a slot free again,
+    /// oldest first, while the listener is under its cap.
+    fn start_parked(
+        self: &Arc<Self>,
+        parked: &mut VecDeque<Parked>,
+        in_handshake: &Arc<InHandshake>,
+        per_source: usize,
+        options: &Arc<PortOptions>,
+    ) {
+        let mut index = 0;
+        while index < parked.len() && in_handshake.total() < options.max_handshakes {
+            if in_handshake.from(parked[index].source) < per_source {
+                if let Some(connection) = parked.remove(index) {
+                    self.start_handshake(connection, in_handshake, options);
+                }
+            } else {
+                index += 1;
             }
+        }
+    }
+
+    /// Takes a handshake slot for `connection` and runs its handshake on a
+    /// thread of its own.
+    fn start_handshake(
+        self: &Arc<Self>,
+        connection: Parked,
+        in_handshake: &Arc<InHandshake>,
+        options: &Arc<PortOptions>,
+    ) {
+        let Parked {
+            stream,
+            source,
+            peer,
+        } = connection;
+        let slot = HandshakeSlot::take(in_handshake, source, self);
+        let shared = Arc::clone(self);
+        let options = Arc::clone(options);
+        let conn_peer = peer.clone();
+        let spawned = thread::Builder::new()
+            .name("pmi-port-conn".into())
+            .spawn(move || shared.port_connection(stream, &conn_peer, &options, slot));
+        if let Err(e) = spawned {
+            // The closure, its stream and its slot were dropped.
+            self.refuse_over_cap(&peer, format!("cannot start a thread: {e}"));
         }
     }
 
@@ -317,19 +412,55 @@ impl Shared {
     }
 }
 
+/// An accepted connection, before its handshake starts.
+#[derive(Debug)]
+struct Parked {
+    stream: TcpStream,
+    source: Option<IpAddr>,
+    /// Its address and port, for messages.
+    peer: String,
+}
+
+/// The connections of one listener in their handshake: in all, and by
+/// source address.
+#[derive(Debug, Default)]
+struct InHandshake {
+    total: AtomicUsize,
+    by_source: Mutex<HashMap<Option<IpAddr>, usize>>,
+}
+
+impl InHandshake {
+    fn sources(&self) -> MutexGuard<'_, HashMap<Option<IpAddr>, usize>> {
+        self.by_source
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn total(&self) -> usize {
+        self.total.load(Ordering::Acquire)
+    }
+
+    fn from(&self, source: Option<IpAddr>) -> usize {
+        self.sources().get(&source).copied().unwrap_or(0)
+    }
+}
+
 /// One of a listener's handshake places, given back when dropped.
 #[derive(Debug)]
 struct HandshakeSlot {
-    in_handshake: Arc<AtomicUsize>,
+    in_handshake: Arc<InHandshake>,
+    source: Option<IpAddr>,
     shared: Arc<Shared>,
 }
 
 impl HandshakeSlot {
-    fn take(in_handshake: &Arc<AtomicUsize>, shared: &Arc<Shared>) -> Self {
-        in_handshake.fetch_add(1, Ordering::AcqRel);
+    fn take(in_handshake: &Arc<InHandshake>, source: Option<IpAddr>, shared: &Arc<Shared>) -> Self {
+        in_handshake.total.fetch_add(1, Ordering::AcqRel);
+        *in_handshake.sources().entry(source).or_insert(0) += 1;
         bump(&shared.counters.handshakes_in_progress);
         Self {
             in_handshake: Arc::clone(in_handshake),
+            source,
             shared: Arc::clone(shared),
         }
     }
@@ -337,7 +468,16 @@ impl HandshakeSlot {
 
 impl Drop for HandshakeSlot {
     fn drop(&mut self) {
-        self.in_handshake.fetch_sub(1, Ordering::AcqRel);
+        {
+            let mut sources = self.in_handshake.sources();
+            if let Some(count) = sources.get_mut(&self.source) {
+                *count -= 1;
+                if *count == 0 {
+                    sources.remove(&self.source);
+                }
+            }
+        }
+        self.in_handshake.total.fetch_sub(1, Ordering::AcqRel);
         self.shared
             .counters
             .handshakes_in_progress
