@@ -58,10 +58,6 @@ impl Partial {
     }
 }
 
-/// How a reliable module on `port` with queue pairs `qps` protects its
-/// datagrams: a MAC with `auth` (under a key derived from the job secret and
-/// the module's address when there is a job secret, else a random one), else
-/// a checksum unless the fabric checks integrity end to end.
 /// A reliable module's stream nonce (`modex::Address::stream_nonce`): from
 /// the operating system's randomness, so that no one outside the job can
 /// tell where its streams start.
@@ -71,6 +67,11 @@ fn stream_nonce() -> Result<u32, BtlError> {
     Ok(u32::from_ne_bytes(bytes))
 }
 
+/// How a reliable module on `port` with queue pairs `qps` and stream nonce
+/// `stream_nonce` protects its datagrams: a MAC with `auth` (under a key
+/// derived from the job secret and the module's address when there is a
+/// job secret, else a random one), else a checksum unless the fabric checks
+/// integrity end to end.
 fn integrity_for(
     params: &Params,
     port: &PortAttr,

@@ -249,6 +249,7 @@ impl Shared {
             if in_handshake.from(connection.source) < per_source {
                 self.start_handshake(connection, &in_handshake, options);
             } else if parked.len() < options.max_handshakes {
+                bump(&self.counters.connections_waiting);
                 parked.push_back(connection);
             } else {
                 self.refuse_over_cap(
@@ -276,6 +277,9 @@ impl Shared {
         while index < parked.len() && in_handshake.total() < options.max_handshakes {
             if in_handshake.from(parked[index].source) < per_source {
                 if let Some(connection) = parked.remove(index) {
+                    self.counters
+                        .connections_waiting
+                        .fetch_sub(1, Ordering::Relaxed);
                     self.start_handshake(connection, in_handshake, options);
                 }
             } else {

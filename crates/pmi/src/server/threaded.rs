@@ -97,6 +97,7 @@ pub(super) struct Counters {
     pub(super) accept_errors: AtomicU64,
     pub(super) connections_refused_over_cap: AtomicU64,
     pub(super) handshakes_in_progress: AtomicU64,
+    pub(super) connections_waiting: AtomicU64,
     pub(super) handshakes_completed: AtomicU64,
     pub(super) handshake_failures: AtomicU64,
     pub(super) claims_refused: AtomicU64,
@@ -112,7 +113,7 @@ pub(super) fn bump(counter: &AtomicU64) {
 /// Of the port-mode connections accepted, each is eventually counted in
 /// exactly one of `connections_refused_over_cap`, `handshakes_completed`,
 /// `handshake_failures` and `claims_refused`; until then it is in
-/// `handshakes_in_progress`.
+/// `connections_waiting` or `handshakes_in_progress`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ServerStats {
@@ -122,11 +123,16 @@ pub struct ServerStats {
     /// Failed `accept(2)` calls: out of descriptors, or (`ECONNABORTED`) a
     /// connection reset by its peer before it could be accepted.
     pub accept_errors: u64,
-    /// Connections closed at once because [`PortOptions::with_max_handshakes`]
-    /// others were in their handshake (or no thread could be started).
+    /// Connections closed at once because
+    /// [`PortOptions::with_max_handshakes_per_source`] others from their
+    /// address were in their handshake and as many more were waiting (or
+    /// no thread could be started).
     ///
-    /// [`PortOptions::with_max_handshakes`]: super::PortOptions::with_max_handshakes
+    /// [`PortOptions::with_max_handshakes_per_source`]: super::PortOptions::with_max_handshakes_per_source
     pub connections_refused_over_cap: u64,
+    /// Connections accepted that wait for a handshake slot of their
+    /// address, right now.
+    pub connections_waiting: u64,
     /// Connections in their handshake right now.
     pub handshakes_in_progress: u64,
     /// Handshakes that gave a connection its rank.
@@ -216,6 +222,7 @@ impl Server {
             connections_accepted: get(&c.connections_accepted),
             accept_errors: get(&c.accept_errors),
             connections_refused_over_cap: get(&c.connections_refused_over_cap),
+            connections_waiting: get(&c.connections_waiting),
             handshakes_in_progress: get(&c.handshakes_in_progress),
             handshakes_completed: get(&c.handshakes_completed),
             handshake_failures: get(&c.handshake_failures),

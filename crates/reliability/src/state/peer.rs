@@ -140,7 +140,6 @@ pub(super) struct Peer {
     pub(super) resumed: bool,
     /// The receiving side: window, early datagrams, acknowledgement owed.
     pub(super) rcv: RecvState,
-
     // ----- timers
     /// The deadlines armed and stopped explicitly: retransmission, loss,
     /// tail-loss probe and delayed acknowledgement.
@@ -179,7 +178,6 @@ impl Peer {
             last_keepalive: None,
             resumed: false,
             rcv: RecvState::new(start.recv),
-
             timers: TimerTable::new(),
             scheduled: None,
         }
