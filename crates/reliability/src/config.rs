@@ -44,8 +44,19 @@ pub struct Config {
     pub ack_every: u16,
     /// A peer from which nothing is heard for this long, while data waits
     /// for it, is declared lost. Time, not a retry count, decides; any valid
-    /// datagram from the peer (an answer to a probe included) restarts it.
+    /// datagram from the peer (an answer to a probe included) restarts it,
+    /// or only news with [`strict_liveness`](Self::strict_liveness).
     pub peer_timeout: Duration,
+    /// Only news shows a peer alive: data not received before, an
+    /// acknowledgement of data not acknowledged before, or the answer to a
+    /// probe (which echoes the probe's token, the time it was sent), and
+    /// every retransmission timeout sends a probe beside the resend. A copy
+    /// of an old datagram then keeps no dead peer alive, which matters
+    /// where copies verify: with authentication, anyone on the path can
+    /// replay a genuine datagram. Without it, forging is as easy as
+    /// replaying, and a peer whose receive pool is too small to take even a
+    /// probe for `peer_timeout` is still alive by its acknowledgements.
+    pub strict_liveness: bool,
     /// Keep watching a peer for a while after data last flowed either way:
     /// while nothing is owed either way, probe it every quarter of
     /// `peer_timeout` until it has answered for a whole `peer_timeout`, and
@@ -79,6 +90,7 @@ impl Default for Config {
             dup_threshold: 3,
             initial_seq: SeqNum(0),
             keepalive: false,
+            strict_liveness: false,
         }
     }
 }

@@ -7,10 +7,12 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod harness;
 mod pair;
 
 use std::time::Duration;
 
+use harness::{Faults, Net, payload};
 use pair::{Core, P, at, control, core, drain, events, feed, ms};
 use udbtl_reliability::{
     Config, Discard, Event, Instant, LossReason, Receipt, Reliability, Room, StreamStart,
@@ -230,4 +232,151 @@ fn streams_start_where_add_peer_at_says() {
         Receipt::Discard(9, Discard::Unacceptable)
     );
     assert!(!b.is_lost(P));
+}
+
+/// Runs `a` and `b` until `until`, firing timers as they come due and
+/// handing each side's datagrams to the other, except what `drop_to_a`
+/// (b's datagrams) or `b_room` (none: b refuses all data) says; returns
+/// whatever `a` sent b.
+fn run_pair(
+    a: &mut Core,
+    b: &mut Core,
+    until: Instant,
+    b_room: Room,
+    mut drop_to_a: impl FnMut(&udbtl_reliability::Transmit<u32>) -> bool,
+) {
+    let mut now = Instant::ZERO;
+    loop {
+        let to_b = drain(a, now);
+        let _ = feed(b, now, &to_b, b_room);
+        let to_a: Vec<_> = drain(b, now)
+            .into_iter()
+            .filter(|t| !drop_to_a(t))
+            .collect();
+        let _ = feed(a, now, &to_a, Room::ALL);
+        let next = [a.poll_timeout(), b.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min();
+        match next {
+            Some(at) if at <= until => {
+                now = at.max(now);
+                a.handle_timeout(now);
+                b.handle_timeout(now);
+            }
+            _ => return,
+        }
+    }
+}
+
+/// With strict liveness: b, busy, refuses every datagram of a's for want
+/// of room, for three failure timeouts. Its refusals say nothing new, but
+/// it answers a's probes (one goes with every retransmission timeout), so
+/// it is alive.
+#[test]
+fn a_peer_that_refuses_everything_but_answers_probes_is_alive() {
+    // Timeouts back off to `rto_max`, well under the failure timeout, as
+    // with the defaults (2 s and 30 s).
+    let config = Config {
+        peer_timeout: Duration::from_secs(5),
+        rto_max: Duration::from_millis(500),
+        strict_liveness: true,
+        ..Config::default()
+    };
+    let (mut a, mut b) = (core(&config), core(&config));
+    for frag in 0..3 {
+        a.send(Instant::ZERO, P, frag).unwrap();
+    }
+    let none = Room {
+        in_order: false,
+        early: false,
+    };
+    run_pair(&mut a, &mut b, at(3 * config.peer_timeout), none, |_| false);
+    assert!(!a.is_lost(P), "{:?}", a.stats());
+    assert!(a.stats().probes + a.stats().timeouts > 0);
+}
+
+/// With strict liveness (what authentication turns on): b acknowledges a's
+/// data, then dies. Anyone on the path can replay its last
+/// acknowledgement, and its answer to a probe, with a valid MAC: replayed
+/// every 100 ms, neither may keep b alive past `peer_timeout` (plus the
+/// backed-off timeout that notices it).
+#[test]
+fn replayed_acknowledgements_do_not_keep_a_dead_peer_alive() {
+    let config = Config {
+        peer_timeout: Duration::from_secs(1),
+        strict_liveness: true,
+        ..Config::default()
+    };
+    let (mut a, mut b) = (core(&config), core(&config));
+    let t0 = Instant::ZERO;
+    a.send(t0, P, 0).unwrap();
+    let _ = feed(&mut b, t0, &drain(&mut a, t0), Room::ALL);
+    let ack = drain(&mut b, t0);
+    let _ = feed(&mut a, t0, &ack, Room::ALL);
+    // An answer to a probe of a's, captured too (its token: the time in
+    // units of 1024 ns).
+    let t1 = at(ms(10));
+    let probe = rel::Repr {
+        seq: SeqNum((t1.as_nanos() >> 10) as u32),
+        ack: SeqNum(0),
+        credit: 64,
+        flags: FLAG_ACK_ONLY | FLAG_ACK_REQ,
+        ..rel::Repr::default()
+    };
+    let _ = b.on_datagram(t1, P, &probe, 9, Room::ALL);
+    let answer = drain(&mut b, t1);
+    assert!(answer[0].header.has(rel::FLAG_ECHO));
+    // b dies; a has data for it, and the replays begin.
+    let dead_from = at(ms(20));
+    a.send(dead_from, P, 1).unwrap();
+    let _ = drain(&mut a, dead_from);
+    let mut now = dead_from;
+    while !a.is_lost(P) {
+        now = now + ms(100);
+        for copy in ack.iter().chain(&answer) {
+            let _ = a.on_datagram(now, P, &copy.header, 7, Room::ALL);
+        }
+        while a.poll_timeout().is_some_and(|t| t <= now) {
+            a.handle_timeout(now);
+        }
+        let _ = drain(&mut a, now);
+        assert!(now < at(10 * config.peer_timeout), "kept alive by replays");
+    }
+    assert!(
+        now <= dead_from + config.peer_timeout + config.rto_max,
+        "lost at {now:?}"
+    );
+}
+
+/// Strict liveness through loss, duplication and reordering both ways:
+/// every message arrives, in order, and no peer is lost on the way.
+#[test]
+fn strict_liveness_loses_no_peer_on_a_lossy_path() {
+    let config = Config {
+        peer_timeout: Duration::from_secs(2),
+        strict_liveness: true,
+        ..Config::default()
+    };
+    let mut net = Net::new(2, &config, 41);
+    let faults = Faults {
+        loss: 0.05,
+        duplicate: 0.03,
+        reorder: 0.05,
+        reorder_delay: Duration::from_micros(300),
+        ..Faults::default()
+    };
+    net.set_faults(0, 1, faults.clone());
+    net.set_faults(1, 0, faults);
+    for i in 0..300 {
+        net.send(0, 1, payload(0, i, 64));
+        net.send(1, 0, payload(1, i, 64));
+    }
+    net.run_until_idle(Duration::from_secs(600));
+    for (node, from) in [(1, 0), (0, 1)] {
+        let got = &net.nodes[node].delivered[&from];
+        assert_eq!(got.len(), 300);
+        assert!(got.iter().zip(0..).all(|(m, i)| *m == payload(from, i, 64)));
+        assert!(net.nodes[node].lost_peers.is_empty());
+    }
 }

@@ -38,6 +38,7 @@
 //!   | `0x40` | `RESET`     | the sender declared the receiver lost              |
 //!   | `0x80` | `COALESCED` | the payload is a list of whole messages ([`crate::coalesced`]) |
 //!   | `0x100`| `MAC`       | `checksum` and `reserved` hold a message authentication code |
+//!   | `0x200`| `ECHO`      | an acknowledgement whose `seq` is the `seq` of the probe it answers |
 //!
 //! * With `MAC`, bytes 24..32 (the checksum and reserved fields together) are
 //!   a keyed MAC of the whole datagram instead ([`crate::datagram::fill_mac`]);
@@ -73,6 +74,12 @@ pub const FLAG_COALESCED: u16 = 0x80;
 /// Flag: bytes 24..32 hold a keyed message authentication code of the
 /// datagram ([`MAC_FIELD`]); excludes [`FLAG_CHECKSUM`].
 pub const FLAG_MAC: u16 = 0x100;
+/// Flag: an acknowledgement-only datagram that answers a probe (an
+/// acknowledgement-only datagram with [`FLAG_ACK_REQ`]): its `seq` is the
+/// probe's `seq`, a token the prober made of the time it sent the probe,
+/// which shows the peer alive since then and cannot be replayed to show
+/// more.
+pub const FLAG_ECHO: u16 = 0x200;
 const KNOWN_FLAGS: u16 = FLAG_ACK_ONLY
     | FLAG_ACK_REQ
     | FLAG_CHECKSUM
@@ -81,7 +88,8 @@ const KNOWN_FLAGS: u16 = FLAG_ACK_ONLY
     | FLAG_ABORT
     | FLAG_RESET
     | FLAG_COALESCED
-    | FLAG_MAC;
+    | FLAG_MAC
+    | FLAG_ECHO;
 
 mod field {
     use super::Field;
@@ -337,6 +345,7 @@ mod tests {
             FLAG_RESET,
             FLAG_COALESCED,
             FLAG_MAC,
+            FLAG_ECHO,
         ] {
             let mut bytes = BYTES;
             bytes[22..24].copy_from_slice(&flag.to_be_bytes());
@@ -344,7 +353,7 @@ mod tests {
             assert!(parsed.has(flag), "flag {flag:#x}");
         }
         let mut bytes = BYTES;
-        bytes[22..24].copy_from_slice(&(FLAG_MAC << 1).to_be_bytes());
+        bytes[22..24].copy_from_slice(&(FLAG_ECHO << 1).to_be_bytes());
         assert!(Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()).is_err());
     }
 

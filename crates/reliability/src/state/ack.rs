@@ -183,6 +183,8 @@ impl<F: Clone, R> Reliability<F, R> {
             p.cwnd = (p.cwnd + grow).min(u32::from(config.window) * CWND_UNIT);
         }
         if newly_acked + newly_sacked > 0 {
+            // News from the peer: it is alive.
+            p.last_heard = now;
             // Something new arrived: the path works, so the retransmission
             // timer starts again, without backoff (a hole under repair does
             // not make it expire while later datagrams keep arriving, and a

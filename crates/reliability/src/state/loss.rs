@@ -247,6 +247,12 @@ impl<F: Clone, R> Reliability<F, R> {
             p.cwnd = CWND_UNIT;
         }
         p.timers.set(Timer::Rto, now + p.rtt.rto());
+        if self.config.strict_liveness {
+            // A probe too: a peer that refuses the resend for want of room
+            // answers it with nothing new, but answers the probe (its
+            // echo), and so shows it is alive.
+            self.transmits.push_back(Pending::Probe(peer));
+        }
         // The congestion window is one datagram now: resend the oldest not
         // known delivered, asking for an acknowledgement. Its answer tells
         // RACK what else is missing (what was sent before it and is still

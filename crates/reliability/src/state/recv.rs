@@ -2,8 +2,10 @@
 //! arrive early, in-order delivery, duplicates, refusal for want of room,
 //! and when an acknowledgement is owed.
 
+use std::time::Duration;
+
 use udbtl_wire::SeqNum;
-use udbtl_wire::rel::{self, FLAG_ACK_ONLY, FLAG_ACK_REQ, FLAG_RESET};
+use udbtl_wire::rel::{self, FLAG_ACK_ONLY, FLAG_ACK_REQ, FLAG_ECHO, FLAG_RESET};
 
 use super::timer_table::Timer;
 use super::types::{Discard, LossReason, Mode, PeerId, Receipt, Room};
@@ -31,6 +33,11 @@ pub(super) struct RecvState {
     pub(super) ack_now: bool,
     /// An acknowledgement is queued for transmission.
     pub(super) ack_queued: bool,
+    /// The next acknowledgement-only datagram echoes `echo`: the peer
+    /// probed (see [`FLAG_ECHO`](rel::FLAG_ECHO)).
+    pub(super) echo_owed: bool,
+    /// The `seq` of the peer's last probe.
+    pub(super) echo: SeqNum,
 }
 
 impl RecvState {
@@ -43,6 +50,8 @@ impl RecvState {
             ack_pending: 0,
             ack_now: false,
             ack_queued: false,
+            echo_owed: false,
+            echo: SeqNum(0),
         }
     }
 }
@@ -55,7 +64,12 @@ impl<F: Clone, R> Reliability<F, R> {
     /// * A datagram whose acknowledgement the peer could not have sent (of
     ///   data never sent, or further back than a window) is dropped
     ///   ([`Discard::Unacceptable`]), whatever else it carries (RFC 5961
-    ///   §5). Any other shows the peer alive: its failure clock restarts.
+    ///   §5).
+    /// * Any other shows the peer alive, and restarts its failure clock;
+    ///   with [`Config::strict_liveness`](crate::Config::strict_liveness),
+    ///   only news does: data not received before, an acknowledgement of
+    ///   data not acknowledged before, or the answer to a probe
+    ///   (`FLAG_ECHO`), which shows it alive since the probe was sent.
     /// * Data the room does not allow is refused
     ///   ([`Discard::NoRoom`]): not acknowledged (the sender retransmits
     ///   it), but an acknowledgement goes out at once with the current
@@ -102,17 +116,37 @@ impl<F: Clone, R> Reliability<F, R> {
             self.stats.unacceptable_acks += 1;
             return Receipt::Discard(buf, Discard::Unacceptable);
         }
-        // The peer is alive, even if it grants nothing.
-        p.last_heard = now;
+        if !self.config.strict_liveness {
+            p.last_heard = now;
+        } else if header.has(FLAG_ECHO) {
+            // The answer to a probe: alive since the probe went, whenever
+            // this copy of the answer was sent.
+            if let Some(probed) = probe_sent_at(header.seq, now, self.config.peer_timeout) {
+                p.last_heard = p.last_heard.max(probed);
+            }
+        }
         self.on_ack(now, peer.0, header);
         if header.has(FLAG_ACK_ONLY) {
             if header.has(FLAG_ACK_REQ) {
+                // A probe: its answer echoes its token.
+                let p = &mut self.peers[peer.0 as usize];
+                p.rcv.echo = header.seq;
+                p.rcv.echo_owed = true;
                 self.queue_ack(peer.0);
             }
             self.reschedule(peer.0);
             return Receipt::Discard(buf, Discard::AckOnly);
         }
         let receipt = self.on_data(now, peer.0, header, buf, room);
+        if self.config.strict_liveness
+            && !matches!(
+                receipt,
+                Receipt::Discard(_, Discard::Duplicate | Discard::OutOfWindow)
+            )
+        {
+            // Data not received before (even if refused for want of room).
+            self.peers[peer.0 as usize].last_heard = now;
+        }
         self.reschedule(peer.0);
         receipt
     }
@@ -254,4 +288,20 @@ impl<F: Clone, R> Reliability<F, R> {
     pub fn poll_deliver(&mut self) -> Option<(PeerId, R)> {
         self.deliverable.pop_front()
     }
+}
+
+/// The token a probe sent at `now` carries as its `seq`: the time, in units
+/// of 1024 ns, modulo 2³² (about 73 minutes).
+pub(super) fn probe_token(now: Instant) -> SeqNum {
+    SeqNum((now.as_nanos() >> 10) as u32)
+}
+
+/// When the probe whose token is `token` was sent, if that was at most
+/// `horizon` before `now`: an older token, or one from the future, shows
+/// nothing.
+pub(super) fn probe_sent_at(token: SeqNum, now: Instant, horizon: Duration) -> Option<Instant> {
+    let now_units = (now.as_nanos() >> 10) as u32;
+    let age = Duration::from_nanos(u64::from(now_units.wrapping_sub(token.0)) << 10);
+    (age <= horizon)
+        .then(|| Instant::from_nanos(now.as_nanos().saturating_sub(age.as_nanos() as u64)))
 }

@@ -3,9 +3,10 @@
 //! datagrams (first transmissions and retransmissions) with their headers.
 
 use udbtl_wire::SeqNum;
-use udbtl_wire::rel::{FLAG_ACK_ONLY, FLAG_ACK_REQ, FLAG_RESET};
+use udbtl_wire::rel::{FLAG_ACK_ONLY, FLAG_ACK_REQ, FLAG_ECHO, FLAG_RESET};
 
 use super::peer::{AWAITED, NIL, QUEUED, RESENT_AGAIN, RETRANSMITTED, SENT, Slot};
+use super::recv::probe_token;
 use super::timer_table::Timer;
 use super::types::Mode;
 use super::types::{PeerId, SendError, Transmit};
@@ -235,7 +236,10 @@ impl<F: Clone, R> Reliability<F, R> {
                     if self.peers[peer as usize].mode.is_lost() {
                         continue;
                     }
-                    return Some(self.control(peer, FLAG_ACK_ONLY | FLAG_ACK_REQ));
+                    // Its answer echoes the token: when it was sent.
+                    let mut probe = self.control(peer, FLAG_ACK_ONLY | FLAG_ACK_REQ);
+                    probe.header.seq = probe_token(now);
+                    return Some(probe);
                 }
                 Pending::Reset(peer) => {
                     self.stats.resets_sent += 1;
@@ -275,11 +279,18 @@ impl<F: Clone, R> Reliability<F, R> {
         held
     }
 
-    /// A datagram without data: an acknowledgement with `flags`.
+    /// A datagram without data: an acknowledgement with `flags`. A plain
+    /// one answers the peer's last probe, if it is owed, by echoing its
+    /// token (`FLAG_ECHO`).
     pub(super) fn control(&mut self, peer: u32, flags: u16) -> Transmit<F> {
         let mut header = self.ack_header(peer);
         header.flags |= flags;
-        header.seq = self.peers[peer as usize].snd_nxt;
+        let p = &mut self.peers[peer as usize];
+        header.seq = p.snd_nxt;
+        if flags == FLAG_ACK_ONLY && core::mem::take(&mut p.rcv.echo_owed) {
+            header.seq = p.rcv.echo;
+            header.flags |= FLAG_ECHO;
+        }
         self.reschedule(peer);
         Transmit {
             peer: PeerId(peer),

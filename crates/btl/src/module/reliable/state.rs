@@ -109,6 +109,9 @@ fn reliability_state(
         rto_min: Duration::from_micros(u64::from(params.rto_min)).min(rto_max),
         rto_initial: Config::default().rto_initial.min(rto_max),
         keepalive: params.keepalive,
+        // Authenticated datagrams can still be replayed: only news may keep
+        // a peer alive.
+        strict_liveness: params.auth,
         ..Config::default()
     };
     Reliability::new(config)
