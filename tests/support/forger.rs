@@ -13,7 +13,7 @@
 
 #![allow(dead_code)]
 
-use std::io;
+use std::io::{self, Read};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::Path;
 use std::time::Duration;
@@ -208,4 +208,74 @@ pub(crate) fn forge_resets_and_acks(
         }
     }
     Ok(forged)
+}
+
+/// A UDP datagram seen on the wire: from where to where, and its payload.
+#[derive(Debug, Clone)]
+pub(crate) struct Seen {
+    pub(crate) from: SocketAddrV4,
+    pub(crate) to: SocketAddrV4,
+    pub(crate) payload: Vec<u8>,
+}
+
+impl Seen {
+    /// The reliability header of a udbtl datagram's payload, if it has one.
+    pub(crate) fn reliability_header(&self) -> Option<rel::Repr> {
+        let at = ud::HEADER_LEN + btl::HEADER_LEN;
+        let bytes = self.payload.get(at..)?;
+        rel::Repr::parse(&rel::Packet::new_checked(bytes).ok()?).ok()
+    }
+}
+
+/// Reads every IPv4 packet the host's interfaces carry, loopback included
+/// (an `AF_PACKET` socket: root only), and keeps the UDP ones.
+pub(crate) struct Sniffer {
+    socket: Socket,
+}
+
+impl Sniffer {
+    /// The reason it cannot, where packet sockets are refused.
+    pub(crate) fn open() -> Result<Self, String> {
+        const ETH_P_IP: u16 = 0x0800;
+        let protocol = Protocol::from(i32::from(ETH_P_IP.to_be()));
+        let socket = Socket::new(Domain::PACKET, Type::DGRAM, Some(protocol))
+            .map_err(|err| format!("a packet socket needs CAP_NET_RAW (run as root): {err}"))?;
+        socket
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .map_err(|err| format!("SO_RCVTIMEO: {err}"))?;
+        // A job's burst must not overflow it before the test reads it.
+        let _ = socket.set_recv_buffer_size(16 << 20);
+        Ok(Self { socket })
+    }
+
+    /// The next UDP datagram, or `None` after 100 ms without one.
+    pub(crate) fn next(&self) -> Option<Seen> {
+        let mut buf = vec![0u8; 65_536];
+        loop {
+            let len = (&self.socket).read(&mut buf).ok()?;
+            if let Some(seen) = parse_udp(&buf[..len]) {
+                return Some(seen);
+            }
+        }
+    }
+}
+
+/// The UDP datagram in an IPv4 packet, if that is what it is.
+fn parse_udp(packet: &[u8]) -> Option<Seen> {
+    let ihl = usize::from(packet.first()? & 0x0f) * 4;
+    if packet.first()? >> 4 != 4 || *packet.get(9)? != 17 {
+        return None;
+    }
+    let ip = |at: usize| -> Option<Ipv4Addr> {
+        let b = packet.get(at..at + 4)?;
+        Some(Ipv4Addr::new(b[0], b[1], b[2], b[3]))
+    };
+    let udp = packet.get(ihl..)?;
+    let port = |at: usize| Some(u16::from_be_bytes([*udp.get(at)?, *udp.get(at + 1)?]));
+    let len = usize::from(port(4)?);
+    Some(Seen {
+        from: SocketAddrV4::new(ip(12)?, port(0)?),
+        to: SocketAddrV4::new(ip(16)?, port(2)?),
+        payload: udp.get(8..len)?.to_vec(),
+    })
 }

@@ -8,7 +8,11 @@
 
 #![allow(clippy::unwrap_used)]
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+use udbtl_wire::rel::{FLAG_ACK_ONLY, FLAG_ACK_REQ, FLAG_MAC, FLAG_RESET};
 
 #[path = "../../../tests/support/udrun_jobs.rs"]
 mod common;
@@ -92,3 +96,84 @@ fn forged_resets_and_acknowledgements_are_counted_and_dropped_under_udrun() {
     );
     assert!(counted > 0, "no forged datagram was counted: {all}");
 }
+
+/// With authentication a stranger on the path cannot forge, but it can
+/// replay. Rank 2 is killed (SIGKILL; its shell stays, so udrun does not
+/// end the job) while rank 0 sends to it; a sniffer keeps rank 2's latest
+/// acknowledgement to rank 0 and replays it every 200 ms from rank 2's own
+/// address. Rank 0 must still declare rank 2 lost and name it, not wait
+/// for ever (before, each copy restarted its failure clock).
+#[test]
+fn a_replayed_acknowledgement_does_not_hide_a_killed_rank_under_authentication() {
+    let (spoofer, sniffer) = match (forger::Spoofer::open(), forger::Sniffer::open()) {
+        (Ok(spoofer), Ok(sniffer)) => (spoofer, sniffer),
+        (Err(reason), _) | (_, Err(reason)) => {
+            eprintln!("SKIPPED: {reason}");
+            return;
+        }
+    };
+    // The victim's shell outlives it: udrun sees no rank die.
+    let script = r#""$0" "$@"; status=$?; [ "$status" -eq 137 ] && exec sleep 120; exit "$status""#;
+    let child = common::start(
+        &[
+            "-n",
+            "3",
+            "sh",
+            "-c",
+            script,
+            PROBE,
+            "--messages",
+            "20000",
+            "kill",
+            "--victim",
+            "2",
+            "--after",
+            "1000",
+        ],
+        &[("UDBTL_AUTH", "1"), ("UDBTL_PEER_TIMEOUT", "2000")],
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let replayer = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut latest: Option<forger::Seen> = None;
+            let mut replayed = 0u64;
+            let mut last = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(seen) = sniffer.next() {
+                    let ack_from_victim = seen.reliability_header().is_some_and(|h| {
+                        h.src == 2
+                            && h.has(FLAG_ACK_ONLY | FLAG_MAC)
+                            && !h.has(FLAG_RESET)
+                            && !h.has(FLAG_ACK_REQ)
+                    });
+                    if ack_from_victim {
+                        latest = Some(seen);
+                    }
+                }
+                if let Some(ack) = latest.as_ref().filter(|_| last.elapsed() >= REPLAY_EVERY) {
+                    if spoofer.send(ack.from, ack.to, &ack.payload).is_ok() {
+                        replayed += 1;
+                    }
+                    last = Instant::now();
+                }
+            }
+            replayed
+        })
+    };
+    let job = common::finish(child, Duration::from_secs(120));
+    stop.store(true, Ordering::Relaxed);
+    let replayed = replayer.join().unwrap();
+    let (stdout, stderr) = common::text(&job.output);
+    let all = format!("{stdout}\n{stderr}");
+    println!("{all}\n{replayed} acknowledgements of rank 2's replayed");
+    assert!(!job.timed_out, "the job hung: {all}");
+    assert!(
+        replayed > 0,
+        "no acknowledgement of rank 2's was seen: {all}"
+    );
+    assert!(all.contains("rank 2: received"), "{all}");
+    assert!(all.contains("naming rank 2: true"), "{all}");
+}
+
+const REPLAY_EVERY: Duration = Duration::from_millis(200);
