@@ -39,8 +39,8 @@
 //! * `into-one`: every rank but 0 sends to rank 0, which checks every
 //!   stream (a tiny pool, `UDBTL_RD_NUM=16`, makes credit tight).
 //! * `stranger`: ranks 0 and 1 exchange checked messages until a stranger
-//!   who forges datagrams to them makes `--dir`/done; each rank writes its
-//!   process id to `--dir`/pid.<rank> and reports the datagrams it found
+//!   who forges datagrams to them makes `--dir/done`; each rank writes its
+//!   process id to `--dir/pid.<rank>` and reports the datagrams it found
 //!   unacceptable (`stranger.rs`).
 //!
 //! The ranks print what they measured (and, on an error, what they received
