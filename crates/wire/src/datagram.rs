@@ -237,10 +237,35 @@ impl core::fmt::Debug for AuthKey {
     }
 }
 
+/// Where a datagram's `seq` and `ack` lie in their streams beyond what the
+/// 32-bit fields say: the high 32 bits of each 64-bit stream position (the
+/// epoch: how often the stream's numbers wrapped before). They are not
+/// sent; both ends track them, and the MAC covers them, so a datagram
+/// recorded before a stream's numbers wrapped does not verify after. A
+/// number that is not a stream position (a probe's time token, and its
+/// echo) has epoch 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Epochs {
+    /// The epoch of `seq`, in the sender's send stream.
+    pub seq: u32,
+    /// The epoch of `ack`, in the receiver's send stream.
+    pub ack: u32,
+}
+
+impl Epochs {
+    fn to_bytes(self) -> [u8; 8] {
+        let mut bytes = [0u8; 8];
+        bytes[..4].copy_from_slice(&self.seq.to_be_bytes());
+        bytes[4..].copy_from_slice(&self.ack.to_be_bytes());
+        bytes
+    }
+}
+
 /// The MAC of the datagram made of `parts` in order: keyed BLAKE3 of their
 /// concatenation with the bytes at [`MAC_FIELD`] counted as zeros,
 /// truncated to [`MAC_LEN`] bytes. Like [`checksum`], the parts may split
-/// the datagram anywhere. Never panics.
+/// the datagram anywhere. Never panics. [`fill_mac`] and [`verify_mac`]
+/// add the [`Epochs`] as a last part.
 ///
 /// A 64-bit tag makes a blind forgery succeed once in 2^64 tries: at a
 /// million forged datagrams a second, once in half a million years.
@@ -259,32 +284,37 @@ fn mac_of<'a>(key: &AuthKey, parts: impl IntoIterator<Item = &'a [u8]>) -> [u8; 
     tag
 }
 
-/// Computes the MAC of the datagram `head` followed by `rest` under `key`
-/// and writes it into `head`'s [`MAC_FIELD`]. The flags are the caller's:
-/// it sets [`rel::FLAG_MAC`] before, since the flags are covered.
+/// Computes the MAC of the datagram `head` followed by `rest`, and of
+/// `epochs`, under `key`, and writes it into `head`'s [`MAC_FIELD`]. The
+/// flags are the caller's: it sets [`rel::FLAG_MAC`] before, since the
+/// flags are covered.
 ///
 /// # Panics
 /// If `head` is shorter than [`HEADER_LEN`]: the sender sized it.
-pub fn fill_mac(head: &mut [u8], rest: &[&[u8]], key: &AuthKey) {
+pub fn fill_mac(head: &mut [u8], rest: &[&[u8]], key: &AuthKey, epochs: Epochs) {
     assert!(
         head.len() >= HEADER_LEN,
         "datagram head of {} bytes holds no reliability extension",
         head.len()
     );
-    let tag = mac_of(key, core::iter::once(&*head).chain(rest.iter().copied()));
+    let epochs = epochs.to_bytes();
+    let parts = core::iter::once(&*head)
+        .chain(rest.iter().copied())
+        .chain(core::iter::once(&epochs[..]));
+    let tag = mac_of(key, parts);
     head[MAC_FIELD].copy_from_slice(&tag);
 }
 
 /// `true` if the received `datagram` (in one buffer) carries the MAC of its
-/// contents under `key`. The comparison takes the same time wherever the
-/// tags differ. Never panics: a datagram shorter than [`HEADER_LEN`] is
-/// `false`.
+/// contents and `epochs` under `key`. The comparison takes the same time
+/// wherever the tags differ. Never panics: a datagram shorter than
+/// [`HEADER_LEN`] is `false`.
 #[must_use]
-pub fn verify_mac(datagram: &[u8], key: &AuthKey) -> bool {
+pub fn verify_mac(datagram: &[u8], key: &AuthKey, epochs: Epochs) -> bool {
     let Some(carried) = datagram.get(MAC_FIELD) else {
         return false;
     };
-    let expected = mac(key, &[datagram]);
+    let expected = mac(key, &[datagram, &epochs.to_bytes()]);
     constant_time_eq(carried, &expected)
 }
 
@@ -378,7 +408,10 @@ mod tests {
 
     const KEY: AuthKey = AuthKey([7; 32]);
 
-    /// A datagram carrying `payload`, authenticated under `key`.
+    const EPOCHS: Epochs = Epochs { seq: 3, ack: 1 };
+
+    /// A datagram carrying `payload`, authenticated under `key` with
+    /// [`EPOCHS`].
     fn authenticated(payload: &[u8], key: &AuthKey) -> Vec<u8> {
         let mut bytes = datagram(payload);
         let mut ext = extension_mut(&mut bytes).unwrap();
@@ -387,7 +420,7 @@ mod tests {
         repr.flags = flags;
         repr.emit(&mut ext);
         let (head, tail) = bytes.split_at_mut(HEADER_LEN);
-        fill_mac(head, &[tail], key);
+        fill_mac(head, &[tail], key, EPOCHS);
         bytes
     }
 
@@ -395,13 +428,15 @@ mod tests {
     fn a_mac_verifies_under_its_key_only() {
         let bytes = authenticated(b"payload", &KEY);
         assert_eq!(MAC_FIELD, 32..40);
-        assert!(verify_mac(&bytes, &KEY));
-        assert!(!verify_mac(&bytes, &AuthKey([8; 32])));
+        assert!(verify_mac(&bytes, &KEY, EPOCHS));
+        assert!(!verify_mac(&bytes, &AuthKey([8; 32]), EPOCHS));
         let parsed = rel::Repr::parse(&extension(&bytes).unwrap()).unwrap();
         assert!(parsed.has(rel::FLAG_MAC));
-        // The tag is keyed BLAKE3 of the datagram with the field zeroed.
+        // The tag is keyed BLAKE3 of the datagram with the field zeroed,
+        // then the epochs, big-endian.
         let mut zeroed = bytes.clone();
         zeroed[MAC_FIELD].fill(0);
+        zeroed.extend_from_slice(&[0, 0, 0, 3, 0, 0, 0, 1]);
         let mut full = [0u8; MAC_LEN];
         blake3::Hasher::new_keyed(&KEY.0)
             .update(&zeroed)
@@ -410,12 +445,26 @@ mod tests {
         assert_eq!(bytes[MAC_FIELD], full);
     }
 
+    /// A datagram recorded before its stream's numbers wrapped carries the
+    /// same 32-bit numbers as one sent after, but not the same epochs.
+    #[test]
+    fn a_mac_under_other_epochs_fails() {
+        let bytes = authenticated(b"payload", &KEY);
+        for other in [
+            Epochs { seq: 4, ack: 1 },
+            Epochs { seq: 3, ack: 2 },
+            Epochs::default(),
+        ] {
+            assert!(!verify_mac(&bytes, &KEY, other), "{other:?}");
+        }
+    }
+
     #[test]
     fn a_short_datagram_never_verifies() {
         let bytes = authenticated(b"", &KEY);
-        assert!(verify_mac(&bytes, &KEY));
+        assert!(verify_mac(&bytes, &KEY, EPOCHS));
         for len in 0..HEADER_LEN {
-            assert!(!verify_mac(&bytes[..len], &KEY), "length {len}");
+            assert!(!verify_mac(&bytes[..len], &KEY, EPOCHS), "length {len}");
         }
     }
 
@@ -499,7 +548,7 @@ mod tests {
             prop_assert_eq!(mac(&KEY, &[a, b]), mac(&KEY, &[&bytes]));
             let mut bad = bytes.clone();
             bad[index.index(bytes.len())] ^= flip;
-            prop_assert!(!verify_mac(&bad, &KEY));
+            prop_assert!(!verify_mac(&bad, &KEY, EPOCHS));
         }
     }
 }

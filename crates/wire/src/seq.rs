@@ -18,6 +18,17 @@ use core::ops::{Add, AddAssign, Sub};
 pub struct SeqNum(pub u32);
 
 impl SeqNum {
+    /// The epoch of `self` (the high 32 bits of its 64-bit stream
+    /// position) when it lies within 2³¹ of `reference`, whose epoch is
+    /// `reference_epoch`: one less if it is before `reference` across a
+    /// wrap, one more if after across one.
+    #[must_use]
+    pub const fn epoch_near(self, reference: Self, reference_epoch: u32) -> u32 {
+        let base = ((reference_epoch as u64) << 32) | reference.0 as u64;
+        let position = base.wrapping_add_signed(self.distance_from(reference) as i64);
+        (position >> 32) as u32
+    }
+
     /// The signed forward distance from `earlier` to `self`: positive when
     /// `self` comes after `earlier`.
     #[must_use]
@@ -85,6 +96,18 @@ impl fmt::Display for SeqNum {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn epochs_follow_the_wrap_on_either_side() {
+        let max = SeqNum(u32::MAX);
+        assert_eq!(SeqNum(5).epoch_near(SeqNum(9), 2), 2);
+        // Just after a wrap, a number from just before it is one epoch back.
+        assert_eq!(max.epoch_near(SeqNum(3), 2), 1);
+        // Just before a wrap, a number from just after it is one ahead.
+        assert_eq!(SeqNum(3).epoch_near(max, 2), 3);
+        assert_eq!(max.epoch_near(max, 0), 0);
+        assert_eq!(SeqNum(0).epoch_near(max, u32::MAX), 0);
+    }
+
     use super::*;
     use proptest::prelude::*;
 

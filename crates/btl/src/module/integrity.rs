@@ -1,7 +1,7 @@
 //! How a reliable module protects its datagrams: which check it asks for,
 //! sealing what it sends and checking what it receives.
 
-use udbtl_wire::datagram::AuthKey;
+use udbtl_wire::datagram::{AuthKey, Epochs};
 use udbtl_wire::{datagram, modex, rel};
 
 /// How a reliable module protects its datagrams.
@@ -76,9 +76,18 @@ impl Integrity {
     /// else about the sender; one that does not cannot check a MAC. One that
     /// checksums takes nothing without a checksum: every peer seals what it
     /// sends alike, and a forger would otherwise skip it.
-    pub(super) fn check(&self, bytes: &[u8], header: &rel::Repr) -> Check {
+    /// `epochs` gives the epochs the sender's MAC covers, if there is one to
+    /// check.
+    pub(super) fn check(
+        &self,
+        bytes: &[u8],
+        header: &rel::Repr,
+        epochs: impl FnOnce() -> Epochs,
+    ) -> Check {
         match self.own_key() {
-            Some(key) if header.has(rel::FLAG_MAC) && datagram::verify_mac(bytes, &key) => {
+            Some(key)
+                if header.has(rel::FLAG_MAC) && datagram::verify_mac(bytes, &key, epochs()) =>
+            {
                 Check::Intact
             }
             Some(_) => Check::Unauthenticated,
@@ -103,7 +112,7 @@ pub(super) enum Check {
 }
 
 /// Fills in the checksum or MAC that `header`'s flags ask for, over the
-/// datagram `head` followed by `rest`. `payload_crc`, if known, is the CRC-32
+/// datagram `head` followed by `rest` (and, for a MAC, `epochs`). `payload_crc`, if known, is the CRC-32
 /// of everything after the headers, which a checksum then does not read
 /// again. `false` if it asks for a MAC and the peer has no key, which
 /// `add_procs` never lets happen.
@@ -113,6 +122,7 @@ pub(super) fn seal(
     payload_crc: Option<u32>,
     header: &rel::Repr,
     peer_key: Option<AuthKey>,
+    epochs: Epochs,
 ) -> bool {
     if header.has(rel::FLAG_CHECKSUM) {
         match payload_crc {
@@ -123,7 +133,7 @@ pub(super) fn seal(
         let Some(key) = peer_key else {
             return false;
         };
-        datagram::fill_mac(head, rest, &key);
+        datagram::fill_mac(head, rest, &key, epochs);
     }
     true
 }

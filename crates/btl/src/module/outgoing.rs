@@ -3,6 +3,7 @@
 //! transmit queue (`transmit.rs`), which posts it.
 
 use udbtl_fabric::{Context, FabricError, Gather, PostError};
+use udbtl_wire::datagram::Epochs;
 use udbtl_wire::{btl, datagram, rel};
 
 use super::Engine;
@@ -54,7 +55,7 @@ impl<C: Context> Engine<C> {
     pub(super) fn post_waiting(&mut self) {
         while let Some(waiting) = self.tx.sends.pop_ready() {
             match waiting.header {
-                Some(header) => self.transmit_data(waiting.des, header),
+                Some((header, epochs)) => self.transmit_data(waiting.des, header, epochs),
                 None => {
                     if let Some(frag) = self.frags.get_mut(waiting.des) {
                         frag.state = FragState::Allocated;
@@ -85,7 +86,7 @@ impl<C: Context> Engine<C> {
     /// Writes the reliability header into a descriptor and posts it. A
     /// refusal is a loss to the protocol: the retransmission timer repairs
     /// it.
-    pub(super) fn transmit_data(&mut self, des: Descriptor, mut header: rel::Repr) {
+    pub(super) fn transmit_data(&mut self, des: Descriptor, mut header: rel::Repr, epochs: Epochs) {
         let Some(frag) = self.frags.get(des) else {
             return;
         };
@@ -121,6 +122,7 @@ impl<C: Context> Engine<C> {
             payload_crc,
             &header,
             peer_key,
+            epochs,
         ) {
             self.stats.transmit_failures += 1;
             return;
@@ -137,7 +139,7 @@ impl<C: Context> Engine<C> {
 
     /// Sends an acknowledgement-only datagram from the ack ring, unsignaled:
     /// it needs no completion and no send credit.
-    pub(super) fn transmit_ack(&mut self, endpoint: EndpointId, header: rel::Repr) {
+    pub(super) fn transmit_ack(&mut self, endpoint: EndpointId, header: rel::Repr, epochs: Epochs) {
         let (Some(route), Some(peer)) =
             (self.endpoints.route(endpoint), self.endpoints.get(endpoint))
         else {
@@ -162,7 +164,7 @@ impl<C: Context> Engine<C> {
             return;
         };
         header.emit(&mut ext);
-        if !seal(buf, &[], None, &header, peer_key) {
+        if !seal(buf, &[], None, &header, peer_key, epochs) {
             self.stats.transmit_failures += 1;
             return;
         }

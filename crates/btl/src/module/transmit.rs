@@ -6,6 +6,7 @@
 use std::collections::VecDeque;
 
 use udbtl_fabric::{Context, Gather, PostError, QpHandle, SendFlags, SendWr, Sge};
+use udbtl_wire::datagram::Epochs;
 use udbtl_wire::rel;
 
 use super::descriptors::Frags;
@@ -16,9 +17,9 @@ use crate::frag::Descriptor;
 #[derive(Debug, Clone, Copy)]
 pub(super) struct WaitingSend {
     pub(super) des: Descriptor,
-    /// The reliability header to stamp on it when it is posted; `None` on an
-    /// unreliable module.
-    pub(super) header: Option<rel::Repr>,
+    /// The reliability header to stamp on it when it is posted, and the
+    /// epochs its MAC covers; `None` on an unreliable module.
+    pub(super) header: Option<(rel::Repr, Epochs)>,
 }
 
 /// Send credits and the sends waiting for them.

@@ -28,9 +28,7 @@ impl Peer {
     /// after the peer was last heard from or probed, while idle and watched.
     pub(super) fn keepalive_at(&self, config: &Config) -> Option<Instant> {
         (self.idle() && self.watched(config)).then(|| {
-            let since = self
-                .last_keepalive
-                .map_or(self.last_heard, |probe| probe.max(self.last_heard));
+            let since = self.last_keepalive.max(self.last_heard);
             since + config.peer_timeout / 4
         })
     }

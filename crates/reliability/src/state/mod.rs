@@ -29,6 +29,8 @@ pub use types::{
     Discard, Event, LossReason, PeerId, Receipt, Room, SendError, Stats, StreamStart, Transmit,
 };
 
+use udbtl_wire::datagram::Epochs;
+
 use crate::config::{Config, ConfigError};
 use crate::time::Instant;
 use peer::{NIL, Peer, Slot};
@@ -222,6 +224,16 @@ impl<F: Clone, R> Reliability<F, R> {
         self.slots
             .get(p.backlog_tail as usize)
             .map(|slot| &slot.frag)
+    }
+
+    /// The epochs a datagram from `peer` with `header` was sealed with
+    /// (see [`Transmit::epochs`]), for checking its MAC before anything
+    /// else about it; zero for a peer not added yet, whose streams have
+    /// not wrapped.
+    pub fn epochs_of(&self, peer: PeerId, header: &udbtl_wire::rel::Repr) -> Epochs {
+        self.peers
+            .get(peer.0 as usize)
+            .map_or(Epochs::default(), |p| p.epochs_received(header))
     }
 
     /// `true` once the peer was declared lost.

@@ -3,6 +3,8 @@
 //! for the window, threaded into per-peer lists.
 
 use udbtl_wire::SeqNum;
+use udbtl_wire::datagram::Epochs;
+use udbtl_wire::rel::{self, FLAG_ACK_ONLY, FLAG_ACK_REQ, FLAG_ECHO, FLAG_RESET};
 
 use super::recv::RecvState;
 use super::timer_table::{Timer, TimerTable, earliest};
@@ -88,6 +90,11 @@ pub(super) struct Peer {
     pub(super) snd_una: SeqNum,
     /// Next sequence number to assign.
     pub(super) snd_nxt: SeqNum,
+    /// How often `snd_nxt` wrapped: the high half of its 64-bit stream
+    /// position, which the MAC covers (`datagram::Epochs`).
+    pub(super) snd_epoch: u32,
+    /// How often `rcv.nxt` wrapped.
+    pub(super) rcv_epoch: u32,
     /// In-flight list (sequenced), oldest first.
     pub(super) head: u32,
     pub(super) tail: u32,
@@ -133,8 +140,8 @@ pub(super) struct Peer {
     /// Last time data was sequenced for the peer or arrived from it; starts
     /// the keepalive watch (see [`Config::keepalive`](crate::Config::keepalive)).
     pub(super) last_data: Option<Instant>,
-    /// Last keepalive probe sent.
-    pub(super) last_keepalive: Option<Instant>,
+    /// Last keepalive probe sent (`Instant::ZERO`: none yet).
+    pub(super) last_keepalive: Instant,
     /// The retransmission timer was set by [`Reliability::resume`](crate::Reliability::resume): its
     /// expiry refreshes the peer's state without backing off.
     pub(super) resumed: bool,
@@ -175,7 +182,9 @@ impl Peer {
             probed: false,
             last_heard: now,
             last_data: None,
-            last_keepalive: None,
+            last_keepalive: Instant::ZERO,
+            snd_epoch: 0,
+            rcv_epoch: 0,
             resumed: false,
             rcv: RecvState::new(start.recv),
             timers: TimerTable::new(),
@@ -203,6 +212,41 @@ impl Peer {
         pipe * CWND_UNIT < self.cwnd.max(CWND_UNIT)
     }
 
+    /// The next sequence number expected from the peer moves on by one.
+    pub(super) fn advance_rcv(&mut self) {
+        self.rcv.nxt = self.rcv.nxt.next();
+        if self.rcv.nxt.0 == 0 {
+            self.rcv_epoch = self.rcv_epoch.wrapping_add(1);
+        }
+    }
+
+    /// The epochs this side seals a datagram to the peer with: `header`'s
+    /// `seq` in this side's send stream (a probe's token and its echo have
+    /// epoch 0), its `ack` in the peer's.
+    pub(super) fn epochs_to_send(&self, header: &rel::Repr) -> Epochs {
+        Epochs {
+            seq: if is_token(header) {
+                0
+            } else {
+                header.seq.epoch_near(self.snd_nxt, self.snd_epoch)
+            },
+            ack: header.ack.epoch_near(self.rcv.nxt, self.rcv_epoch),
+        }
+    }
+
+    /// The epochs a datagram from the peer with `header` was sealed with,
+    /// as [`epochs_to_send`](Self::epochs_to_send) computed them there.
+    pub(super) fn epochs_received(&self, header: &rel::Repr) -> Epochs {
+        Epochs {
+            seq: if is_token(header) {
+                0
+            } else {
+                header.seq.epoch_near(self.rcv.nxt, self.rcv_epoch)
+            },
+            ack: header.ack.epoch_near(self.snd_nxt, self.snd_epoch),
+        }
+    }
+
     /// Nothing is in flight or waiting for the peer.
     pub(super) fn idle(&self) -> bool {
         self.head == NIL && self.backlog_head == NIL
@@ -224,4 +268,12 @@ impl Peer {
         }
         next
     }
+}
+
+/// Whether `header`'s `seq` is a probe's time token or its echo, not a
+/// stream position.
+fn is_token(header: &rel::Repr) -> bool {
+    header.has(FLAG_ACK_ONLY)
+        && !header.has(FLAG_RESET)
+        && (header.has(FLAG_ACK_REQ) || header.has(FLAG_ECHO))
 }

@@ -251,7 +251,7 @@ impl<F: Clone, R> Reliability<F, R> {
         }
         // In order: deliver, then everything buffered behind it.
         self.stats.received += 1;
-        p.rcv.nxt = p.rcv.nxt.next();
+        p.advance_rcv();
         let mut delivered = 1u16;
         loop {
             // Bit 0 is the new `nxt`; after the shift bit `i` is
@@ -271,7 +271,7 @@ impl<F: Clone, R> Reliability<F, R> {
             if let Some(early) = self.early.remove(&(peer, p.rcv.nxt.0)) {
                 self.deliverable.push_back((PeerId(peer), early));
             }
-            p.rcv.nxt = p.rcv.nxt.next();
+            p.advance_rcv();
             delivered += 1;
         }
         p.rcv.ack_pending = p.rcv.ack_pending.saturating_add(delivered);

@@ -3,6 +3,7 @@
 //! datagrams (first transmissions and retransmissions) with their headers.
 
 use udbtl_wire::SeqNum;
+use udbtl_wire::datagram::Epochs;
 use udbtl_wire::rel::{FLAG_ACK_ONLY, FLAG_ACK_REQ, FLAG_ECHO, FLAG_RESET};
 
 use super::peer::{AWAITED, NIL, QUEUED, RESENT_AGAIN, RETRANSMITTED, SENT, Slot};
@@ -131,6 +132,9 @@ impl<F: Clone, R> Reliability<F, R> {
             }
             let seq = p.snd_nxt;
             p.snd_nxt = seq.next();
+            if p.snd_nxt.0 == 0 {
+                p.snd_epoch = p.snd_epoch.wrapping_add(1);
+            }
             p.in_flight += 1;
             p.last_data = Some(now);
             Self::append(&mut self.slots, &mut p.head, &mut p.tail, index);
@@ -141,9 +145,15 @@ impl<F: Clone, R> Reliability<F, R> {
         }
     }
 
-    /// The next datagram to send, with its header. Acknowledgements owed to
-    /// the peer ride on it.
+    /// The next datagram to send, with its header and the epochs a MAC
+    /// covers. Acknowledgements owed to the peer ride on it.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit<F>> {
+        let mut transmit = self.next_transmit(now)?;
+        transmit.epochs = self.peers[transmit.peer.0 as usize].epochs_to_send(&transmit.header);
+        Some(transmit)
+    }
+
+    fn next_transmit(&mut self, now: Instant) -> Option<Transmit<F>> {
         while let Some(pending) = self.transmits.pop_front() {
             match pending {
                 Pending::Data(index) => {
@@ -208,6 +218,7 @@ impl<F: Clone, R> Reliability<F, R> {
                         frag: Some(frag),
                         header,
                         retransmission,
+                        epochs: Epochs::default(),
                     });
                 }
                 Pending::Ack(peer) => {
@@ -297,6 +308,7 @@ impl<F: Clone, R> Reliability<F, R> {
             frag: None,
             header,
             retransmission: false,
+            epochs: Epochs::default(),
         }
     }
 }

@@ -104,7 +104,7 @@ impl<F: Clone, R> Reliability<F, R> {
         let p = &mut self.peers[peer as usize];
         if !p.timers.is_set(Timer::Rto) && p.keepalive_at(&self.config).is_some_and(|at| at <= now)
         {
-            p.last_keepalive = Some(now);
+            p.last_keepalive = now;
             self.stats.keepalives += 1;
             self.transmits.push_back(Pending::Probe(peer));
         }

@@ -4,6 +4,7 @@
 
 use crate::time::Instant;
 use udbtl_wire::SeqNum;
+use udbtl_wire::datagram::Epochs;
 use udbtl_wire::rel;
 
 /// A peer, as numbered by the caller (an index into its own peer table).
@@ -138,6 +139,11 @@ pub struct Transmit<F> {
     pub header: rel::Repr,
     /// `true` if this fragment was sent before.
     pub retransmission: bool,
+    /// The epochs of `header`'s `seq` and `ack`, which a MAC must cover
+    /// (see [`Epochs`]); the receiver's
+    /// [`Reliability::epochs_of`](crate::Reliability::epochs_of) gives the
+    /// same.
+    pub epochs: Epochs,
 }
 
 /// Why a send was refused.

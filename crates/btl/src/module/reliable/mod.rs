@@ -268,12 +268,14 @@ impl<C: Context> Engine<C> {
             header.src = self.proc_id;
             header.flags |= reliable.integrity.flag();
             match tx.frag {
-                Some(des) if self.tx.sends.can_post() => self.transmit_data(des, header),
+                Some(des) if self.tx.sends.can_post() => {
+                    self.transmit_data(des, header, tx.epochs);
+                }
                 Some(des) => self.tx.sends.push(WaitingSend {
                     des,
-                    header: Some(header),
+                    header: Some((header, tx.epochs)),
                 }),
-                None => self.transmit_ack(EndpointId(tx.peer.0), header),
+                None => self.transmit_ack(EndpointId(tx.peer.0), header, tx.epochs),
             }
         }
         self.post_batch();

@@ -5,6 +5,7 @@
 
 use udbtl_fabric::{Context, QpAddr};
 use udbtl_reliability::{Instant, PeerId, Receipt, Room};
+use udbtl_wire::datagram::Epochs;
 use udbtl_wire::{btl, datagram, rel};
 
 use super::super::Engine;
@@ -29,10 +30,19 @@ impl<C: Context> Engine<C> {
             .path
             .reliable()
             .map_or(Integrity::Fabric, |r| r.integrity);
+        let endpoint = self.endpoints.lookup(src);
+        let core = self.path.reliable().map(|r| &r.core);
         let parsed = self.recv.datagram(&self.ctx, held).and_then(|bytes| {
             let tag = btl::Packet::new_checked(bytes).ok()?.tag();
             let header = rel::Repr::parse(&datagram::extension(bytes).ok()?).ok()?;
-            let check = integrity.check(bytes, &header);
+            // A MAC covers the epochs of `seq` and `ack`, which only the
+            // stream's state knows (zero from a sender not known yet).
+            let epochs = || {
+                endpoint.zip(core).map_or(Epochs::default(), |(ep, core)| {
+                    core.epochs_of(PeerId(ep.0), &header)
+                })
+            };
+            let check = integrity.check(bytes, &header, epochs);
             Some((tag, header, check))
         });
         let Some((tag, header, check)) = parsed else {
@@ -53,7 +63,6 @@ impl<C: Context> Engine<C> {
                 return;
             }
         }
-        let endpoint = self.endpoints.lookup(src);
         let known = endpoint
             .and_then(|ep| self.endpoints.get(ep))
             .map(|e| (e.proc_id, e.job_key));
