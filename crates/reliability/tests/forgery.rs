@@ -315,10 +315,10 @@ fn replayed_acknowledgements_do_not_keep_a_dead_peer_alive() {
     let ack = drain(&mut b, t0);
     let _ = feed(&mut a, t0, &ack, Room::ALL);
     // An answer to a probe of a's, captured too (its token: the time in
-    // units of 1024 ns).
+    // units of 2^20 ns).
     let t1 = at(ms(10));
     let probe = rel::Repr {
-        seq: SeqNum((t1.as_nanos() >> 10) as u32),
+        seq: SeqNum((t1.as_nanos() >> 20) as u32),
         ack: SeqNum(0),
         credit: 64,
         flags: FLAG_ACK_ONLY | FLAG_ACK_REQ,

@@ -290,18 +290,51 @@ impl<F: Clone, R> Reliability<F, R> {
     }
 }
 
+/// A probe's time token counts in units of 2^TOKEN_SHIFT ns (about 1 ms):
+/// 32 bits of them last 49 days before they wrap.
+const TOKEN_SHIFT: u32 = 20;
+
 /// The token a probe sent at `now` carries as its `seq`: the time, in units
-/// of 1024 ns, modulo 2³² (about 73 minutes).
+/// of about a millisecond (2²⁰ ns), modulo 2³².
 pub(super) fn probe_token(now: Instant) -> SeqNum {
-    SeqNum((now.as_nanos() >> 10) as u32)
+    SeqNum((now.as_nanos() >> TOKEN_SHIFT) as u32)
 }
 
-/// When the probe whose token is `token` was sent, if that was at most
-/// `horizon` before `now`: an older token, or one from the future, shows
-/// nothing.
+/// When the probe whose token is `token` was sent (rounded down to its
+/// unit), if that was at most `horizon` before `now`: an older token, or
+/// one from the future, shows nothing.
 pub(super) fn probe_sent_at(token: SeqNum, now: Instant, horizon: Duration) -> Option<Instant> {
-    let now_units = (now.as_nanos() >> 10) as u32;
-    let age = Duration::from_nanos(u64::from(now_units.wrapping_sub(token.0)) << 10);
-    (age <= horizon)
-        .then(|| Instant::from_nanos(now.as_nanos().saturating_sub(age.as_nanos() as u64)))
+    let now_units = now.as_nanos() >> TOKEN_SHIFT;
+    let age_units = u64::from((now_units as u32).wrapping_sub(token.0));
+    let sent = now_units.checked_sub(age_units)? << TOKEN_SHIFT;
+    (now.saturating_since(Instant::from_nanos(sent)) <= horizon).then(|| Instant::from_nanos(sent))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{probe_sent_at, probe_token};
+    use crate::time::Instant;
+
+    #[test]
+    fn a_probe_token_says_when_within_the_horizon_and_never_later() {
+        let horizon = Duration::from_secs(30);
+        let sent = Instant::from_nanos(5_000_000_123);
+        let token = probe_token(sent);
+        for later in [0, 1, 999, 29_000] {
+            let now = sent + Duration::from_millis(later);
+            let at = probe_sent_at(token, now, horizon).expect("within the horizon");
+            assert!(at <= sent && sent.saturating_since(at) < Duration::from_millis(2));
+        }
+        assert_eq!(
+            probe_sent_at(token, sent + Duration::from_secs(31), horizon),
+            None
+        );
+        // A token from the future reads as one from 49 days ago.
+        assert_eq!(
+            probe_sent_at(token, Instant::from_nanos(1_000), horizon),
+            None
+        );
+    }
 }
