@@ -1,7 +1,7 @@
 //! A stranger on the host who forges datagrams to a job's udbtl sockets.
 //!
-//! It finds the ranks' UDP sockets in `/proc`, as any local user can, and
-//! knows the job key and the ranks' process ids. With a raw socket
+//! It finds the ranks' UDP sockets in `/proc`, as any local user can
+//! (`proc_net.rs`), and knows the job key and the ranks' process ids. With a raw socket
 //! (`CAP_NET_RAW`) it sends from one rank's own address and port to
 //! another's, so the receiver takes each datagram for that rank's. What it
 //! cannot know is where the streams between the ranks are: it guesses the
@@ -27,43 +27,6 @@ use udbtl_wire::{SeqNum, btl, ud};
 pub(crate) const QKEY: u32 = 0x0133_0133;
 /// Sequence numbers guessed per kind of forgery.
 pub(crate) const GUESSES: u32 = 16;
-
-/// The IPv4 UDP sockets process `pid` holds: their local addresses.
-pub(crate) fn udp_sockets(pid: u32) -> Vec<SocketAddrV4> {
-    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|dir| {
-            dir.filter_map(Result::ok)
-                .filter_map(|fd| std::fs::read_link(fd.path()).ok())
-                .filter_map(|target| {
-                    let target = target.to_string_lossy().into_owned();
-                    Some(
-                        target
-                            .strip_prefix("socket:[")?
-                            .strip_suffix(']')?
-                            .to_owned(),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let table = std::fs::read_to_string(format!("/proc/{pid}/net/udp")).unwrap_or_default();
-    table
-        .lines()
-        .skip(1)
-        .filter_map(|row| {
-            let cols: Vec<&str> = row.split_whitespace().collect();
-            let (ip, port) = cols.get(1)?.split_once(':')?;
-            let inode = cols.get(9)?;
-            if !inodes.iter().any(|i| i == inode) {
-                return None;
-            }
-            // The kernel prints the address's four bytes as one native
-            // integer.
-            let ip = Ipv4Addr::from(u32::from_str_radix(ip, 16).ok()?.to_ne_bytes());
-            Some(SocketAddrV4::new(ip, u16::from_str_radix(port, 16).ok()?))
-        })
-        .collect()
-}
 
 /// The process ids the ranks wrote into `dir` as `pid.<rank>`, once all
 /// `ranks` have; `None` if `gone` says the job ended first.
@@ -106,15 +69,20 @@ pub(crate) fn control_datagram(job_key: u32, src: u32, header: rel::Repr) -> Vec
     let mut ext = datagram::extension_mut(&mut head).expect("room for the headers");
     header.emit(&mut ext);
     datagram::fill_checksum(&mut head, &[]);
-    let mut bytes = ud::Repr {
+    let mut bytes = ud_header().to_vec();
+    bytes.extend_from_slice(&head);
+    bytes
+}
+
+/// The UD header udbtl's UDP provider puts first in every datagram, with
+/// the default queue key.
+pub(crate) fn ud_header() -> [u8; ud::HEADER_LEN] {
+    ud::Repr {
         pkey: 0xffff,
         qkey: QKEY,
         imm: None,
     }
     .to_bytes()
-    .to_vec();
-    bytes.extend_from_slice(&head);
-    bytes
 }
 
 /// Sends UDP datagrams from any address and port: a raw socket that writes

@@ -18,14 +18,16 @@ mod common;
 
 #[path = "../../../tests/support/forger.rs"]
 mod forger;
+#[path = "../../../tests/support/proc_net.rs"]
+mod proc_net;
 
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::PathBuf;
 use std::process::{Output, Stdio};
 
 use common::Run;
-use forger::{QKEY, Spoofer};
-use udbtl_wire::{btl, ud};
+use forger::Spoofer;
+use udbtl_wire::btl;
 
 const JOB_KEY: u32 = 24_301;
 const FORGED_PER_SOCKET: usize = 20;
@@ -33,13 +35,7 @@ const FORGED_PER_SOCKET: usize = 20;
 /// A datagram as udbtl's UDP provider carries it: UD header, BTL header
 /// (unreliable) with `tag`, and a few bytes of payload.
 fn forged(tag: u8) -> Vec<u8> {
-    let mut bytes = ud::Repr {
-        pkey: 0xffff,
-        qkey: QKEY,
-        imm: None,
-    }
-    .to_bytes()
-    .to_vec();
+    let mut bytes = forger::ud_header().to_vec();
     let mut head = [0u8; btl::HEADER_LEN];
     btl::Repr {
         tag,
@@ -83,7 +79,7 @@ fn exchange_with_a_stranger(
         let ranks: Vec<(u32, Vec<_>)> = pids
             .iter()
             .zip(0..)
-            .map(|(pid, rank)| (rank, forger::udp_sockets(*pid)))
+            .map(|(pid, rank)| (rank, proc_net::sockets(*pid, "udp", None)))
             .collect();
         stranger(&ranks);
     }

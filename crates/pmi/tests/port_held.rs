@@ -10,7 +10,9 @@
 //! 30 s.) Alone in its binary: it holds 128 threads and sockets.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::Read;
+#[path = "../../../tests/support/idle_flood.rs"]
+mod idle_flood;
+
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -56,30 +58,13 @@ fn ranks_join_while_one_host_holds_every_handshake_slot() {
         .map(|_| {
             let (stop, opened) = (Arc::clone(&stop), Arc::clone(&opened));
             thread::spawn(move || {
-                let mut sink = [0u8; 256];
-                while !stop.load(Ordering::Relaxed) {
-                    let Ok(mut conn) = connect_from_flood(addr) else {
-                        thread::sleep(Duration::from_millis(1));
-                        continue;
-                    };
-                    opened.fetch_add(1, Ordering::Relaxed);
-                    conn.set_read_timeout(Some(Duration::from_millis(50)))
-                        .unwrap();
-                    // Idle until the server closes it (the challenge it
-                    // may send is read and ignored).
-                    while !stop.load(Ordering::Relaxed) {
-                        match conn.read(&mut sink) {
-                            Ok(0) => break,
-                            Ok(_) => {}
-                            Err(e)
-                                if matches!(
-                                    e.kind(),
-                                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                                ) => {}
-                            Err(_) => break,
-                        }
-                    }
-                }
+                idle_flood::hold(
+                    || connect_from_flood(addr),
+                    || stop.load(Ordering::Relaxed),
+                    |_| {
+                        opened.fetch_add(1, Ordering::Relaxed);
+                    },
+                );
             })
         })
         .collect();

@@ -15,7 +15,7 @@ use std::time::Duration;
 use harness::{Faults, Net, payload};
 use pair::{Core, P, at, control, core, drain, events, feed, ms};
 use udbtl_reliability::{
-    Config, Discard, Event, Instant, LossReason, Receipt, Reliability, Room, StreamStart,
+    Config, Discard, Event, Instant, LossReason, Receipt, Reliability, Room, StreamStart, Transmit,
 };
 use udbtl_wire::SeqNum;
 use udbtl_wire::rel::{self, FLAG_ACK_ONLY, FLAG_ACK_REQ, FLAG_RESET};
@@ -29,7 +29,20 @@ fn reset_at(seq: u32) -> rel::Repr {
     }
 }
 
-fn challenges(txs: &[udbtl_reliability::Transmit<u32>]) -> usize {
+/// Fires `a`'s timers as they come due until it declares its peer lost
+/// (within ten failure timeouts); returns when, and what it sent then.
+fn time_out(a: &mut Core, config: &Config) -> (Instant, Vec<Transmit<u32>>) {
+    let mut last = (Instant::ZERO, Vec::new());
+    while !a.is_lost(P) {
+        let now = a.poll_timeout().unwrap();
+        a.handle_timeout(now);
+        last = (now, drain(a, now));
+        assert!(now < at(10 * config.peer_timeout), "a never gave up");
+    }
+    last
+}
+
+fn challenges(txs: &[Transmit<u32>]) -> usize {
     txs.iter()
         .filter(|t| t.frag.is_none() && t.header.has(FLAG_ACK_ONLY | FLAG_ACK_REQ))
         .count()
@@ -88,13 +101,7 @@ fn a_peer_that_reset_after_data_that_never_arrived_is_heard_through_the_challeng
     // Only the first arrives, and nothing from b reaches a.
     let _ = feed(&mut b, t0, &sent[..1], Room::ALL);
     let _ = drain(&mut b, t0);
-    let mut now = t0;
-    while !a.is_lost(P) {
-        now = a.poll_timeout().unwrap();
-        a.handle_timeout(now);
-        let _ = drain(&mut a, now);
-        assert!(now < at(10 * config.peer_timeout), "a never gave up");
-    }
+    let (now, _) = time_out(&mut a, &config);
     a.send(now, P, 3).unwrap_err();
     // a's reset went with the timeout's transmissions; send it again.
     let reset = reset_at(3);
@@ -132,12 +139,7 @@ fn a_timeout_reset_after_everything_arrived_ends_the_peer_at_once() {
     }
     let _ = feed(&mut b, t0, &drain(&mut a, t0), Room::ALL);
     let _ = drain(&mut b, t0);
-    let mut resets = Vec::new();
-    while !a.is_lost(P) {
-        let now = a.poll_timeout().unwrap();
-        a.handle_timeout(now);
-        resets = drain(&mut a, now);
-    }
+    let (_, mut resets) = time_out(&mut a, &config);
     resets.retain(|t| t.header.has(FLAG_RESET));
     assert_eq!(resets.len(), 1);
     assert_eq!(resets[0].header.seq, SeqNum(3));
@@ -243,7 +245,7 @@ fn run_pair(
     b: &mut Core,
     until: Instant,
     b_room: Room,
-    mut drop_to_a: impl FnMut(&udbtl_reliability::Transmit<u32>) -> bool,
+    mut drop_to_a: impl FnMut(&Transmit<u32>) -> bool,
 ) {
     let mut now = Instant::ZERO;
     loop {

@@ -19,6 +19,8 @@ mod common;
 
 #[path = "../../../tests/support/forger.rs"]
 mod forger;
+#[path = "../../../tests/support/proc_net.rs"]
+mod proc_net;
 
 const PROBE: &str = env!("CARGO_BIN_EXE_udprobe");
 
@@ -70,7 +72,7 @@ fn forged_resets_and_acknowledgements_are_counted_and_dropped_under_udrun() {
         let ranks: Vec<_> = pids
             .iter()
             .zip(0..)
-            .map(|(pid, rank)| (rank, forger::udp_sockets(*pid)))
+            .map(|(pid, rank)| (rank, proc_net::sockets(*pid, "udp", None)))
             .collect();
         forged = Some(forger::forge_resets_and_acks(&spoofer, job_key, &ranks).unwrap());
     }

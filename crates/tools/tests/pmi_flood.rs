@@ -14,6 +14,10 @@
 
 #[path = "../../../tests/support/udrun_jobs.rs"]
 mod common;
+#[path = "../../../tests/support/idle_flood.rs"]
+mod idle_flood;
+#[path = "../../../tests/support/proc_net.rs"]
+mod proc_net;
 #[path = "../../../tests/support/stand_in_hosts.rs"]
 mod stand_in_hosts;
 
@@ -26,47 +30,6 @@ use std::time::{Duration, Instant};
 use stand_in_hosts::StandInHosts;
 
 const HOLDERS: usize = 128;
-
-/// The IPv4 TCP sockets process `pid` listens on.
-fn listening(pid: u32) -> Vec<SocketAddrV4> {
-    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|dir| {
-            dir.filter_map(Result::ok)
-                .filter_map(|fd| std::fs::read_link(fd.path()).ok())
-                .filter_map(|target| {
-                    let target = target.to_string_lossy().into_owned();
-                    Some(
-                        target
-                            .strip_prefix("socket:[")?
-                            .strip_suffix(']')?
-                            .to_owned(),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
-    table
-        .lines()
-        .skip(1)
-        .filter_map(|row| {
-            let cols: Vec<&str> = row.split_whitespace().collect();
-            let (ip, port) = cols.get(1)?.split_once(':')?;
-            let listen = *cols.get(3)? == "0A";
-            let inode = cols.get(9)?;
-            if !listen || !inodes.iter().any(|i| i == inode) {
-                return None;
-            }
-            let ip = Ipv4Addr::from(u32::from_str_radix(ip, 16).ok()?.to_ne_bytes());
-            let ip = if ip.is_unspecified() {
-                Ipv4Addr::LOCALHOST
-            } else {
-                ip
-            };
-            Some(SocketAddrV4::new(ip, u16::from_str_radix(port, 16).ok()?))
-        })
-        .collect()
-}
 
 /// The flooder, when run by [`a_remote_rank_joins_through_a_flood_of_idle_connections`]:
 /// holds `HOLDERS` idle connections to `UDBTL_TEST_FLOOD` (`ip:port`),
@@ -87,31 +50,15 @@ fn flooder() {
         .map(|_| {
             let (stop, connected) = (stop.clone(), connected.clone());
             std::thread::spawn(move || {
-                let mut first = true;
-                let mut sink = [0u8; 256];
-                while !stop.exists() {
-                    let Ok(mut conn) = TcpStream::connect(target) else {
-                        std::thread::sleep(Duration::from_millis(1));
-                        continue;
-                    };
-                    if std::mem::take(&mut first) {
-                        connected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    conn.set_read_timeout(Some(Duration::from_millis(50)))
-                        .unwrap();
-                    while !stop.exists() {
-                        match conn.read(&mut sink) {
-                            Ok(0) => break,
-                            Ok(_) => {}
-                            Err(e)
-                                if matches!(
-                                    e.kind(),
-                                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                                ) => {}
-                            Err(_) => break,
+                idle_flood::hold(
+                    || TcpStream::connect(target),
+                    || stop.exists(),
+                    |first| {
+                        if first {
+                            connected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
-                    }
-                }
+                    },
+                );
             })
         })
         .collect();
@@ -191,7 +138,16 @@ fn a_remote_rank_joins_through_a_flood_of_idle_connections() {
     let udrun_pid = child.id();
     let mut port = None;
     wait_for("udrun listening", Duration::from_secs(60), || {
-        port = listening(udrun_pid).first().copied();
+        port = proc_net::sockets(udrun_pid, "tcp", Some(proc_net::TCP_LISTEN))
+            .first()
+            .map(|a| {
+                // A listener on every address is reached on loopback.
+                if a.ip().is_unspecified() {
+                    SocketAddrV4::new(Ipv4Addr::LOCALHOST, a.port())
+                } else {
+                    *a
+                }
+            });
         port.is_some()
     });
     let port = port.unwrap();
