@@ -19,7 +19,7 @@
 //! address would be) and sends it a few messages, which the attacker keeps.
 //!
 //! A second test runs both modules with `auth`: then forged datagrams, even
-//! ones with the next sequence number and a checksum or MAC that a stranger
+//! ones with the next sequence number and a checksum or seal that a stranger
 //! could compute, are refused as unauthenticated, and replays of genuine
 //! datagrams are refused by their sequence numbers.
 
@@ -33,6 +33,7 @@ use udbtl_btl::*;
 use udbtl_fabric::udp::UdpProvider;
 use udbtl_fabric::{Context, Provider};
 use udbtl_wire::datagram::Epochs;
+use udbtl_wire::seal::{self, Protection, SealKey};
 use udbtl_wire::{btl, coalesced, datagram, modex, rel, ud};
 
 type Heard = Arc<Mutex<Vec<(Option<EndpointId>, Vec<u8>)>>>;
@@ -229,7 +230,7 @@ impl Drop for Spoofer {
 }
 
 /// What the receiver counted as dropped, everywhere a datagram can be.
-fn drops<P: Provider>(btl: &Component<P>) -> [u64; 9] {
+fn drops<P: Provider>(btl: &Component<P>) -> [u64; 10] {
     let module = &btl.modules()[0];
     let s = module.stats();
     let r = module.reliability_stats().unwrap();
@@ -244,6 +245,7 @@ fn drops<P: Provider>(btl: &Component<P>) -> [u64; 9] {
         r.out_of_window,
         s.recv_orphan_pieces,
         s.recv_unauthenticated,
+        s.recv_replayed,
     ]
 }
 
@@ -404,7 +406,8 @@ fn hostile_datagrams_are_dropped_and_counted_while_real_traffic_flows() {
 }
 
 /// Rewrites a captured datagram's extension with `change`, then seals it as
-/// a stranger could: with a CRC, or with a MAC under a key of its own.
+/// a stranger could: with a CRC, or sealed under a key of its own with a
+/// packet number ahead of the real ones.
 fn forge(
     d: &[u8],
     change: impl FnOnce(&mut rel::Repr),
@@ -421,10 +424,31 @@ fn forge(
     };
     repr.emit(&mut datagram::extension_mut(&mut d[BTL_AT..]).unwrap());
     match key {
-        Some(key) => datagram::fill_mac(&mut d[BTL_AT..], &[], key, Epochs::default()),
+        Some(key) => {
+            let pn = seal::packet_number(&d[BTL_AT..]).unwrap() + 1000;
+            let key = SealKey::derive(key, repr.src, seal::phase_of(pn));
+            seal::seal(
+                &mut d[BTL_AT..],
+                &key,
+                pn,
+                Epochs::default(),
+                Protection::Authenticate,
+            )
+            .unwrap();
+        }
         None => reseal(&mut d),
     }
     d
+}
+
+/// `true` if `d`, a sealed datagram as captured, opens under the keys of
+/// the module whose key is `receiver`.
+fn opens_under(d: &[u8], receiver: &datagram::AuthKey) -> bool {
+    let mut d = d[BTL_AT..].to_vec();
+    let src = datagram::extension(&d).unwrap().src();
+    let pn = seal::packet_number(&d).unwrap();
+    let key = SealKey::derive(receiver, src, seal::phase_of(pn));
+    seal::open(&mut d, &key, Epochs::default(), Protection::Authenticate)
 }
 
 #[test]
@@ -472,10 +496,7 @@ fn with_auth_a_stranger_can_neither_inject_nor_replay() {
         buf.truncate(n);
         // The first datagrams of a stream: its numbers have not wrapped
         // (unless it started within four of the wrap: once in 2^30 runs).
-        assert!(
-            datagram::verify_mac(&buf[BTL_AT..], &b_key, Epochs::default()),
-            "sealed for B"
-        );
+        assert!(opens_under(&buf, &b_key), "sealed for B");
         captured.push(buf);
         a_addr = Some(from);
     }
@@ -514,7 +535,7 @@ fn with_auth_a_stranger_can_neither_inject_nor_replay() {
         }
         if sent < n {
             // Forgeries that claim the next numbers of the real stream, so
-            // that only the MAC stands in their way.
+            // that only the seal stands in their way.
             let sample = &captured[rng.usize(0..captured.len())];
             let ahead = sent + rng.u32(0..4);
             let next = |r: &mut rel::Repr| r.seq += ahead;
@@ -522,7 +543,7 @@ fn with_auth_a_stranger_can_neither_inject_nor_replay() {
             send_hostile(&forge(sample, next, Some(&stranger_key)));
             let mut flipped = sample.clone();
             // In the payload: a flip in the headers may be caught before
-            // the MAC is looked at (a malformed header, another job's key).
+            // the seal is looked at (a malformed header, another job's key).
             let at = rng.usize(BTL_AT + datagram::HEADER_LEN..flipped.len());
             flipped[at] ^= 1 << rng.u32(0..8);
             send_hostile(&flipped);
@@ -544,15 +565,24 @@ fn with_auth_a_stranger_can_neither_inject_nor_replay() {
     let delta: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
     println!(
         "with auth: forged {forged}, replayed {replayed}; counted {delta:?} (fabric, malformed, \
-         job key, checksum, unknown peer, duplicates, out of window, orphans, unauthenticated)"
+         job key, checksum, unknown peer, duplicates, out of window, orphans, unauthenticated, \
+         replayed)"
     );
+    // A forgery whose packet number is behind the window is refused
+    // before its tag is checked, and counted with the replays.
     assert!(
-        delta[8] >= forged,
-        "every forgery refused as unauthenticated"
+        delta[8] + delta[9] >= forged,
+        "every forgery refused as unauthenticated or replayed"
     );
-    assert_eq!(delta[3], 0, "no checksum is checked where a MAC is due");
+    assert_eq!(delta[3], 0, "no checksum is checked where a seal is due");
     if spoofer.is_some() {
-        assert!(delta[5] >= replayed, "replays refused as duplicates");
+        // The captured datagrams went to the tap, which A numbers apart
+        // from B: under B's key they are refused by their packet numbers,
+        // or as sealed under another phase's key.
+        assert!(
+            delta[8] + delta[9] >= forged + replayed,
+            "replays refused by their seal"
+        );
     } else {
         assert!(delta[4] >= replayed, "replays from a stranger refused");
     }
@@ -597,7 +627,7 @@ fn with_a_job_secret_no_key_is_published_and_a_stranger_cannot_inject() {
     let (ab, ba, heard) = Pair::connect(&mut a, &mut b);
     let mut stranger = component_keyed(true, Some([0x18; 32]));
     let to_b = stranger.add_procs(&[Some(&blob)]).unwrap()[0].endpoints[0]
-        .expect("a stranger with the blob pairs: the MAC is what stops it");
+        .expect("a stranger with the blob pairs: the seal is what stops it");
     let before = drops(&b);
     let n = 500u32;
     let (mut sent, mut forged) = (0u32, 0u32);
@@ -646,7 +676,7 @@ fn with_a_job_secret_no_key_is_published_and_a_stranger_cannot_inject() {
         delta[8], stranger_datagrams,
         "every stranger datagram refused"
     );
-    assert_eq!(delta[3], 0, "no checksum is checked where a MAC is due");
+    assert_eq!(delta[3], 0, "no checksum is checked where a seal is due");
     drop(heard);
     for btl in [a, b, stranger] {
         btl.finalize().unwrap();

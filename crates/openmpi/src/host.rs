@@ -98,7 +98,7 @@ pub fn stats_line(module: &Mod) -> String {
             line,
             " retransmitted={} fast_retransmits={} timeouts={} tail_probes={} spurious={} \
              duplicates={} keepalives={} lost_peers={} bad_checksum={} unauthenticated={} \
-             unacceptable={} coalesced={} trains={}",
+             replayed={} unacceptable={} coalesced={} trains={}",
             r.retransmitted,
             r.fast_retransmits,
             r.timeouts,
@@ -109,6 +109,7 @@ pub fn stats_line(module: &Mod) -> String {
             r.peers_lost,
             s.recv_bad_checksum,
             s.recv_unauthenticated,
+            s.recv_replayed,
             r.unacceptable_acks + r.unacceptable_resets,
             s.messages_coalesced,
             s.trains_sent
@@ -119,7 +120,7 @@ pub fn stats_line(module: &Mod) -> String {
 
 /// The counters Open MPI tools read (MPI_T performance variables
 /// `btl_udbtl_<name>`), summed over the modules: name and description.
-pub const COUNTERS: [(&str, &str); 15] = [
+pub const COUNTERS: [(&str, &str); 16] = [
     (
         "sent",
         "Sends posted to the fabric (datagrams, retransmissions not counted)",
@@ -162,6 +163,10 @@ pub const COUNTERS: [(&str, &str); 15] = [
         "dropped_unacceptable",
         "Datagrams dropped: a reset or an acknowledgement the peer could not have sent",
     ),
+    (
+        "dropped_replayed",
+        "Sealed datagrams dropped: their packet number was taken before (a replay)",
+    ),
 ];
 
 /// Adds the module's counters to `totals`, indexed as [`COUNTERS`].
@@ -185,6 +190,7 @@ pub fn add_counters(module: &Mod, totals: &mut [u64; COUNTERS.len()]) {
         s.recv_unknown_peer,
         socket_full,
         r.unacceptable_acks + r.unacceptable_resets,
+        s.recv_replayed,
     ];
     for (total, value) in totals.iter_mut().zip(values) {
         *total += value;

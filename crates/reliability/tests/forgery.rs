@@ -300,7 +300,7 @@ fn a_peer_that_refuses_everything_but_answers_probes_is_alive() {
 
 /// With strict liveness (what authentication turns on): b acknowledges a's
 /// data, then dies. Anyone on the path can replay its last
-/// acknowledgement, and its answer to a probe, with a valid MAC: replayed
+/// acknowledgement, and its answer to a probe, with a valid seal: replayed
 /// every 100 ms, neither may keep b alive past `peer_timeout` (plus the
 /// backed-off timeout that notices it).
 #[test]
@@ -383,7 +383,7 @@ fn strict_liveness_loses_no_peer_on_a_lossy_path() {
     }
 }
 
-/// The epochs a MAC covers (how often each stream's numbers wrapped) are
+/// The epochs a seal covers (how often each stream's numbers wrapped) are
 /// never sent: the receiver must compute, for every datagram, the ones the
 /// sender sealed it with. Two sides whose streams start just before the
 /// wrap exchange 400 datagrams each way, with every fifth one lost (so
@@ -391,8 +391,9 @@ fn strict_liveness_loses_no_peer_on_a_lossy_path() {
 /// are checked against what the receiver computes before it handles it.
 /// After the wrap a copy of a datagram from before it would be sealed
 /// with other epochs than the receiver expects at its number
-/// (`datagram::verify_mac` then fails: `udbtl-wire`'s
-/// `a_mac_under_other_epochs_fails`).
+/// (`seal::open` then fails: `udbtl-wire`'s
+/// `a_seal_under_other_epochs_fails`; a replay's old packet number already
+/// stops it at the replay window).
 #[test]
 fn both_ends_agree_on_the_epochs_across_the_wrap() {
     let config = Config {

@@ -145,27 +145,6 @@ fn for_each_in<'a>(
     }
 }
 
-/// Feeds the concatenation of `parts` to `sink` in pieces, with the bytes
-/// at `field` (a range of at most 8 bytes) replaced by zeros.
-fn for_each_with_zeroed<'a>(
-    parts: impl IntoIterator<Item = &'a [u8]>,
-    field: Range<usize>,
-    mut sink: impl FnMut(&[u8]),
-) {
-    const ZEROS: [u8; 8] = [0; 8];
-    let mut offset = 0usize;
-    for part in parts {
-        let end = offset.saturating_add(part.len());
-        // The part of the field inside this part, relative to it.
-        let lo = field.start.clamp(offset, end) - offset;
-        let hi = field.end.clamp(offset, end) - offset;
-        sink(&part[..lo]);
-        sink(&ZEROS[..hi - lo]);
-        sink(&part[hi..]);
-        offset = end;
-    }
-}
-
 /// Writes `value` into the checksum field of `head`, the buffer that starts
 /// with the datagram's BTL header.
 ///
@@ -219,15 +198,15 @@ pub fn verify_checksum(datagram: &[u8]) -> bool {
     extension(datagram).is_ok_and(|ext| ext.checksum() == checksum(&[datagram]))
 }
 
-/// Byte range of the MAC inside the datagram, with [`rel::FLAG_MAC`].
+/// Byte range of the packet number inside a sealed datagram, with
+/// [`rel::FLAG_MAC`] ([`crate::seal`]).
 pub const MAC_FIELD: Range<usize> =
     btl::HEADER_LEN + rel::MAC_FIELD.start..btl::HEADER_LEN + rel::MAC_FIELD.end;
 
-/// Length of a MAC tag in bytes.
-pub const MAC_LEN: usize = 8;
-
-/// A 256-bit key for datagram MACs: a receiver's secret, which it hands only
-/// to the processes of its job. Its `Debug` form never shows the bytes.
+/// A receiver's 256-bit secret, which it hands only to the processes of its
+/// job: the datagrams sent to it are sealed under keys derived from it
+/// ([`crate::seal::SealKey::derive`]). Its `Debug` form never shows the
+/// bytes.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct AuthKey(pub [u8; 32]);
 
@@ -240,8 +219,8 @@ impl core::fmt::Debug for AuthKey {
 /// Where a datagram's `seq` and `ack` lie in their streams beyond what the
 /// 32-bit fields say: the high 32 bits of each 64-bit stream position (the
 /// epoch: how often the stream's numbers wrapped before). They are not
-/// sent; both ends track them, and the MAC covers them, so a datagram
-/// recorded before a stream's numbers wrapped does not verify after. A
+/// sent; both ends track them, and a seal's tag covers them, so a datagram
+/// recorded before a stream's numbers wrapped does not open after. A
 /// number that is not a stream position (a probe's time token, and its
 /// echo) has epoch 0.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -250,78 +229,6 @@ pub struct Epochs {
     pub seq: u32,
     /// The epoch of `ack`, in the receiver's send stream.
     pub ack: u32,
-}
-
-impl Epochs {
-    fn to_bytes(self) -> [u8; 8] {
-        let mut bytes = [0u8; 8];
-        bytes[..4].copy_from_slice(&self.seq.to_be_bytes());
-        bytes[4..].copy_from_slice(&self.ack.to_be_bytes());
-        bytes
-    }
-}
-
-/// The MAC of the datagram made of `parts` in order: keyed BLAKE3 of their
-/// concatenation with the bytes at [`MAC_FIELD`] counted as zeros,
-/// truncated to [`MAC_LEN`] bytes. Like [`checksum`], the parts may split
-/// the datagram anywhere. Never panics. [`fill_mac`] and [`verify_mac`]
-/// add the [`Epochs`] as a last part.
-///
-/// A 64-bit tag makes a blind forgery succeed once in 2^64 tries: at a
-/// million forged datagrams a second, once in half a million years.
-#[must_use]
-pub fn mac(key: &AuthKey, parts: &[&[u8]]) -> [u8; MAC_LEN] {
-    mac_of(key, parts.iter().copied())
-}
-
-fn mac_of<'a>(key: &AuthKey, parts: impl IntoIterator<Item = &'a [u8]>) -> [u8; MAC_LEN] {
-    let mut hasher = blake3::Hasher::new_keyed(&key.0);
-    for_each_with_zeroed(parts, MAC_FIELD, |bytes| {
-        hasher.update(bytes);
-    });
-    let mut tag = [0u8; MAC_LEN];
-    hasher.finalize_xof().fill(&mut tag);
-    tag
-}
-
-/// Computes the MAC of the datagram `head` followed by `rest`, and of
-/// `epochs`, under `key`, and writes it into `head`'s [`MAC_FIELD`]. The
-/// flags are the caller's: it sets [`rel::FLAG_MAC`] before, since the
-/// flags are covered.
-///
-/// # Panics
-/// If `head` is shorter than [`HEADER_LEN`]: the sender sized it.
-pub fn fill_mac(head: &mut [u8], rest: &[&[u8]], key: &AuthKey, epochs: Epochs) {
-    assert!(
-        head.len() >= HEADER_LEN,
-        "datagram head of {} bytes holds no reliability extension",
-        head.len()
-    );
-    let epochs = epochs.to_bytes();
-    let parts = core::iter::once(&*head)
-        .chain(rest.iter().copied())
-        .chain(core::iter::once(&epochs[..]));
-    let tag = mac_of(key, parts);
-    head[MAC_FIELD].copy_from_slice(&tag);
-}
-
-/// `true` if the received `datagram` (in one buffer) carries the MAC of its
-/// contents and `epochs` under `key`. The comparison takes the same time
-/// wherever the tags differ. Never panics: a datagram shorter than
-/// [`HEADER_LEN`] is `false`.
-#[must_use]
-pub fn verify_mac(datagram: &[u8], key: &AuthKey, epochs: Epochs) -> bool {
-    let Some(carried) = datagram.get(MAC_FIELD) else {
-        return false;
-    };
-    let expected = mac(key, &[datagram, &epochs.to_bytes()]);
-    constant_time_eq(carried, &expected)
-}
-
-/// Compares without an early exit, so the time taken does not tell a forger
-/// how many leading bytes of a guess were right.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]
@@ -406,71 +313,9 @@ mod tests {
         set_checksum(&mut [0u8; HEADER_LEN - 1], 1);
     }
 
-    const KEY: AuthKey = AuthKey([7; 32]);
-
-    const EPOCHS: Epochs = Epochs { seq: 3, ack: 1 };
-
-    /// A datagram carrying `payload`, authenticated under `key` with
-    /// [`EPOCHS`].
-    fn authenticated(payload: &[u8], key: &AuthKey) -> Vec<u8> {
-        let mut bytes = datagram(payload);
-        let mut ext = extension_mut(&mut bytes).unwrap();
-        let flags = (ext.flags() & !rel::FLAG_CHECKSUM) | rel::FLAG_MAC;
-        let mut repr = rel::Repr::parse(&ext).unwrap();
-        repr.flags = flags;
-        repr.emit(&mut ext);
-        let (head, tail) = bytes.split_at_mut(HEADER_LEN);
-        fill_mac(head, &[tail], key, EPOCHS);
-        bytes
-    }
-
-    #[test]
-    fn a_mac_verifies_under_its_key_only() {
-        let bytes = authenticated(b"payload", &KEY);
-        assert_eq!(MAC_FIELD, 32..40);
-        assert!(verify_mac(&bytes, &KEY, EPOCHS));
-        assert!(!verify_mac(&bytes, &AuthKey([8; 32]), EPOCHS));
-        let parsed = rel::Repr::parse(&extension(&bytes).unwrap()).unwrap();
-        assert!(parsed.has(rel::FLAG_MAC));
-        // The tag is keyed BLAKE3 of the datagram with the field zeroed,
-        // then the epochs, big-endian.
-        let mut zeroed = bytes.clone();
-        zeroed[MAC_FIELD].fill(0);
-        zeroed.extend_from_slice(&[0, 0, 0, 3, 0, 0, 0, 1]);
-        let mut full = [0u8; MAC_LEN];
-        blake3::Hasher::new_keyed(&KEY.0)
-            .update(&zeroed)
-            .finalize_xof()
-            .fill(&mut full);
-        assert_eq!(bytes[MAC_FIELD], full);
-    }
-
-    /// A datagram recorded before its stream's numbers wrapped carries the
-    /// same 32-bit numbers as one sent after, but not the same epochs.
-    #[test]
-    fn a_mac_under_other_epochs_fails() {
-        let bytes = authenticated(b"payload", &KEY);
-        for other in [
-            Epochs { seq: 4, ack: 1 },
-            Epochs { seq: 3, ack: 2 },
-            Epochs::default(),
-        ] {
-            assert!(!verify_mac(&bytes, &KEY, other), "{other:?}");
-        }
-    }
-
-    #[test]
-    fn a_short_datagram_never_verifies() {
-        let bytes = authenticated(b"", &KEY);
-        assert!(verify_mac(&bytes, &KEY, EPOCHS));
-        for len in 0..HEADER_LEN {
-            assert!(!verify_mac(&bytes[..len], &KEY, EPOCHS), "length {len}");
-        }
-    }
-
     #[test]
     fn the_key_stays_out_of_debug_output() {
-        assert_eq!(format!("{KEY:?}"), "AuthKey(..)");
+        assert_eq!(format!("{:?}", AuthKey([7; 32])), "AuthKey(..)");
     }
 
     proptest! {
@@ -536,19 +381,5 @@ mod tests {
             let _ = verify_checksum(&bytes);
         }
 
-        #[test]
-        fn a_mac_over_split_parts_agrees_and_any_flipped_byte_fails(
-            payload in proptest::collection::vec(any::<u8>(), 0..96),
-            cut: prop::sample::Index,
-            index: prop::sample::Index,
-            flip in 1u8..,
-        ) {
-            let bytes = authenticated(&payload, &KEY);
-            let (a, b) = bytes.split_at(cut.index(bytes.len() + 1));
-            prop_assert_eq!(mac(&KEY, &[a, b]), mac(&KEY, &[&bytes]));
-            let mut bad = bytes.clone();
-            bad[index.index(bytes.len())] ^= flip;
-            prop_assert!(!verify_mac(&bad, &KEY, EPOCHS));
-        }
     }
 }

@@ -41,6 +41,7 @@ pub(crate) mod field;
 pub mod hash;
 pub mod modex;
 pub mod rel;
+pub mod seal;
 pub mod seq;
 pub mod ud;
 

@@ -14,8 +14,8 @@
 //! ```
 //!
 //! Version 1 is what a process without authentication publishes. An entry's
-//! key in version 2 is the one its peers must authenticate their datagrams
-//! to that module with ([`crate::datagram::fill_mac`]); it reaches every
+//! key in version 2 is the one its peers must seal their datagrams to that
+//! module under ([`crate::seal::SealKey::derive`]); it reaches every
 //! process that can read the job's key-value space. Version 3 has version
 //! 1's layout and says that each module's receive key is derived from a
 //! secret the whole job holds and the entry itself
@@ -279,7 +279,7 @@ impl core::fmt::Display for Address {
 }
 
 /// How a module authenticates the datagrams it receives: the key its peers
-/// MAC what they send it with.
+/// seal what they send it under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Auth {
     /// It does not: datagrams carry a checksum or nothing.

@@ -37,12 +37,14 @@
 //!   | `0x20` | `ABORT`     | the sender gave up on the message in progress      |
 //!   | `0x40` | `RESET`     | the sender declared the receiver lost              |
 //!   | `0x80` | `COALESCED` | the payload is a list of whole messages ([`crate::coalesced`]) |
-//!   | `0x100`| `MAC`       | `checksum` and `reserved` hold a message authentication code |
+//!   | `0x100`| `MAC`       | the datagram is sealed: `checksum` and `reserved` hold its packet number, a tag follows ([`crate::seal`]) |
 //!   | `0x200`| `ECHO`      | an acknowledgement whose `seq` is the `seq` of the probe it answers |
+//!   | `0x400`| `ENCRYPTED` | with `MAC`: the payload is encrypted               |
 //!
-//! * With `MAC`, bytes 24..32 (the checksum and reserved fields together) are
-//!   a keyed MAC of the whole datagram instead ([`crate::datagram::fill_mac`]);
-//!   `MAC` and `CHECKSUM` exclude each other. Without it, `reserved` is zero.
+//! * With `MAC`, bytes 24..32 (the checksum and reserved fields together)
+//!   hold the datagram's 64-bit packet number instead, and a 16-byte
+//!   AES-GCM tag follows the extension ([`crate::seal`]); `MAC` and
+//!   `CHECKSUM` exclude each other. Without it, `reserved` is zero.
 
 use crate::field::{Field, read_u16, read_u32, write_u16, write_u32};
 use crate::seq::SeqNum;
@@ -71,8 +73,9 @@ pub const FLAG_RESET: u16 = 0x40;
 /// list of [`crate::coalesced`] records (tag, length, bytes), to be
 /// delivered one by one, in order. Set only with `FIRST | LAST`.
 pub const FLAG_COALESCED: u16 = 0x80;
-/// Flag: bytes 24..32 hold a keyed message authentication code of the
-/// datagram ([`MAC_FIELD`]); excludes [`FLAG_CHECKSUM`].
+/// Flag: the datagram is sealed ([`crate::seal`]): bytes 24..32
+/// ([`MAC_FIELD`]) hold its packet number and a tag follows the extension;
+/// excludes [`FLAG_CHECKSUM`].
 pub const FLAG_MAC: u16 = 0x100;
 /// Flag: an acknowledgement-only datagram that answers a probe (an
 /// acknowledgement-only datagram with [`FLAG_ACK_REQ`]): its `seq` is the
@@ -80,6 +83,9 @@ pub const FLAG_MAC: u16 = 0x100;
 /// which shows the peer alive since then and cannot be replayed to show
 /// more.
 pub const FLAG_ECHO: u16 = 0x200;
+/// Flag: with [`FLAG_MAC`], the payload is encrypted
+/// ([`crate::seal::Protection::Encrypt`]).
+pub const FLAG_ENCRYPTED: u16 = 0x400;
 const KNOWN_FLAGS: u16 = FLAG_ACK_ONLY
     | FLAG_ACK_REQ
     | FLAG_CHECKSUM
@@ -89,7 +95,8 @@ const KNOWN_FLAGS: u16 = FLAG_ACK_ONLY
     | FLAG_RESET
     | FLAG_COALESCED
     | FLAG_MAC
-    | FLAG_ECHO;
+    | FLAG_ECHO
+    | FLAG_ENCRYPTED;
 
 mod field {
     use super::Field;
@@ -107,8 +114,8 @@ mod field {
 /// Byte range of the checksum field inside the extension.
 pub const CHECKSUM_FIELD: core::ops::Range<usize> = field::CHECKSUM;
 
-/// Byte range of the MAC inside the extension, with [`FLAG_MAC`]: the
-/// checksum and reserved fields together.
+/// Byte range of the packet number inside the extension, with
+/// [`FLAG_MAC`]: the checksum and reserved fields together.
 pub const MAC_FIELD: core::ops::Range<usize> = field::CHECKSUM.start..field::RESERVED.end;
 
 /// A view over the extension.
@@ -224,8 +231,9 @@ pub struct Repr {
     /// Flag bits (`FLAG_*`).
     pub flags: u16,
     /// IEEE CRC-32 of the datagram (see [`crate::datagram::checksum`]),
-    /// meaningful with [`FLAG_CHECKSUM`]. With [`FLAG_MAC`] it is the first
-    /// half of the MAC, which only [`crate::datagram`] reads and writes.
+    /// meaningful with [`FLAG_CHECKSUM`]. With [`FLAG_MAC`] it is the high
+    /// half of the packet number, which only [`crate::seal`] reads and
+    /// writes.
     pub checksum: u32,
 }
 
@@ -234,15 +242,15 @@ impl Repr {
     ///
     /// # Errors
     /// [`Error`] on a buffer shorter than [`HEADER_LEN`], unknown flag bits,
-    /// both [`FLAG_MAC`] and [`FLAG_CHECKSUM`], or a non-zero reserved field
-    /// without [`FLAG_MAC`].
+    /// both [`FLAG_MAC`] and [`FLAG_CHECKSUM`], [`FLAG_ENCRYPTED`] without
+    /// [`FLAG_MAC`], or a non-zero reserved field without [`FLAG_MAC`].
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Self> {
         packet.check_len()?;
         let flags = packet.flags();
         let mac = flags & FLAG_MAC != 0;
         if flags & !KNOWN_FLAGS != 0
             || (mac && flags & FLAG_CHECKSUM != 0)
-            || (!mac && packet.reserved() != 0)
+            || (!mac && (packet.reserved() != 0 || flags & FLAG_ENCRYPTED != 0))
         {
             return Err(Error);
         }
@@ -263,8 +271,8 @@ impl Repr {
     }
 
     /// Writes the extension into the first [`HEADER_LEN`] bytes of `packet`;
-    /// the reserved field is written as zero (a MAC is filled in afterwards
-    /// by [`crate::datagram::fill_mac`]).
+    /// the reserved field is written as zero (a packet number is filled in
+    /// afterwards by [`crate::seal::seal`]).
     ///
     /// # Panics
     /// If `packet`'s buffer is shorter than [`HEADER_LEN`].
@@ -346,6 +354,7 @@ mod tests {
             FLAG_COALESCED,
             FLAG_MAC,
             FLAG_ECHO,
+            FLAG_MAC | FLAG_ENCRYPTED,
         ] {
             let mut bytes = BYTES;
             bytes[22..24].copy_from_slice(&flag.to_be_bytes());
@@ -353,7 +362,9 @@ mod tests {
             assert!(parsed.has(flag), "flag {flag:#x}");
         }
         let mut bytes = BYTES;
-        bytes[22..24].copy_from_slice(&(FLAG_ECHO << 1).to_be_bytes());
+        bytes[22..24].copy_from_slice(&(FLAG_ENCRYPTED << 1).to_be_bytes());
+        assert!(Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()).is_err());
+        bytes[22..24].copy_from_slice(&FLAG_ENCRYPTED.to_be_bytes());
         assert!(Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()).is_err());
     }
 
@@ -382,8 +393,8 @@ mod tests {
     proptest! {
         #[test]
         fn emit_then_parse(src: u32, seq: u32, ack: u32, sack: u64, credit: u16, flags in 0u16..=KNOWN_FLAGS, checksum: u32) {
-            // The one excluded pair.
-            let flags = if flags & FLAG_MAC != 0 { flags & !FLAG_CHECKSUM } else { flags };
+            // The excluded pairs.
+            let flags = if flags & FLAG_MAC != 0 { flags & !FLAG_CHECKSUM } else { flags & !FLAG_ENCRYPTED };
             let repr = Repr { src, seq: SeqNum(seq), ack: SeqNum(ack), sack, credit, flags, checksum };
             let mut bytes = [0u8; HEADER_LEN];
             repr.emit(&mut Packet::new_unchecked(&mut bytes[..]));

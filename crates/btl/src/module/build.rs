@@ -16,7 +16,7 @@ use super::limits::{
     round_up, send_frags_bound,
 };
 use super::recv::{RecvPool, recv_work_request};
-use super::reliable::{Coalescer, Reliable};
+use super::reliable::{Coalescer, Reliable, RingLayout};
 use super::transmit::TransmitQueue;
 use super::{Engine, ModuleStats, Path, deregister};
 use crate::error::BtlError;
@@ -68,7 +68,7 @@ fn stream_nonce() -> Result<u32, BtlError> {
 }
 
 /// How a reliable module on `port` with queue pairs `qps` and stream nonce
-/// `stream_nonce` protects its datagrams: a MAC with `auth` (under a key
+/// `stream_nonce` protects its datagrams: sealed with `auth` (under a key
 /// derived from the job secret and the module's address when there is a
 /// job secret, else a random one), else a checksum unless the fabric checks
 /// integrity end to end.
@@ -78,21 +78,23 @@ fn integrity_for(
     qps: &[QpInfo],
     stream_nonce: u32,
 ) -> Result<Integrity, BtlError> {
-    if params.auth {
+    if let Some(protection) = params.protection() {
         return Ok(match params.auth_secret {
             Some(job) => {
                 let address = module_address(port, qps, 0, modex::Auth::Derived, stream_nonce);
-                Integrity::Mac {
+                Integrity::Sealed {
                     own: modex::derive_receive_key(&job, &address),
                     job: Some(job),
+                    protection,
                 }
             }
             None => {
                 let mut key = [0u8; modex::KEY_LEN];
                 getrandom::fill(&mut key).map_err(BtlError::Randomness)?;
-                Integrity::Mac {
+                Integrity::Sealed {
                     own: AuthKey(key),
                     job: None,
+                    protection,
                 }
             }
         });
@@ -221,7 +223,7 @@ impl<C: Context> Engine<C> {
             .map_err(|e| fail("post receive buffers")(e.error))?;
         if params.reliable {
             let ack_mr = ctx
-                .reg_mr(pd, Reliable::ACK_RING_BYTES)
+                .reg_mr(pd, RingLayout::new(params, limits.max_send_size).bytes())
                 .map_err(fail("register acknowledgement buffers"))?;
             partial.ack_mr = Some(ack_mr);
         }
@@ -290,8 +292,15 @@ impl<C: Context> Engine<C> {
             Some(ack_mr) => {
                 let made = stream_nonce().and_then(|nonce| {
                     let integrity = integrity_for(params, &built.port, &qps, nonce)?;
-                    Reliable::new(params, built.limits.max_send_size, ack_mr, integrity, nonce)
-                        .map_err(BtlError::from)
+                    let ring = RingLayout::new(params, built.limits.max_send_size);
+                    Reliable::new(
+                        params,
+                        built.limits.max_send_size,
+                        (ack_mr, ring),
+                        integrity,
+                        nonce,
+                    )
+                    .map_err(BtlError::from)
                 });
                 match made {
                     Ok(reliable) => Path::Reliable(reliable),

@@ -7,6 +7,8 @@ use std::collections::HashMap;
 use udbtl_fabric::{AhAttr, AhHandle, Context, FabricError, NodeAddr, PortAttr, QpAddr, QpInfo};
 use udbtl_reliability::{Instant, PeerId, StreamStart};
 use udbtl_wire::datagram::AuthKey;
+
+use super::seal::PairSeal;
 use udbtl_wire::modex;
 
 use super::Engine;
@@ -27,9 +29,12 @@ pub(super) struct Endpoint {
     /// own, unless the peer was started by another job (see
     /// `Module::set_endpoint_job`).
     pub(super) job_key: u32,
-    /// The peer module's receive key: what goes to it carries a MAC under
-    /// this key (modules with `auth` only).
+    /// The peer module's receive key: what goes to it is sealed under keys
+    /// derived from it (modules with `auth` only).
     pub(super) auth_key: Option<AuthKey>,
+    /// Packet numbers, replay window and keys of sealed datagrams to and
+    /// from the peer, made when the first is sealed or opened.
+    pub(super) seal: Option<Box<PairSeal>>,
     pub(super) ah: AhHandle,
     /// The caller's value for this endpoint, handed to receive callbacks.
     pub(super) context: Option<u64>,
@@ -373,6 +378,7 @@ impl<C: Context> Engine<C> {
             proc_id,
             job_key: self.job_key,
             auth_key,
+            seal: None,
             ah,
             context: None,
         };

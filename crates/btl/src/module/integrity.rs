@@ -1,7 +1,9 @@
 //! How a reliable module protects its datagrams: which check it asks for,
-//! sealing what it sends and checking what it receives.
+//! checksumming what it sends and checking what it receives. Sealed
+//! datagrams (`auth`) are opened and sealed per peer, in `seal.rs`.
 
-use udbtl_wire::datagram::{AuthKey, Epochs};
+use udbtl_wire::datagram::AuthKey;
+use udbtl_wire::seal::{Protection, SEALED_HEADER_LEN};
 use udbtl_wire::{datagram, modex, rel};
 
 /// How a reliable module protects its datagrams.
@@ -11,18 +13,23 @@ pub(super) enum Integrity {
     Fabric,
     /// A CRC-32 of every datagram.
     Checksum,
-    /// A MAC of every datagram under its receiver's key; `own` is the key
-    /// this module's peers use. With the job's datagram secret `job`, every
-    /// module's key derives from it and its address, so none is published;
-    /// without, `own` is random and published.
-    Mac { own: AuthKey, job: Option<AuthKey> },
+    /// Every datagram sealed ([`udbtl_wire::seal`]) under keys derived
+    /// from its receiver's key; `own` is this module's. With the job's
+    /// datagram secret `job`, every module's key derives from it and its
+    /// address, so none is published; without, `own` is random and
+    /// published.
+    Sealed {
+        own: AuthKey,
+        job: Option<AuthKey>,
+        protection: Protection,
+    },
 }
 
 impl Integrity {
-    /// The key peers authenticate their datagrams to this module with.
-    pub(super) const fn own_key(&self) -> Option<AuthKey> {
+    /// How this module seals, if it does.
+    pub(super) const fn protection(&self) -> Option<Protection> {
         match *self {
-            Self::Mac { own, .. } => Some(own),
+            Self::Sealed { protection, .. } => Some(protection),
             _ => None,
         }
     }
@@ -32,74 +39,81 @@ impl Integrity {
         match self {
             Self::Fabric => "fabric",
             Self::Checksum => "crc32",
-            Self::Mac { job: Some(_), .. } => "mac (keys from the job secret)",
-            Self::Mac { job: None, .. } => "mac (published keys)",
+            Self::Sealed {
+                protection: Protection::Encrypt,
+                job,
+                ..
+            } => match job {
+                Some(_) => "aes-256-gcm, encrypted (keys from the job secret)",
+                None => "aes-256-gcm, encrypted (published keys)",
+            },
+            Self::Sealed { job: Some(_), .. } => "aes-256-gcm (keys from the job secret)",
+            Self::Sealed { job: None, .. } => "aes-256-gcm (published keys)",
         }
     }
 
     /// How this module's address says it authenticates.
     pub(super) const fn auth(&self) -> modex::Auth {
         match *self {
-            Self::Mac { job: Some(_), .. } => modex::Auth::Derived,
-            Self::Mac { own, job: None } => modex::Auth::Key(own),
+            Self::Sealed { job: Some(_), .. } => modex::Auth::Derived,
+            Self::Sealed { own, job: None, .. } => modex::Auth::Key(own),
             Self::Fabric | Self::Checksum => modex::Auth::Off,
         }
     }
 
-    /// The key to MAC datagrams to `peer` with (`Some(None)`: none, as
+    /// The key of `peer`'s module, which this one's datagrams to it are
+    /// sealed under (`Some(None)`: none, as
     /// neither side authenticates), or `None` if the two sides cannot talk:
     /// one authenticates and the other not, or one derives its keys from a
     /// job secret and the other publishes them.
     pub(super) fn peer_key(&self, peer: &modex::Address) -> Option<Option<AuthKey>> {
         match (*self, peer.auth) {
             (Self::Fabric | Self::Checksum, modex::Auth::Off) => Some(None),
-            (Self::Mac { job: None, .. }, modex::Auth::Key(key)) => Some(Some(key)),
-            (Self::Mac { job: Some(job), .. }, modex::Auth::Derived) => {
+            (Self::Sealed { job: None, .. }, modex::Auth::Key(key)) => Some(Some(key)),
+            (Self::Sealed { job: Some(job), .. }, modex::Auth::Derived) => {
                 Some(Some(modex::derive_receive_key(&job, peer)))
             }
             _ => None,
         }
     }
 
-    /// The reliability header flag that asks the receiver to check what
-    /// this module seals.
-    pub(super) const fn flag(&self) -> u16 {
+    /// The reliability header flags that ask the receiver to check what
+    /// this module sends.
+    pub(super) const fn flags(&self) -> u16 {
         match self {
             Self::Fabric => 0,
             Self::Checksum => rel::FLAG_CHECKSUM,
-            Self::Mac { .. } => rel::FLAG_MAC,
+            Self::Sealed { protection, .. } => protection.flags(),
         }
     }
 
     /// Checks the received datagram `bytes`, whose reliability header is
-    /// `header`. A module that authenticates checks its key before anything
-    /// else about the sender; one that does not cannot check a MAC. One that
-    /// checksums takes nothing without a checksum: every peer seals what it
-    /// sends alike, and a forger would otherwise skip it.
-    /// `epochs` gives the epochs the sender's MAC covers, if there is one to
-    /// check.
-    pub(super) fn check(
-        &self,
-        bytes: &[u8],
-        header: &rel::Repr,
-        epochs: impl FnOnce() -> Epochs,
-    ) -> Check {
-        match self.own_key() {
-            Some(key)
-                if header.has(rel::FLAG_MAC) && datagram::verify_mac(bytes, &key, epochs()) =>
-            {
-                Check::Intact
-            }
-            Some(_) => Check::Unauthenticated,
-            None if header.has(rel::FLAG_MAC) => Check::Unauthenticated,
-            None if header.has(rel::FLAG_CHECKSUM) && !datagram::verify_checksum(bytes) => {
-                Check::BadChecksum
-            }
-            None if matches!(self, Self::Checksum) && !header.has(rel::FLAG_CHECKSUM) => {
-                Check::BadChecksum
-            }
-            None => Check::Intact,
+    /// `header`, on a module that does not seal (a sealing one opens each
+    /// datagram with its sender's state, `seal.rs`). It cannot check a
+    /// seal, so it takes no sealed datagram. One that checksums takes
+    /// nothing without a checksum: every peer seals what it sends alike,
+    /// and a forger would otherwise skip it.
+    pub(super) fn check_unsealed(&self, bytes: &[u8], header: &rel::Repr) -> Check {
+        let checksummed = header.has(rel::FLAG_CHECKSUM);
+        if header.has(rel::FLAG_MAC) {
+            Check::Unauthenticated
+        } else if (checksummed && !datagram::verify_checksum(bytes))
+            || (matches!(self, Self::Checksum) && !checksummed)
+        {
+            Check::BadChecksum
+        } else {
+            Check::Intact
         }
+    }
+}
+
+/// Where the payload of a reliable datagram with extension flags `flags`
+/// starts: after the tag of a sealed one.
+pub(super) const fn payload_offset(flags: u16) -> usize {
+    if flags & rel::FLAG_MAC != 0 {
+        SEALED_HEADER_LEN
+    } else {
+        datagram::HEADER_LEN
     }
 }
 
@@ -109,31 +123,24 @@ pub(super) enum Check {
     Intact,
     BadChecksum,
     Unauthenticated,
+    /// Sealed, with a packet number taken before or behind the replay
+    /// window: refused before its tag is checked.
+    Replayed,
 }
 
-/// Fills in the checksum or MAC that `header`'s flags ask for, over the
-/// datagram `head` followed by `rest` (and, for a MAC, `epochs`). `payload_crc`, if known, is the CRC-32
-/// of everything after the headers, which a checksum then does not read
-/// again. `false` if it asks for a MAC and the peer has no key, which
-/// `add_procs` never lets happen.
-pub(super) fn seal(
+/// Fills in the checksum `header`'s flags ask for, over the datagram `head`
+/// followed by `rest`. `payload_crc`, if known, is the CRC-32 of everything
+/// after the headers, which a checksum then does not read again.
+pub(super) fn checksum(
     head: &mut [u8],
     rest: &[&[u8]],
     payload_crc: Option<u32>,
     header: &rel::Repr,
-    peer_key: Option<AuthKey>,
-    epochs: Epochs,
-) -> bool {
+) {
     if header.has(rel::FLAG_CHECKSUM) {
         match payload_crc {
             Some(crc) => datagram::fill_checksum_after(head, crc),
             None => datagram::fill_checksum(head, rest),
         };
-    } else if header.has(rel::FLAG_MAC) {
-        let Some(key) = peer_key else {
-            return false;
-        };
-        datagram::fill_mac(head, rest, &key, epochs);
     }
-    true
 }

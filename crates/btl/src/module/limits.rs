@@ -12,8 +12,9 @@ use crate::params::{Params, Source};
 pub(super) const FRAG_ALIGN: usize = 64;
 /// Inline data requested for each queue pair (the seed asked for 200).
 pub(super) const INLINE_REQUEST: u32 = 200;
-/// The longest BTL header: base header plus reliability extension.
-pub(super) const HEADER_MAX: usize = udbtl_wire::datagram::HEADER_LEN;
+/// The longest BTL header: base header, reliability extension and a seal's
+/// tag.
+pub(super) const HEADER_MAX: usize = udbtl_wire::seal::SEALED_HEADER_LEN;
 /// Fewest receive buffers `rd_mem` may lower the pool to.
 const MIN_RECV_BUFFERS: usize = 64;
 /// Fewest send fragments `send_mem` may lower the free list to.
@@ -61,8 +62,8 @@ pub struct Limits {
     /// Send fragments the free list may grow to: `send_frags_max`, or less
     /// to fit `send_mem` when `send_frags_max` is left at its default.
     pub send_frags_max: usize,
-    /// BTL header bytes in front of every payload: 8, or 40 with the
-    /// reliability extension.
+    /// BTL header bytes in front of every payload: 8, 40 with the
+    /// reliability extension, 56 with a seal's tag too.
     pub header_len: usize,
 }
 
@@ -80,8 +81,10 @@ pub fn recv_buffer_len(max_send_size: usize) -> usize {
 
 /// BTL header bytes in front of every payload.
 pub(super) fn header_len(params: &Params) -> usize {
-    if params.reliable {
+    if params.protection().is_some() {
         HEADER_MAX
+    } else if params.reliable {
+        udbtl_wire::datagram::HEADER_LEN
     } else {
         btl::HEADER_LEN
     }

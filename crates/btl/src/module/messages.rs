@@ -10,7 +10,7 @@ use udbtl_fabric::Context;
 use udbtl_wire::rel;
 
 use super::delivery::Held;
-use super::limits::HEADER_MAX;
+use super::integrity::payload_offset;
 
 use super::wait::Wait;
 use super::{Engine, Flush, Module};
@@ -275,7 +275,7 @@ impl<C: Context> Engine<C> {
         let piece = match (
             self.recv
                 .datagram(&self.ctx, held)
-                .and_then(|d| d.get(HEADER_MAX..)),
+                .and_then(|d| d.get(payload_offset(flags)..)),
             self.path.reliable_mut(),
         ) {
             (Some(payload), Some(reliable)) => reliable.reassembly.push(

@@ -50,6 +50,7 @@ mod messages;
 mod outgoing;
 mod recv;
 mod reliable;
+mod seal;
 mod stats;
 mod transmit;
 mod wait;

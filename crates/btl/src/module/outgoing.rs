@@ -2,12 +2,15 @@
 //! its headers stamped and, on a reliable module, sealed, then handed to the
 //! transmit queue (`transmit.rs`), which posts it.
 
-use udbtl_fabric::{Context, FabricError, Gather, PostError};
+use udbtl_fabric::{Context, FabricError, Gather, MrHandle, PostError, Sge};
 use udbtl_wire::datagram::Epochs;
+use udbtl_wire::seal::Protection;
 use udbtl_wire::{btl, datagram, rel};
 
 use super::Engine;
-use super::integrity::seal;
+use super::endpoints::{Endpoints, Route};
+use super::integrity::{checksum, payload_offset};
+use super::seal::PairSeal;
 use super::transmit::QueuedPost;
 use crate::EndpointId;
 use crate::error::SendFailure;
@@ -92,16 +95,16 @@ impl<C: Context> Engine<C> {
         };
         header.flags |= frag.msg_flags;
         let endpoint = EndpointId(frag.endpoint);
-        let (Some(route), Some(peer)) =
-            (self.endpoints.route(endpoint), self.endpoints.get(endpoint))
-        else {
+        let Some(route) = self.endpoints.route(endpoint) else {
             self.stats.transmit_failures += 1;
             return;
         };
-        let peer_key = peer.auth_key;
         let Some((mr, sge)) = self.frags.head(des, self.header_len + frag.seg_len) else {
             return;
         };
+        if self.protection().is_some() {
+            return self.transmit_sealed(des, endpoint, route, header, epochs, (mr.handle, sge));
+        }
         let Ok(bytes) = self.ctx.mr_bytes_mut(mr.handle) else {
             return;
         };
@@ -116,17 +119,12 @@ impl<C: Context> Engine<C> {
             .segment_crc
             .filter(|c| user.is_none() && c.len == frag.seg_len)
             .map(|c| c.crc);
-        if !seal(
+        checksum(
             head,
             &[user.map_or(&[][..], |(_, data)| data)],
             payload_crc,
             &header,
-            peer_key,
-            epochs,
-        ) {
-            self.stats.transmit_failures += 1;
-            return;
-        }
+        );
         let user = user.is_some().then_some(des);
         self.queue_post(QueuedPost {
             route,
@@ -137,19 +135,78 @@ impl<C: Context> Engine<C> {
         });
     }
 
+    /// How this module seals its datagrams, if it does.
+    fn protection(&self) -> Option<Protection> {
+        self.path.reliable().and_then(|r| r.integrity.protection())
+    }
+
+    /// [`transmit_data`](Self::transmit_data) on a module that seals: the
+    /// datagram is copied into a seal buffer and sealed there, since the
+    /// fragment keeps its payload in clear for a resend, which goes under a
+    /// new packet number.
+    fn transmit_sealed(
+        &mut self,
+        des: Descriptor,
+        endpoint: EndpointId,
+        route: Route,
+        header: rel::Repr,
+        epochs: Epochs,
+        (head_mr, head): (MrHandle, Sge),
+    ) {
+        let user = self.frags.user_bytes(des).map_or(&[][..], |(_, data)| data);
+        let len = head.len + user.len();
+        let Some(slot) = self.path.reliable_mut().and_then(|r| r.next_seal_slot(len)) else {
+            self.stats.transmit_failures += 1;
+            return;
+        };
+        let (ring, slot) = slot;
+        if !copy_registered(
+            &mut self.ctx,
+            (head_mr, head.offset),
+            (ring, slot.offset),
+            head.len,
+        ) {
+            self.stats.transmit_failures += 1;
+            return;
+        }
+        let sealer = (self.protection(), self.proc_id);
+        let Ok(bytes) = self.ctx.mr_bytes_mut(ring) else {
+            return;
+        };
+        let datagram = &mut bytes[slot.offset..slot.offset + len];
+        datagram[head.len..].copy_from_slice(user);
+        if !seal_to(
+            &mut self.endpoints,
+            sealer,
+            endpoint,
+            datagram,
+            &header,
+            epochs,
+        ) {
+            self.stats.transmit_failures += 1;
+            return;
+        }
+        self.queue_post(QueuedPost {
+            route,
+            head: slot,
+            user: None,
+            wr_id: u64::from(des.raw()),
+            signaled: true,
+        });
+    }
+
     /// Sends an acknowledgement-only datagram from the ack ring, unsignaled:
     /// it needs no completion and no send credit.
     pub(super) fn transmit_ack(&mut self, endpoint: EndpointId, header: rel::Repr, epochs: Epochs) {
-        let (Some(route), Some(peer)) =
-            (self.endpoints.route(endpoint), self.endpoints.get(endpoint))
-        else {
+        let Some(route) = self.endpoints.route(endpoint) else {
             return;
         };
-        let peer_key = peer.auth_key;
+        let sealer = (self.protection(), self.proc_id);
         let Some(reliable) = self.path.reliable_mut() else {
             return;
         };
-        let (ring, slot) = reliable.next_ack_slot();
+        let (ring, mut slot) = reliable.next_ack_slot();
+        slot.len = payload_offset(header.flags);
         let Ok(bytes) = self.ctx.mr_bytes_mut(ring) else {
             return;
         };
@@ -160,14 +217,11 @@ impl<C: Context> Engine<C> {
             reliable: true,
         }
         .emit(&mut btl::Packet::new_unchecked(&mut *buf));
-        let Ok(mut ext) = datagram::extension_mut(buf) else {
-            return;
-        };
-        header.emit(&mut ext);
-        if !seal(buf, &[], None, &header, peer_key, epochs) {
+        if !seal_to(&mut self.endpoints, sealer, endpoint, buf, &header, epochs) {
             self.stats.transmit_failures += 1;
             return;
         }
+        checksum(buf, &[], None, &header);
         self.queue_post(QueuedPost {
             route,
             head: slot,
@@ -176,4 +230,75 @@ impl<C: Context> Engine<C> {
             signaled: false,
         });
     }
+}
+
+/// Writes `header` into `datagram` (its headers, room for a tag and its
+/// payload, in one buffer) and, with `protection`, seals it to `endpoint`
+/// as process `own_id`; `false` if it must not be sent.
+fn seal_to(
+    endpoints: &mut Endpoints,
+    (protection, own_id): (Option<Protection>, u32),
+    endpoint: EndpointId,
+    datagram: &mut [u8],
+    header: &rel::Repr,
+    epochs: Epochs,
+) -> bool {
+    let Ok(mut ext) = datagram::extension_mut(datagram) else {
+        return false;
+    };
+    header.emit(&mut ext);
+    let Some(protection) = protection else {
+        return true;
+    };
+    // `add_procs` never pairs a sealing module with a peer without a key.
+    let Some(peer) = endpoints.get_mut(endpoint) else {
+        return false;
+    };
+    let Some(peer_key) = peer.auth_key else {
+        return false;
+    };
+    let pair = match &mut peer.seal {
+        Some(pair) => pair,
+        slot @ None => match PairSeal::new() {
+            Ok(pair) => slot.insert(Box::new(pair)),
+            Err(_) => return false,
+        },
+    };
+    pair.seal(datagram, &peer_key, own_id, epochs, protection)
+}
+
+/// Copies `len` bytes of registration `from` at its offset to registration
+/// `to` at its offset, through a small buffer on the stack (the provider
+/// lends one registration's bytes at a time); `false` if either range is
+/// not there.
+fn copy_registered<C: Context>(
+    ctx: &mut C,
+    (from, from_at): (MrHandle, usize),
+    (to, to_at): (MrHandle, usize),
+    len: usize,
+) -> bool {
+    const CHUNK: usize = 2048;
+    let mut chunk = [0u8; CHUNK];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(CHUNK);
+        let Some(src) = ctx
+            .mr_bytes(from)
+            .ok()
+            .and_then(|b| b.get(from_at + done..from_at + done + n))
+        else {
+            return false;
+        };
+        chunk[..n].copy_from_slice(src);
+        let Some(dst) = ctx
+            .mr_bytes_mut(to)
+            .ok()
+            .and_then(|b| b.get_mut(to_at + done..to_at + done + n))
+        else {
+            return false;
+        };
+        dst.copy_from_slice(&chunk[..n]);
+        done += n;
+    }
+    true
 }

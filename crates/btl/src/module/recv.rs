@@ -110,10 +110,24 @@ impl RecvPool {
 
     /// The datagram held in buffer `held.slot` (after the GRH).
     pub(super) fn datagram<'a, C: Context>(&self, ctx: &'a C, held: Held) -> Option<&'a [u8]> {
-        let start = held.slot as usize * self.stride + GRH_LEN;
-        ctx.mr_bytes(self.mr.handle)
+        ctx.mr_bytes(self.mr.handle).ok()?.get(self.range(held))
+    }
+
+    /// The datagram held in buffer `held.slot`, writable (to decrypt it in
+    /// place).
+    pub(super) fn datagram_mut<'a, C: Context>(
+        &self,
+        ctx: &'a mut C,
+        held: Held,
+    ) -> Option<&'a mut [u8]> {
+        ctx.mr_bytes_mut(self.mr.handle)
             .ok()?
-            .get(start..start + held.len as usize)
+            .get_mut(self.range(held))
+    }
+
+    fn range(&self, held: Held) -> core::ops::Range<usize> {
+        let start = held.slot as usize * self.stride + GRH_LEN;
+        start..start + held.len as usize
     }
 }
 

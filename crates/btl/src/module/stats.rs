@@ -36,11 +36,15 @@ pub struct ModuleStats {
     pub pending_high_water: usize,
     /// Reliable receives dropped: checksum mismatch.
     pub recv_bad_checksum: u64,
-    /// Reliable receives dropped by a module that authenticates: no MAC, or
-    /// a MAC that does not verify under its key (a forgery, corruption, or
-    /// a peer started without `auth`); by one that does not: a MAC it
-    /// cannot check.
+    /// Reliable receives dropped by a module that seals: not sealed, or
+    /// sealed less than it seals, or a tag that does not verify (a forgery,
+    /// corruption, or a peer started without `auth`); by one that does
+    /// not: a seal it cannot check.
     pub recv_unauthenticated: u64,
+    /// Sealed receives dropped before their tag was checked: their packet
+    /// number was taken before or fell behind the replay window (a replay,
+    /// or a forgery that claims an old number).
+    pub recv_replayed: u64,
     /// Reliable receives dropped: from no known endpoint, or from a process
     /// that reused a known endpoint's address.
     pub recv_unknown_peer: u64,
@@ -181,10 +185,11 @@ impl<C: Context> fmt::Display for Engine<C> {
             writeln!(
                 f,
                 "                     integrity {} bad checksum {} unauthenticated {} \
-                 unknown peer {} unacknowledged {}",
+                 replayed {} unknown peer {} unacknowledged {}",
                 reliable.integrity.name(),
                 s.recv_bad_checksum,
                 s.recv_unauthenticated,
+                s.recv_replayed,
                 s.recv_unknown_peer,
                 self.unacknowledged()
             )?;

@@ -18,7 +18,7 @@ use crate::frag::Descriptor;
 pub(super) struct WaitingSend {
     pub(super) des: Descriptor,
     /// The reliability header to stamp on it when it is posted, and the
-    /// epochs its MAC covers; `None` on an unreliable module.
+    /// epochs its seal covers; `None` on an unreliable module.
     pub(super) header: Option<(rel::Repr, Epochs)>,
 }
 

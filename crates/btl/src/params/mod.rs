@@ -47,6 +47,7 @@
 use std::fmt;
 
 use udbtl_wire::datagram::AuthKey;
+use udbtl_wire::seal::Protection;
 
 pub mod alias;
 pub mod env;
@@ -231,6 +232,16 @@ macro_rules! parameters {
         }
 
         impl Params {
+    /// How `auth` asks datagrams to be sealed; `None`: they are not.
+    #[must_use]
+    pub fn protection(&self) -> Option<Protection> {
+        match self.auth.as_str() {
+            "on" => Some(Protection::Authenticate),
+            "encrypt" => Some(Protection::Encrypt),
+            _ => None,
+        }
+    }
+
             fn defaults() -> Self {
                 Self {
                     $($name: parameters!(@default $default),)*
@@ -427,12 +438,16 @@ parameters! {
         "Checksum every reliable datagram (CRC-32, hardware-accelerated): auto does so on \
          every fabric without end-to-end integrity of its own, which is all but InfiniBand \
          (ICRC); UDP's 16-bit checksum is weak and loopback does not even verify it";
-    auth: bool = (false), BOOL, udbtl,
-        "Authenticate every datagram with a MAC (keyed BLAKE3, 64-bit tag) instead of the \
-         checksum, so a host outside the job can neither inject nor replay traffic: under \
-         udrun the keys derive from the job secret it hands every rank; under other \
-         launchers each module draws a random key and publishes it in its address, through \
-         the job's key-value space. Needs reliable; every process of the job must set it";
+    auth: String = (String::from("off")), choice(&["off", "on", "encrypt"]), udbtl,
+        "Seal every datagram instead of checksumming it, so that a host outside the job \
+         can neither inject nor replay traffic: on authenticates (AES-256-GCM tag, payload \
+         in clear), encrypt also encrypts payloads; 1/0 and the other boolean spellings \
+         mean on/off. Each datagram carries a 64-bit packet number a receiver takes once; \
+         keys are per pair of processes and change every 2^32 datagrams. Under udrun \
+         they derive from the job secret it hands every rank; under other launchers \
+         each module draws a random key and publishes it in its address, through the \
+         job's key-value space. Needs reliable; every process of the job must set it \
+         alike";
     job_key: u32 = (0), int(0, 0xffff_ffff), udbtl,
         "Key carried in every BTL header; datagrams carrying another key are dropped";
     udp_ipv6: bool = (false), BOOL, udbtl,
@@ -522,7 +537,7 @@ impl Params {
                 "set either the ports to include or those to exclude, not both",
             );
         }
-        if self.auth && !self.reliable {
+        if self.protection().is_some() && !self.reliable {
             return conflict(
                 "auth",
                 "reliable",

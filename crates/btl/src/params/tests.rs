@@ -429,8 +429,16 @@ fn auth_needs_reliable() {
         msg.contains("UDBTL_AUTH") && msg.contains("UDBTL_RELIABLE"),
         "{msg}"
     );
-    assert!(load_env(&[("UDBTL_AUTH", "1")]).unwrap().auth);
-    assert!(!Params::default().auth);
+    let protection = |value| load_env(&[("UDBTL_AUTH", value)]).unwrap().protection();
+    for on in ["1", "on", "yes", "TRUE"] {
+        assert_eq!(protection(on), Some(Protection::Authenticate), "{on}");
+    }
+    assert_eq!(protection(" Encrypt "), Some(Protection::Encrypt));
+    for off in ["0", "off", "no", "false"] {
+        assert_eq!(protection(off), None, "{off}");
+    }
+    assert!(load_env(&[("UDBTL_AUTH", "sign")]).is_err());
+    assert_eq!(Params::default().protection(), None);
 }
 
 #[test]

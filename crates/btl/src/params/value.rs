@@ -251,8 +251,18 @@ impl Value for String {
         match *kind {
             Kind::Choice(names) => {
                 let lower = self.trim().to_ascii_lowercase();
+                // A choice between "off", "on" and more also takes the
+                // spellings of a boolean, so that a switch can grow a mode
+                // without breaking the settings users have.
+                let switch = || {
+                    let on = parse_bool(&lower).ok()?;
+                    let name = if on { "on" } else { "off" };
+                    names.contains(&name).then(|| name.to_owned())
+                };
                 if names.contains(&lower.as_str()) {
                     Ok(lower)
+                } else if let Some(name) = switch() {
+                    Ok(name)
                 } else {
                     Err(format!("expected one of {}", names.join(", ")))
                 }

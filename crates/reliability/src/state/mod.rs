@@ -227,7 +227,7 @@ impl<F: Clone, R> Reliability<F, R> {
     }
 
     /// The epochs a datagram from `peer` with `header` was sealed with
-    /// (see [`Transmit::epochs`]), for checking its MAC before anything
+    /// (see [`Transmit::epochs`]), for opening its seal before anything
     /// else about it; zero for a peer not added yet, whose streams have
     /// not wrapped.
     pub fn epochs_of(&self, peer: PeerId, header: &udbtl_wire::rel::Repr) -> Epochs {

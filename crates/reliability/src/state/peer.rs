@@ -91,7 +91,7 @@ pub(super) struct Peer {
     /// Next sequence number to assign.
     pub(super) snd_nxt: SeqNum,
     /// How often `snd_nxt` wrapped: the high half of its 64-bit stream
-    /// position, which the MAC covers (`datagram::Epochs`).
+    /// position, which a seal covers (`datagram::Epochs`).
     pub(super) snd_epoch: u32,
     /// How often `rcv.nxt` wrapped.
     pub(super) rcv_epoch: u32,

@@ -145,7 +145,7 @@ impl<F: Clone, R> Reliability<F, R> {
         }
     }
 
-    /// The next datagram to send, with its header and the epochs a MAC
+    /// The next datagram to send, with its header and the epochs a seal
     /// covers. Acknowledgements owed to the peer ride on it.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit<F>> {
         let mut transmit = self.next_transmit(now)?;

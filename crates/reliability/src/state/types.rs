@@ -139,7 +139,7 @@ pub struct Transmit<F> {
     pub header: rel::Repr,
     /// `true` if this fragment was sent before.
     pub retransmission: bool,
-    /// The epochs of `header`'s `seq` and `ack`, which a MAC must cover
+    /// The epochs of `header`'s `seq` and `ack`, which a seal must cover
     /// (see [`Epochs`]); the receiver's
     /// [`Reliability::epochs_of`](crate::Reliability::epochs_of) gives the
     /// same.

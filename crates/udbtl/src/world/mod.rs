@@ -116,7 +116,7 @@ impl World {
         }
         let dump = dump_requested()?;
         let mut params = Params::load(&config).map_err(udbtl_btl::BtlError::from)?;
-        if params.auth {
+        if params.protection().is_some() {
             params.auth_secret = datagram_secret()?;
         }
         if params.source("job_key") == Some(Source::Default) {

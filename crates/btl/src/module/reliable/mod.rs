@@ -37,7 +37,7 @@ mod train;
 pub(super) use coalesce::Coalescer;
 use coalesce::may_carry;
 
-pub(super) use state::{Reliable, random_process_id};
+pub(super) use state::{Reliable, RingLayout, random_process_id};
 
 use super::transmit::WaitingSend;
 use super::{Engine, Flush, SendStatus};
@@ -266,7 +266,7 @@ impl<C: Context> Engine<C> {
             };
             let mut header = tx.header;
             header.src = self.proc_id;
-            header.flags |= reliable.integrity.flag();
+            header.flags |= reliable.integrity.flags();
             match tx.frag {
                 Some(des) if self.tx.sends.can_post() => {
                     self.transmit_data(des, header, tx.epochs);

@@ -5,13 +5,14 @@
 
 use udbtl_fabric::{Context, QpAddr};
 use udbtl_reliability::{Instant, PeerId, Receipt, Room};
-use udbtl_wire::datagram::Epochs;
+use udbtl_wire::datagram::{AuthKey, Epochs};
+use udbtl_wire::seal::Protection;
 use udbtl_wire::{btl, datagram, rel};
 
 use super::super::Engine;
 use super::super::delivery::{Delivery, Held};
-use super::super::integrity::{Check, Integrity};
-use super::super::limits::HEADER_MAX;
+use super::super::integrity::{Check, Integrity, payload_offset};
+use super::super::seal::{self, PairSeal};
 use super::UNKNOWN_PEERS_MAX;
 use crate::{EndpointId, Tag};
 
@@ -31,45 +32,39 @@ impl<C: Context> Engine<C> {
             .reliable()
             .map_or(Integrity::Fabric, |r| r.integrity);
         let endpoint = self.endpoints.lookup(src);
-        let core = self.path.reliable().map(|r| &r.core);
         let parsed = self.recv.datagram(&self.ctx, held).and_then(|bytes| {
             let tag = btl::Packet::new_checked(bytes).ok()?.tag();
             let header = rel::Repr::parse(&datagram::extension(bytes).ok()?).ok()?;
-            // A MAC covers the epochs of `seq` and `ack`, which only the
-            // stream's state knows (zero from a sender not known yet).
-            let epochs = || {
-                endpoint.zip(core).map_or(Epochs::default(), |(ep, core)| {
-                    core.epochs_of(PeerId(ep.0), &header)
-                })
-            };
-            let check = integrity.check(bytes, &header, epochs);
+            let check = integrity.check_unsealed(bytes, &header);
             Some((tag, header, check))
         });
-        let Some((tag, header, check)) = parsed else {
+        let Some((tag, header, unsealed)) = parsed else {
             self.stats.recv_malformed += 1;
             self.recv.repost(held.slot);
             return;
         };
-        match check {
-            Check::Intact => {}
-            Check::BadChecksum => {
-                self.stats.recv_bad_checksum += 1;
-                self.recv.repost(held.slot);
-                return;
-            }
-            Check::Unauthenticated => {
-                self.stats.recv_unauthenticated += 1;
-                self.recv.repost(held.slot);
-                return;
-            }
-        }
         let known = endpoint
             .and_then(|ep| self.endpoints.get(ep))
             .map(|e| (e.proc_id, e.job_key));
-        let (Some(endpoint), Some(reliable)) = (
-            endpoint.filter(|_| known == Some((header.src, job_key))),
-            self.path.reliable_mut(),
-        ) else {
+        let recognised = endpoint.filter(|_| known == Some((header.src, job_key)));
+        let check = match integrity {
+            Integrity::Sealed {
+                own, protection, ..
+            } => self.open_sealed(held, &header, recognised, (own, protection)),
+            _ => unsealed,
+        };
+        let counter = match check {
+            Check::Intact => None,
+            Check::BadChecksum => Some(&mut self.stats.recv_bad_checksum),
+            Check::Unauthenticated => Some(&mut self.stats.recv_unauthenticated),
+            Check::Replayed => Some(&mut self.stats.recv_replayed),
+        };
+        if let Some(counter) = counter {
+            *counter += 1;
+            self.recv.repost(held.slot);
+            return;
+        }
+        let (Some(endpoint), Some(reliable)) = (recognised, self.path.reliable_mut()) else {
             self.stats.recv_unknown_peer += 1;
             // A process of this job that knows us before we know it
             // (addresses fetched lazily): the caller can look it up by the
@@ -113,6 +108,42 @@ impl<C: Context> Engine<C> {
         }
     }
 
+    /// Opens the sealed datagram in `held`, with header `header`, on a
+    /// module whose key is `own` and which seals with `protection`: with
+    /// the state of its sender, if `recognised`, else as a stranger's.
+    fn open_sealed(
+        &mut self,
+        held: Held,
+        header: &rel::Repr,
+        recognised: Option<EndpointId>,
+        (own, protection): (AuthKey, Protection),
+    ) -> Check {
+        let Some(protection) = seal::protection_of(header.flags, protection) else {
+            return Check::Unauthenticated;
+        };
+        // The tag covers the epochs of `seq` and `ack`, which only the
+        // stream's state knows.
+        let epochs = recognised
+            .zip(self.path.reliable())
+            .map_or(Epochs::default(), |(ep, r)| {
+                r.core.epochs_of(PeerId(ep.0), header)
+            });
+        let Some(bytes) = self.recv.datagram_mut(&mut self.ctx, held) else {
+            return Check::Unauthenticated;
+        };
+        let Some(peer) = recognised.and_then(|ep| self.endpoints.get_mut(ep)) else {
+            return seal::open_from_stranger(bytes, &own, header.src, protection);
+        };
+        let pair = match &mut peer.seal {
+            Some(pair) => pair,
+            slot @ None => match PairSeal::new() {
+                Ok(pair) => slot.insert(Box::new(pair)),
+                Err(_) => return Check::Unauthenticated,
+            },
+        };
+        pair.open(bytes, &own, header.src, epochs, protection)
+    }
+
     /// Delivers a datagram that waited for an earlier one: its headers are
     /// read again from its buffer.
     fn deliver_held(&mut self, held: Held, endpoint: EndpointId) {
@@ -139,7 +170,7 @@ impl<C: Context> Engine<C> {
         };
         self.hold_for_app(Delivery {
             held,
-            header_len: HEADER_MAX,
+            header_len: payload_offset(flags),
             tag,
             endpoint: Some(endpoint),
             src,

@@ -10,8 +10,9 @@ use udbtl_reliability::{Config, ConfigError, Instant, Reliability};
 
 use super::super::delivery::Held;
 use super::super::integrity::Integrity;
-use super::super::limits::HEADER_MAX;
+use super::super::limits::{FRAG_ALIGN, HEADER_MAX, round_up};
 use super::super::messages::Reassembly;
+use super::super::transmit::POST_BATCH;
 use crate::frag::Descriptor;
 use crate::params::Params;
 
@@ -19,6 +20,39 @@ use crate::params::Params;
 const ACK_SLOTS: usize = 64;
 /// Bytes of one acknowledgement buffer.
 const ACK_LEN: usize = HEADER_MAX;
+
+/// The ring of registered buffers a reliable module sends from besides its
+/// fragments: acknowledgement-only datagrams, and on a module that seals,
+/// every data datagram (sealed in a copy, since the fragment keeps its
+/// payload in clear for a resend under a new packet number).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::module) struct RingLayout {
+    /// Seal buffers: none on a module that does not seal; else more than
+    /// the signaled sends that can be outstanding (`sd_num`) and a batch,
+    /// so that a buffer is written again only after its datagram left.
+    seal_slots: usize,
+    /// Bytes of one seal buffer: the longest datagram.
+    seal_len: usize,
+}
+
+impl RingLayout {
+    pub(in crate::module) fn new(params: &Params, max_datagram: usize) -> Self {
+        let seal_slots = if params.protection().is_some() {
+            params.sd_num as usize + POST_BATCH
+        } else {
+            0
+        };
+        Self {
+            seal_slots,
+            seal_len: round_up(max_datagram, FRAG_ALIGN),
+        }
+    }
+
+    /// Bytes of the ring's registration.
+    pub(in crate::module) const fn bytes(&self) -> usize {
+        ACK_SLOTS * ACK_LEN + self.seal_slots * self.seal_len
+    }
+}
 
 /// The reliable part of a module.
 #[derive(Debug)]
@@ -30,6 +64,8 @@ pub(in crate::module) struct Reliable {
     /// such a datagram is unsignaled, so it needs no fragment and no credit.
     ack_ring: Mr,
     ack_next: usize,
+    ring: RingLayout,
+    seal_next: usize,
     /// Senders not known yet, by process id (see `take_unknown_peers`).
     pub(super) unknown_peers: Vec<u32>,
     pub(in crate::module) reassembly: Reassembly,
@@ -42,15 +78,12 @@ pub(in crate::module) struct Reliable {
 }
 
 impl Reliable {
-    /// Bytes of the acknowledgement ring's registration.
-    pub(in crate::module) const ACK_RING_BYTES: usize = ACK_SLOTS * ACK_LEN;
-
     /// The reliable part of a module whose datagrams carry up to `datagram`
     /// payload bytes.
     pub(in crate::module) fn new(
         params: &Params,
         datagram: usize,
-        ack_ring: Mr,
+        (ack_ring, ring): (Mr, RingLayout),
         integrity: Integrity,
         stream_nonce: u32,
     ) -> Result<Self, ConfigError> {
@@ -59,6 +92,8 @@ impl Reliable {
             integrity,
             ack_ring,
             ack_next: 0,
+            ring,
+            seal_next: 0,
             unknown_peers: Vec::new(),
             reassembly: Reassembly::default(),
             last_run: None,
@@ -86,6 +121,23 @@ impl Reliable {
         };
         (self.ack_ring.handle, slot)
     }
+
+    /// The next seal buffer, `len` bytes long: its registration and where
+    /// in it; `None` on a module that does not seal, or for a datagram
+    /// longer than the longest.
+    pub(in crate::module) fn next_seal_slot(&mut self, len: usize) -> Option<(MrHandle, Sge)> {
+        if self.ring.seal_slots == 0 || len > self.ring.seal_len {
+            return None;
+        }
+        let index = self.seal_next % self.ring.seal_slots;
+        self.seal_next = self.seal_next.wrapping_add(1);
+        let slot = Sge {
+            lkey: self.ack_ring.lkey,
+            offset: ACK_SLOTS * ACK_LEN + index * self.ring.seal_len,
+            len,
+        };
+        Some((self.ack_ring.handle, slot))
+    }
 }
 
 /// The reliability state the parameters ask for.
@@ -111,7 +163,7 @@ fn reliability_state(
         keepalive: params.keepalive,
         // Authenticated datagrams can still be replayed: only news may keep
         // a peer alive.
-        strict_liveness: params.auth,
+        strict_liveness: params.protection().is_some(),
         ..Config::default()
     };
     Reliability::new(config)

@@ -1,0 +1,158 @@
+//! Sealing per peer (`auth`): the packet numbers of what goes to a peer,
+//! the replay window of what comes from it, and the keys of both
+//! directions, derived when first needed and again at each key phase.
+//! The format and the cryptography are `udbtl_wire::seal`'s.
+
+use udbtl_wire::datagram::{AuthKey, Epochs};
+use udbtl_wire::seal::{self, PACKET_NUMBER_START_MAX, Protection, ReplayWindow, SealKey};
+
+use super::integrity::Check;
+
+/// One peer's sealing state. An endpoint gets one (boxed, about 1.3 KB with
+/// both keys) when the first datagram to or from it is sealed, so a peer
+/// that never talks costs only the pointer.
+#[derive(Debug)]
+pub(super) struct PairSeal {
+    /// The packet number of the next datagram to the peer.
+    next_pn: u64,
+    /// The key of datagrams to the peer, for the phase of `next_pn`.
+    send: Option<SealKey>,
+    /// The key of datagrams from the peer, for the phase last seen.
+    recv: Option<SealKey>,
+    replay: ReplayWindow,
+}
+
+impl PairSeal {
+    /// A pair that has sealed nothing yet: its packet numbers start at
+    /// random below [`PACKET_NUMBER_START_MAX`], so that a sender that
+    /// drew the same process id as another does not reuse its nonces.
+    pub(super) fn new() -> Result<Self, getrandom::Error> {
+        let mut bytes = [0u8; 8];
+        getrandom::fill(&mut bytes)?;
+        let start = u64::from_ne_bytes(bytes) % PACKET_NUMBER_START_MAX;
+        Ok(Self {
+            next_pn: start.max(1),
+            send: None,
+            recv: None,
+            replay: ReplayWindow::default(),
+        })
+    }
+
+    /// Seals `datagram` (headers, room for the tag, payload) to the peer
+    /// whose module's key is `peer_key`, from this process, `own_id`.
+    /// `false` if it could not be sealed (too short): it must not be sent.
+    pub(super) fn seal(
+        &mut self,
+        datagram: &mut [u8],
+        peer_key: &AuthKey,
+        own_id: u32,
+        epochs: Epochs,
+        protection: Protection,
+    ) -> bool {
+        let pn = self.next_pn;
+        let phase = seal::phase_of(pn);
+        let key = match &self.send {
+            Some(key) if key.phase() == phase => key,
+            _ => self.send.insert(SealKey::derive(peer_key, own_id, phase)),
+        };
+        if seal::seal(datagram, key, pn, epochs, protection).is_err() {
+            return false;
+        }
+        self.next_pn += 1;
+        true
+    }
+
+    /// Opens `datagram` from the peer, process `sender`, to this module,
+    /// whose key is `own`, and takes its packet number. An encrypted
+    /// payload is plaintext in place after [`Check::Intact`].
+    pub(super) fn open(
+        &mut self,
+        datagram: &mut [u8],
+        own: &AuthKey,
+        sender: u32,
+        epochs: Epochs,
+        protection: Protection,
+    ) -> Check {
+        let Some(pn) = seal::packet_number(datagram) else {
+            return Check::Unauthenticated;
+        };
+        if !self.replay.check(pn) {
+            return Check::Replayed;
+        }
+        let phase = seal::phase_of(pn);
+        let key = match &self.recv {
+            Some(key) if key.phase() == phase => key,
+            _ => self.recv.insert(SealKey::derive(own, sender, phase)),
+        };
+        if !seal::open(datagram, key, epochs, protection) {
+            return Check::Unauthenticated;
+        }
+        self.replay.take(pn);
+        Check::Intact
+    }
+}
+
+/// Opens `datagram` from process `sender`, which this module, whose key is
+/// `own`, does not know yet. There is no replay window for it: the
+/// datagram is only noted, never delivered.
+pub(super) fn open_from_stranger(
+    datagram: &mut [u8],
+    own: &AuthKey,
+    sender: u32,
+    protection: Protection,
+) -> Check {
+    let Some(pn) = seal::packet_number(datagram) else {
+        return Check::Unauthenticated;
+    };
+    let key = SealKey::derive(own, sender, seal::phase_of(pn));
+    if seal::open(datagram, &key, Epochs::default(), protection) {
+        Check::Intact
+    } else {
+        Check::Unauthenticated
+    }
+}
+
+/// How a module that seals with `own` opens a datagram with extension
+/// flags `flags`: the protection it says it has, unless that is less than
+/// the module's own (a module that encrypts takes nothing in clear).
+pub(super) fn protection_of(flags: u16, own: Protection) -> Option<Protection> {
+    let theirs = if flags & udbtl_wire::rel::FLAG_ENCRYPTED != 0 {
+        Protection::Encrypt
+    } else {
+        Protection::Authenticate
+    };
+    match (flags & udbtl_wire::rel::FLAG_MAC != 0, own, theirs) {
+        (false, ..) | (true, Protection::Encrypt, Protection::Authenticate) => None,
+        (true, ..) => Some(theirs),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use udbtl_wire::rel::{FLAG_ENCRYPTED, FLAG_MAC};
+
+    #[test]
+    fn a_module_that_encrypts_takes_nothing_in_clear() {
+        use Protection::{Authenticate, Encrypt};
+        assert_eq!(protection_of(0, Authenticate), None);
+        assert_eq!(protection_of(FLAG_MAC, Authenticate), Some(Authenticate));
+        assert_eq!(
+            protection_of(FLAG_MAC | FLAG_ENCRYPTED, Authenticate),
+            Some(Encrypt)
+        );
+        assert_eq!(protection_of(FLAG_MAC, Encrypt), None);
+        assert_eq!(
+            protection_of(FLAG_MAC | FLAG_ENCRYPTED, Encrypt),
+            Some(Encrypt)
+        );
+    }
+
+    #[test]
+    fn packet_numbers_start_at_random_and_never_at_zero() {
+        let a = PairSeal::new().unwrap().next_pn;
+        let b = PairSeal::new().unwrap().next_pn;
+        assert!((1..PACKET_NUMBER_START_MAX).contains(&a));
+        assert_ne!(a, b);
+    }
+}

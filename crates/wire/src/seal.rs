@@ -1,0 +1,313 @@
+//! Sealed datagrams: every datagram of a module that authenticates carries
+//! a packet number and an AES-256-GCM tag, and, when it encrypts, a
+//! ciphertext payload.
+//!
+//! ```text
+//!  0          8                        32             40              56
+//!  +----------+------------------------+--------------+---------------+-----------
+//!  |   BTL    |  reliability extension | packet number|      tag      |  payload ...
+//!  +----------+------------------------+--------------+---------------+-----------
+//!                                       (its 24..32)
+//! ```
+//!
+//! With [`rel::FLAG_MAC`], the extension's checksum and reserved fields hold
+//! the datagram's **packet number** (64 bits, big-endian) and the 16-byte
+//! tag follows the extension, so the payload starts at [`SEALED_HEADER_LEN`].
+//!
+//! * **Keys.** A datagram from a sender to a receiver is sealed under a key
+//!   of that pair and of the packet number's *phase* (its high 32 bits):
+//!   [`SealKey::derive`] hashes the receiver's key ([`AuthKey`]), the
+//!   sender's process id (the extension's `src`) and the phase. The sender
+//!   knows the receiver's key from the job secret or the receiver's modex
+//!   entry; the receiver derives the same key from the datagram's `src`
+//!   alone, so it checks a datagram before it knows anything else about the
+//!   sender. So a key seals at most 2³² datagrams, and a new one takes over
+//!   without any exchange.
+//! * **Nonces.** The GCM nonce is the packet number. A sender numbers the
+//!   datagrams to each peer from a random start below 2⁶² upwards, so a
+//!   nonce repeats under one key only if two senders drew the same 32-bit
+//!   process id *and* overlapping runs of packet numbers: for a job of a
+//!   thousand ranks that each send a million datagrams a second for a day,
+//!   about once in 2³⁶ jobs. Sealing never reuses a nonce.
+//! * **Replay.** The receiver keeps a [`ReplayWindow`] per sender: a packet
+//!   number seen before, or older than the 64 before the highest, is
+//!   refused, whatever its sequence numbers say. Acknowledgements carry
+//!   packet numbers too.
+//! * **What the tag covers.** The two headers (packet number included), the
+//!   [`Epochs`] of their sequence numbers (not sent), and the payload. With
+//!   [`Protection::Encrypt`] the payload is the GCM plaintext and the
+//!   headers and epochs its associated data. With
+//!   [`Protection::Authenticate`] the payload goes in clear, as the
+//!   associated data, and the headers and epochs are the plaintext of a
+//!   copy whose ciphertext is dropped: GCM then hashes the payload with
+//!   GHASH only, the fastest way to authenticate a buffer in place with it.
+//!   Either way the tag is a GCM tag over everything.
+//!
+//! AES-GCM is the hardware-accelerated choice here (AES-NI, VAES and
+//! carry-less multiply); on these hosts it seals 1 416 bytes in 0.3 µs
+//! against ChaCha20-Poly1305's 0.8 µs (`results/2026-12-04-aead`).
+
+use core::ops::Range;
+
+use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, Tag, UnboundKey};
+
+use crate::datagram::{self, AuthKey, Epochs, HEADER_LEN};
+use crate::rel;
+
+/// Bytes of a GCM tag.
+pub const TAG_LEN: usize = 16;
+
+/// Where the payload of a sealed datagram starts: both headers and the tag.
+pub const SEALED_HEADER_LEN: usize = HEADER_LEN + TAG_LEN;
+
+/// Byte range of the packet number inside a sealed datagram.
+pub const PACKET_NUMBER_FIELD: Range<usize> = datagram::MAC_FIELD;
+
+/// Byte range of the tag inside a sealed datagram.
+pub const TAG_FIELD: Range<usize> = HEADER_LEN..SEALED_HEADER_LEN;
+
+/// Bits of a packet number below its phase: one key seals at most
+/// 2^`PHASE_SHIFT` datagrams.
+pub const PHASE_SHIFT: u32 = 32;
+
+/// Packet numbers a sender starts below, at random: far enough below 2⁶⁴
+/// that they never wrap.
+pub const PACKET_NUMBER_START_MAX: u64 = 1 << 62;
+
+/// The context string of [`SealKey::derive`]'s hash: no other use of a
+/// receiver's key may use it.
+pub const PAIR_KEY_CONTEXT: &[u8] = b"udbtl 2026-12 sealed datagram pair key v1";
+
+/// The key phase of packet number `pn`.
+#[must_use]
+pub const fn phase_of(pn: u64) -> u32 {
+    (pn >> PHASE_SHIFT) as u32
+}
+
+/// What sealing protects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Protection {
+    /// Authenticity and integrity; the payload goes in clear.
+    Authenticate,
+    /// Also confidentiality: the payload is encrypted.
+    Encrypt,
+}
+
+impl Protection {
+    /// The extension flags a datagram sealed this way carries.
+    #[must_use]
+    pub const fn flags(self) -> u16 {
+        match self {
+            Self::Authenticate => rel::FLAG_MAC,
+            Self::Encrypt => rel::FLAG_MAC | rel::FLAG_ENCRYPTED,
+        }
+    }
+}
+
+/// The AES-256-GCM key of one sender, receiver and phase. Its `Debug` form
+/// shows only the phase.
+pub struct SealKey {
+    aead: LessSafeKey,
+    phase: u32,
+}
+
+impl core::fmt::Debug for SealKey {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("SealKey")
+            .field("phase", &self.phase)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SealKey {
+    /// The key that seals datagrams from the process whose id is `sender`
+    /// to the module whose key is `receiver`, for packet numbers of `phase`:
+    /// keyed BLAKE3 under `receiver` of [`PAIR_KEY_CONTEXT`], `sender` and
+    /// `phase`.
+    #[must_use]
+    pub fn derive(receiver: &AuthKey, sender: u32, phase: u32) -> Self {
+        let mut hasher = blake3::Hasher::new_keyed(&receiver.0);
+        hasher.update(PAIR_KEY_CONTEXT);
+        hasher.update(&sender.to_be_bytes());
+        hasher.update(&phase.to_be_bytes());
+        let bytes = hasher.finalize();
+        let aead = match UnboundKey::new(&AES_256_GCM, bytes.as_bytes()) {
+            Ok(key) => LessSafeKey::new(key),
+            // A 32-byte key is what AES-256-GCM takes; the library refuses
+            // only other lengths.
+            Err(_) => unreachable!("AES-256-GCM takes a 32-byte key"),
+        };
+        Self { aead, phase }
+    }
+
+    /// The phase this key seals.
+    #[must_use]
+    pub const fn phase(&self) -> u32 {
+        self.phase
+    }
+}
+
+/// The GCM nonce of packet number `pn`.
+fn nonce(pn: u64) -> Nonce {
+    let mut bytes = [0u8; NONCE_LEN];
+    bytes[NONCE_LEN - 8..].copy_from_slice(&pn.to_be_bytes());
+    Nonce::assume_unique_for_key(bytes)
+}
+
+/// The packet number of a sealed `datagram`; `None` if it is too short to
+/// hold one.
+#[must_use]
+pub fn packet_number(datagram: &[u8]) -> Option<u64> {
+    let bytes = datagram.get(PACKET_NUMBER_FIELD)?;
+    Some(u64::from_be_bytes(bytes.try_into().ok()?))
+}
+
+/// Both headers and the epochs: what the tag covers besides the payload.
+fn header_block(datagram: &[u8], epochs: Epochs) -> [u8; HEADER_LEN + 8] {
+    let mut block = [0u8; HEADER_LEN + 8];
+    block[..HEADER_LEN].copy_from_slice(&datagram[..HEADER_LEN]);
+    block[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&epochs.seq.to_be_bytes());
+    block[HEADER_LEN + 4..].copy_from_slice(&epochs.ack.to_be_bytes());
+    block
+}
+
+/// Seals `datagram` (both headers, room for the tag, the payload; its
+/// flags already set) as packet `pn` under `key`: writes the packet number
+/// and the tag, and with [`Protection::Encrypt`] encrypts the payload in
+/// place. `key` must be the one of `pn`'s phase.
+///
+/// # Errors
+/// [`crate::Error`] if `datagram` is shorter than [`SEALED_HEADER_LEN`] or
+/// `key` is of another phase; nothing is sealed then.
+pub fn seal(
+    datagram: &mut [u8],
+    key: &SealKey,
+    pn: u64,
+    epochs: Epochs,
+    protection: Protection,
+) -> crate::Result<()> {
+    if datagram.len() < SEALED_HEADER_LEN || key.phase != phase_of(pn) {
+        return Err(crate::Error);
+    }
+    datagram[PACKET_NUMBER_FIELD].copy_from_slice(&pn.to_be_bytes());
+    let tag = compute(datagram, key, pn, epochs, protection)?;
+    datagram[TAG_FIELD].copy_from_slice(tag.as_ref());
+    Ok(())
+}
+
+/// Opens the received sealed `datagram` under `key` (the one of its packet
+/// number's phase): `true` if its tag is the one of its contents and
+/// `epochs`, after which an encrypted payload is plaintext in place. On
+/// `false` the payload may be garbled: drop the datagram.
+#[must_use]
+pub fn open(datagram: &mut [u8], key: &SealKey, epochs: Epochs, protection: Protection) -> bool {
+    let Some(pn) = packet_number(datagram) else {
+        return false;
+    };
+    if datagram.len() < SEALED_HEADER_LEN || key.phase != phase_of(pn) {
+        return false;
+    }
+    let mut carried = [0u8; TAG_LEN];
+    carried.copy_from_slice(&datagram[TAG_FIELD]);
+    match protection {
+        Protection::Encrypt => {
+            let aad = header_block(datagram, epochs);
+            let payload = &mut datagram[SEALED_HEADER_LEN..];
+            key.aead
+                .open_in_place_separate_tag(nonce(pn), Aad::from(&aad[..]), &carried, payload)
+                .is_ok()
+        }
+        Protection::Authenticate => compute(datagram, key, pn, epochs, protection)
+            .is_ok_and(|expected| constant_time_eq(expected.as_ref(), &carried)),
+    }
+}
+
+/// The tag of `datagram` as packet `pn`; encrypts the payload in place with
+/// [`Protection::Encrypt`].
+fn compute(
+    datagram: &mut [u8],
+    key: &SealKey,
+    pn: u64,
+    epochs: Epochs,
+    protection: Protection,
+) -> crate::Result<Tag> {
+    let mut block = header_block(datagram, epochs);
+    let payload = &mut datagram[SEALED_HEADER_LEN..];
+    let sealed = match protection {
+        Protection::Encrypt => {
+            key.aead
+                .seal_in_place_separate_tag(nonce(pn), Aad::from(&block[..]), payload)
+        }
+        // The headers are encrypted in a copy that is dropped: the tag
+        // still covers them, and the payload is hashed in place.
+        Protection::Authenticate => {
+            key.aead
+                .seal_in_place_separate_tag(nonce(pn), Aad::from(&*payload), &mut block[..])
+        }
+    };
+    sealed.map_err(|_| crate::Error)
+}
+
+/// Compares without an early exit, so the time taken does not tell a forger
+/// how many leading bytes of a guess were right.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The packet numbers a receiver took from one sender: the highest, and
+/// which of the [`ReplayWindow::SPAN`] before it. A datagram is taken once:
+/// [`check`](Self::check) before opening it, [`take`](Self::take) after.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplayWindow {
+    /// The highest packet number taken; 0 before the first (0 is never
+    /// sent).
+    highest: u64,
+    /// Bit `i`: `highest - 1 - i` was taken.
+    below: u64,
+}
+
+impl ReplayWindow {
+    /// How far below the highest packet number taken a datagram may still
+    /// arrive, for reordering.
+    pub const SPAN: u64 = 64;
+
+    /// `true` if packet number `pn` may still be taken: above the highest,
+    /// or within [`SPAN`](Self::SPAN) below it and not taken yet. Packet
+    /// number 0 is never sent, so never taken.
+    #[must_use]
+    pub const fn check(&self, pn: u64) -> bool {
+        if pn > self.highest {
+            return true;
+        }
+        let behind = self.highest - pn;
+        behind != 0 && behind <= Self::SPAN && self.below & (1 << (behind - 1)) == 0
+    }
+
+    /// Takes packet number `pn`, which [`check`](Self::check) allowed and
+    /// whose datagram opened; `false` (and nothing changes) if it may not
+    /// be taken.
+    pub fn take(&mut self, pn: u64) -> bool {
+        if !self.check(pn) {
+            return false;
+        }
+        if pn > self.highest {
+            let shift = pn - self.highest;
+            // The old highest becomes bit `shift - 1`; a first packet
+            // number has none below it.
+            self.below = match shift {
+                _ if self.highest == 0 => 0,
+                1..64 => (self.below << shift) | (1 << (shift - 1)),
+                64 => 1 << 63,
+                _ => 0,
+            };
+            self.highest = pn;
+        } else {
+            self.below |= 1 << (self.highest - pn - 1);
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests;
