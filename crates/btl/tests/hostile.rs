@@ -411,7 +411,7 @@ fn hostile_datagrams_are_dropped_and_counted_while_real_traffic_flows() {
 fn forge(
     d: &[u8],
     change: impl FnOnce(&mut rel::Repr),
-    key: Option<&datagram::AuthKey>,
+    key: Option<(&datagram::AuthKey, u32)>,
 ) -> Vec<u8> {
     let mut d = d.to_vec();
     let mut repr = rel::Repr::parse(&datagram::extension(&d[BTL_AT..]).unwrap()).unwrap();
@@ -424,9 +424,9 @@ fn forge(
     };
     repr.emit(&mut datagram::extension_mut(&mut d[BTL_AT..]).unwrap());
     match key {
-        Some(key) => {
+        Some((key, qpn)) => {
             let pn = seal::packet_number(&d[BTL_AT..]).unwrap() + 1000;
-            let key = SealKey::derive(key, repr.src, seal::phase_of(pn));
+            let key = SealKey::derive(key, qpn, repr.src, seal::phase_of(pn));
             seal::seal(
                 &mut d[BTL_AT..],
                 &key,
@@ -442,12 +442,12 @@ fn forge(
 }
 
 /// `true` if `d`, a sealed datagram as captured, opens under the keys of
-/// the module whose key is `receiver`.
-fn opens_under(d: &[u8], receiver: &datagram::AuthKey) -> bool {
+/// the module whose key is `receiver` and receiving queue pair `qpn`.
+fn opens_under(d: &[u8], receiver: &datagram::AuthKey, qpn: u32) -> bool {
     let mut d = d[BTL_AT..].to_vec();
     let src = datagram::extension(&d).unwrap().src();
     let pn = seal::packet_number(&d).unwrap();
-    let key = SealKey::derive(receiver, src, seal::phase_of(pn));
+    let key = SealKey::derive(receiver, qpn, src, seal::phase_of(pn));
     seal::open(&mut d, &key, Epochs::default(), Protection::Authenticate)
 }
 
@@ -496,7 +496,13 @@ fn with_auth_a_stranger_can_neither_inject_nor_replay() {
         buf.truncate(n);
         // The first datagrams of a stream: its numbers have not wrapped
         // (unless it started within four of the wrap: once in 2^30 runs).
-        assert!(opens_under(&buf, &b_key), "sealed for B");
+        assert!(
+            opens_under(&buf, &b_key, tapped[0].qpns[0]),
+            "sealed under B's key for the tap"
+        );
+        // The tap copied B's key but not its queue pair: what A sealed for
+        // it does not open at B.
+        assert!(!opens_under(&buf, &b_key, b_published[0].qpns[0]));
         captured.push(buf);
         a_addr = Some(from);
     }
@@ -519,6 +525,7 @@ fn with_auth_a_stranger_can_neither_inject_nor_replay() {
     let before = drops(&b);
     let before_resources = b.modules()[0].with_context(|c| c.resources());
     let mut rng = fastrand::Rng::with_seed(67);
+    let b_qpn = b_published[0].qpns[0];
     let stranger_key = datagram::AuthKey([0x42; 32]);
     let (mut forged, mut replayed) = (0u64, 0u64);
     let n = 3000u32;
@@ -540,7 +547,7 @@ fn with_auth_a_stranger_can_neither_inject_nor_replay() {
             let ahead = sent + rng.u32(0..4);
             let next = |r: &mut rel::Repr| r.seq += ahead;
             send_hostile(&forge(sample, next, None));
-            send_hostile(&forge(sample, next, Some(&stranger_key)));
+            send_hostile(&forge(sample, next, Some((&stranger_key, b_qpn))));
             let mut flipped = sample.clone();
             // In the payload: a flip in the headers may be caught before
             // the seal is looked at (a malformed header, another job's key).

@@ -646,31 +646,37 @@ exec env -i PATH="$PATH" HOME="$HOME" setsid -w sh -c "$2"
 /// With `UDBTL_AUTH`, every rank's datagram keys derive from the job secret
 /// that udrun hands local ranks in their environment and remote ones on the
 /// launcher's stdin, so no key travels through PMI: a job across both kinds
-/// of rank greets all round, and every rank's dump says where its keys came
-/// from.
+/// of rank greets all round, authenticated and encrypted, and every rank's
+/// dump says how it seals and where its keys came from.
 #[test]
-fn authenticated_datagrams_key_from_the_job_secret_on_local_and_remote_ranks() {
+fn sealed_datagrams_key_from_the_job_secret_on_local_and_remote_ranks() {
     let dir = scratch("auth-keys");
     let ssh = script_file(&dir, "fake-ssh", FAKE_SSH);
-    let mut cmd = udrun(&remote_args(
-        &ssh,
-        &["-x", "UDBTL_AUTH=1", "-x", "UDBTL_DUMP=1"],
-    ));
-    cmd.arg(env!("CARGO_BIN_EXE_udhello"));
-    let run = run_command(cmd);
-    assert_eq!(run.code, Some(0), "{run:#?}");
-    assert_eq!(
-        run.stdout.matches("greeted and acknowledged").count(),
-        3,
-        "{run:#?}"
-    );
-    let derived: usize = run
-        .stderr
-        .lines()
-        .filter(|l| l.contains("integrity mac (keys from the job secret)"))
-        .map(ranks_of_line)
-        .sum();
-    assert_eq!(derived, 3, "{run:#?}");
+    for (auth, integrity) in [
+        ("1", "integrity aes-256-gcm (keys from the job secret)"),
+        (
+            "encrypt",
+            "integrity aes-256-gcm, encrypted (keys from the job secret)",
+        ),
+    ] {
+        let setting = format!("UDBTL_AUTH={auth}");
+        let mut cmd = udrun(&remote_args(&ssh, &["-x", &setting, "-x", "UDBTL_DUMP=1"]));
+        cmd.arg(env!("CARGO_BIN_EXE_udhello"));
+        let run = run_command(cmd);
+        assert_eq!(run.code, Some(0), "{setting}: {run:#?}");
+        assert_eq!(
+            run.stdout.matches("greeted and acknowledged").count(),
+            3,
+            "{setting}: {run:#?}"
+        );
+        let sealed: usize = run
+            .stderr
+            .lines()
+            .filter(|l| l.contains(integrity))
+            .map(ranks_of_line)
+            .sum();
+        assert_eq!(sealed, 3, "{setting}: {run:#?}");
+    }
 }
 
 #[test]

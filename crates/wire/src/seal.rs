@@ -17,11 +17,14 @@
 //! * **Keys.** A datagram from a sender to a receiver is sealed under a key
 //!   of that pair and of the packet number's *phase* (its high 32 bits):
 //!   [`SealKey::derive`] hashes the receiver's key ([`AuthKey`]), the
-//!   sender's process id (the extension's `src`) and the phase. The sender
-//!   knows the receiver's key from the job secret or the receiver's modex
-//!   entry; the receiver derives the same key from the datagram's `src`
-//!   alone, so it checks a datagram before it knows anything else about the
-//!   sender. So a key seals at most 2³² datagrams, and a new one takes over
+//!   receiver's queue pair number, the sender's process id (the
+//!   extension's `src`) and the phase. The sender knows the receiver's key
+//!   from the job secret or the receiver's modex entry; the receiver derives
+//!   the same key from the datagram's `src` alone, so it checks a datagram
+//!   before it knows anything else about the sender. The queue pair number
+//!   keeps apart what a sender seals for another module that shows the same
+//!   key (a published key copied into a forged modex entry): replayed to
+//!   the real one, it does not open. So a key seals at most 2³² datagrams, and a new one takes over
 //!   without any exchange.
 //! * **Nonces.** The GCM nonce is the packet number. A sender numbers the
 //!   datagrams to each peer from a random start below 2⁶² upwards, so a
@@ -122,13 +125,15 @@ impl core::fmt::Debug for SealKey {
 
 impl SealKey {
     /// The key that seals datagrams from the process whose id is `sender`
-    /// to the module whose key is `receiver`, for packet numbers of `phase`:
-    /// keyed BLAKE3 under `receiver` of [`PAIR_KEY_CONTEXT`], `sender` and
+    /// to the module whose key is `receiver` and whose receiving queue pair
+    /// is `receiver_qpn`, for packet numbers of `phase`: keyed BLAKE3 under
+    /// `receiver` of [`PAIR_KEY_CONTEXT`], `receiver_qpn`, `sender` and
     /// `phase`.
     #[must_use]
-    pub fn derive(receiver: &AuthKey, sender: u32, phase: u32) -> Self {
+    pub fn derive(receiver: &AuthKey, receiver_qpn: u32, sender: u32, phase: u32) -> Self {
         let mut hasher = blake3::Hasher::new_keyed(&receiver.0);
         hasher.update(PAIR_KEY_CONTEXT);
+        hasher.update(&receiver_qpn.to_be_bytes());
         hasher.update(&sender.to_be_bytes());
         hasher.update(&phase.to_be_bytes());
         let bytes = hasher.finalize();

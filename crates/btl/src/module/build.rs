@@ -79,11 +79,14 @@ fn integrity_for(
     stream_nonce: u32,
 ) -> Result<Integrity, BtlError> {
     if let Some(protection) = params.protection() {
+        // Receives are posted on queue pair 0: the one peers address.
+        let own_qpn = qps.first().map_or(0, |qp| qp.qp_num);
         return Ok(match params.auth_secret {
             Some(job) => {
                 let address = module_address(port, qps, 0, modex::Auth::Derived, stream_nonce);
                 Integrity::Sealed {
                     own: modex::derive_receive_key(&job, &address),
+                    own_qpn,
                     job: Some(job),
                     protection,
                 }
@@ -93,6 +96,7 @@ fn integrity_for(
                 getrandom::fill(&mut key).map_err(BtlError::Randomness)?;
                 Integrity::Sealed {
                     own: AuthKey(key),
+                    own_qpn,
                     job: None,
                     protection,
                 }

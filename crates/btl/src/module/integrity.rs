@@ -14,12 +14,14 @@ pub(super) enum Integrity {
     /// A CRC-32 of every datagram.
     Checksum,
     /// Every datagram sealed ([`udbtl_wire::seal`]) under keys derived
-    /// from its receiver's key; `own` is this module's. With the job's
+    /// from its receiver's key and receiving queue pair; `own` and
+    /// `own_qpn` are this module's. With the job's
     /// datagram secret `job`, every module's key derives from it and its
     /// address, so none is published; without, `own` is random and
     /// published.
     Sealed {
         own: AuthKey,
+        own_qpn: u32,
         job: Option<AuthKey>,
         protection: Protection,
     },

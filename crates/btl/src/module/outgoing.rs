@@ -257,6 +257,7 @@ fn seal_to(
     let Some(peer_key) = peer.auth_key else {
         return false;
     };
+    let peer_qpn = peer.remote.qpn;
     let pair = match &mut peer.seal {
         Some(pair) => pair,
         slot @ None => match PairSeal::new() {
@@ -264,7 +265,7 @@ fn seal_to(
             Err(_) => return false,
         },
     };
-    pair.seal(datagram, &peer_key, own_id, epochs, protection)
+    pair.seal(datagram, (&peer_key, peer_qpn), own_id, epochs, protection)
 }
 
 /// Copies `len` bytes of registration `from` at its offset to registration

@@ -39,12 +39,13 @@ impl PairSeal {
     }
 
     /// Seals `datagram` (headers, room for the tag, payload) to the peer
-    /// whose module's key is `peer_key`, from this process, `own_id`.
-    /// `false` if it could not be sealed (too short): it must not be sent.
+    /// whose module's key is `peer_key` and whose receiving queue pair is
+    /// `peer_qpn`, from this process, `own_id`. `false` if it could not be
+    /// sealed (too short): it must not be sent.
     pub(super) fn seal(
         &mut self,
         datagram: &mut [u8],
-        peer_key: &AuthKey,
+        (peer_key, peer_qpn): (&AuthKey, u32),
         own_id: u32,
         epochs: Epochs,
         protection: Protection,
@@ -53,7 +54,9 @@ impl PairSeal {
         let phase = seal::phase_of(pn);
         let key = match &self.send {
             Some(key) if key.phase() == phase => key,
-            _ => self.send.insert(SealKey::derive(peer_key, own_id, phase)),
+            _ => self
+                .send
+                .insert(SealKey::derive(peer_key, peer_qpn, own_id, phase)),
         };
         if seal::seal(datagram, key, pn, epochs, protection).is_err() {
             return false;
@@ -63,12 +66,13 @@ impl PairSeal {
     }
 
     /// Opens `datagram` from the peer, process `sender`, to this module,
-    /// whose key is `own`, and takes its packet number. An encrypted
-    /// payload is plaintext in place after [`Check::Intact`].
+    /// whose key is `own` and receiving queue pair `own_qpn`, and takes its
+    /// packet number. An encrypted payload is plaintext in place after
+    /// [`Check::Intact`].
     pub(super) fn open(
         &mut self,
         datagram: &mut [u8],
-        own: &AuthKey,
+        (own, own_qpn): (&AuthKey, u32),
         sender: u32,
         epochs: Epochs,
         protection: Protection,
@@ -82,7 +86,9 @@ impl PairSeal {
         let phase = seal::phase_of(pn);
         let key = match &self.recv {
             Some(key) if key.phase() == phase => key,
-            _ => self.recv.insert(SealKey::derive(own, sender, phase)),
+            _ => self
+                .recv
+                .insert(SealKey::derive(own, own_qpn, sender, phase)),
         };
         if !seal::open(datagram, key, epochs, protection) {
             return Check::Unauthenticated;
@@ -93,18 +99,18 @@ impl PairSeal {
 }
 
 /// Opens `datagram` from process `sender`, which this module, whose key is
-/// `own`, does not know yet. There is no replay window for it: the
-/// datagram is only noted, never delivered.
+/// `own` and receiving queue pair `own_qpn`, does not know yet. There is no
+/// replay window for it: the datagram is only noted, never delivered.
 pub(super) fn open_from_stranger(
     datagram: &mut [u8],
-    own: &AuthKey,
+    (own, own_qpn): (&AuthKey, u32),
     sender: u32,
     protection: Protection,
 ) -> Check {
     let Some(pn) = seal::packet_number(datagram) else {
         return Check::Unauthenticated;
     };
-    let key = SealKey::derive(own, sender, seal::phase_of(pn));
+    let key = SealKey::derive(own, own_qpn, sender, seal::phase_of(pn));
     if seal::open(datagram, &key, Epochs::default(), protection) {
         Check::Intact
     } else {

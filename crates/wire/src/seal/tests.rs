@@ -6,6 +6,7 @@ use crate::{btl, datagram};
 
 const RECEIVER: AuthKey = AuthKey([7; 32]);
 const SENDER: u32 = 0x0bad_cafe;
+const QPN: u32 = 0x1_0000;
 const EPOCHS: Epochs = Epochs { seq: 3, ack: 1 };
 const PN: u64 = 0x1234_5678_9abc;
 
@@ -34,7 +35,7 @@ fn unsealed(payload: &[u8], protection: Protection) -> Vec<u8> {
 }
 
 fn key(pn: u64) -> SealKey {
-    SealKey::derive(&RECEIVER, SENDER, phase_of(pn))
+    SealKey::derive(&RECEIVER, QPN, SENDER, phase_of(pn))
 }
 
 fn sealed(payload: &[u8], protection: Protection) -> Vec<u8> {
@@ -65,8 +66,9 @@ fn a_sealed_datagram_opens_under_its_key_only() {
         );
         assert_eq!(&good[SEALED_HEADER_LEN..], b"payload");
         for other in [
-            SealKey::derive(&AuthKey([8; 32]), SENDER, phase_of(PN)),
-            SealKey::derive(&RECEIVER, SENDER + 1, phase_of(PN)),
+            SealKey::derive(&AuthKey([8; 32]), QPN, SENDER, phase_of(PN)),
+            SealKey::derive(&RECEIVER, QPN + 1, SENDER, phase_of(PN)),
+            SealKey::derive(&RECEIVER, QPN, SENDER + 1, phase_of(PN)),
         ] {
             let mut copy = bytes.clone();
             assert!(
@@ -76,7 +78,7 @@ fn a_sealed_datagram_opens_under_its_key_only() {
         }
         // A key of another phase is refused before any work.
         let mut copy = bytes.clone();
-        let next = SealKey::derive(&RECEIVER, SENDER, phase_of(PN) + 1);
+        let next = SealKey::derive(&RECEIVER, QPN, SENDER, phase_of(PN) + 1);
         assert!(!open(&mut copy, &next, EPOCHS, protection));
     }
 }

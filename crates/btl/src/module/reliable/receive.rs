@@ -49,8 +49,11 @@ impl<C: Context> Engine<C> {
         let recognised = endpoint.filter(|_| known == Some((header.src, job_key)));
         let check = match integrity {
             Integrity::Sealed {
-                own, protection, ..
-            } => self.open_sealed(held, &header, recognised, (own, protection)),
+                own,
+                own_qpn,
+                protection,
+                ..
+            } => self.open_sealed(held, &header, recognised, (own, own_qpn, protection)),
             _ => unsealed,
         };
         let counter = match check {
@@ -109,14 +112,15 @@ impl<C: Context> Engine<C> {
     }
 
     /// Opens the sealed datagram in `held`, with header `header`, on a
-    /// module whose key is `own` and which seals with `protection`: with
-    /// the state of its sender, if `recognised`, else as a stranger's.
+    /// module whose key is `own`, whose receiving queue pair is `own_qpn`
+    /// and which seals with `protection`: with the state of its sender, if
+    /// `recognised`, else as a stranger's.
     fn open_sealed(
         &mut self,
         held: Held,
         header: &rel::Repr,
         recognised: Option<EndpointId>,
-        (own, protection): (AuthKey, Protection),
+        (own, own_qpn, protection): (AuthKey, u32, Protection),
     ) -> Check {
         let Some(protection) = seal::protection_of(header.flags, protection) else {
             return Check::Unauthenticated;
@@ -132,7 +136,7 @@ impl<C: Context> Engine<C> {
             return Check::Unauthenticated;
         };
         let Some(peer) = recognised.and_then(|ep| self.endpoints.get_mut(ep)) else {
-            return seal::open_from_stranger(bytes, &own, header.src, protection);
+            return seal::open_from_stranger(bytes, (&own, own_qpn), header.src, protection);
         };
         let pair = match &mut peer.seal {
             Some(pair) => pair,
@@ -141,7 +145,7 @@ impl<C: Context> Engine<C> {
                 Err(_) => return Check::Unauthenticated,
             },
         };
-        pair.open(bytes, &own, header.src, epochs, protection)
+        pair.open(bytes, (&own, own_qpn), header.src, epochs, protection)
     }
 
     /// Delivers a datagram that waited for an earlier one: its headers are
