@@ -913,7 +913,9 @@ proptest! {
         let mut b = Component::init(host(&net, "b", spec), params(config)).unwrap();
         let ab = a.add_procs(&[Some(&b.modex())]).unwrap()[0].endpoints[0].unwrap();
         let eager = a.modules()[0].limits().eager_limit;
-        prop_assert!(recv_buffer_len(eager) >= udbtl_fabric::GRH_LEN + 8 + eager);
+        let stride = a.modules()[0].limits().recv_buffer_len;
+        prop_assert_eq!(stride, recv_buffer_len(8 + eager));
+        prop_assert!(stride >= udbtl_fabric::GRH_LEN + 8 + eager);
         let got = collect(&mut b, Tag::PML);
         let payload: Vec<u8> = (0..eager).map(|i| i as u8).collect();
         send_bytes(&mut a, ab, Tag::PML, &payload, DesFlags::BTL_OWNERSHIP).unwrap();

@@ -213,7 +213,9 @@ impl<C: Context> Engine<C> {
             ctx.modify_qp(qp.handle, &QpTransition::Rts { sq_psn: 0 })
                 .map_err(fail("move queue pair to RTS"))?;
         }
-        let recv_stride = recv_buffer_len(limits.max_send_size);
+        // The longest datagram: headers and the longest payload.
+        let max_datagram = header_len(params) + limits.max_send_size;
+        let recv_stride = recv_buffer_len(max_datagram);
         let recv_count = recv_pool_size(params, recv_stride);
         let recv_mr = ctx
             .reg_mr(pd, recv_count * recv_stride)
@@ -227,7 +229,7 @@ impl<C: Context> Engine<C> {
             .map_err(|e| fail("post receive buffers")(e.error))?;
         if params.reliable {
             let ack_mr = ctx
-                .reg_mr(pd, RingLayout::new(params, limits.max_send_size).bytes())
+                .reg_mr(pd, RingLayout::new(params, max_datagram).bytes())
                 .map_err(fail("register acknowledgement buffers"))?;
             partial.ack_mr = Some(ack_mr);
         }
@@ -296,7 +298,8 @@ impl<C: Context> Engine<C> {
             Some(ack_mr) => {
                 let made = stream_nonce().and_then(|nonce| {
                     let integrity = integrity_for(params, &built.port, &qps, nonce)?;
-                    let ring = RingLayout::new(params, built.limits.max_send_size);
+                    let max_datagram = header_len(params) + built.limits.max_send_size;
+                    let ring = RingLayout::new(params, max_datagram);
                     Reliable::new(
                         params,
                         built.limits.max_send_size,

@@ -71,12 +71,12 @@ pub(super) fn round_up(value: usize, align: usize) -> usize {
     value.div_ceil(align) * align
 }
 
-/// Receive buffer size for a maximum send size: the GRH the fabric writes in
-/// front, the BTL header and the largest payload, rounded to the fragment
-/// alignment. Allocation and posting both use this one value, which fixes
+/// Receive buffer size for the longest datagram (the module's headers and
+/// its largest payload): the GRH the fabric writes in front and the
+/// datagram, rounded to the fragment alignment. Allocation and posting both use this one value, which fixes
 /// the seed's bug of allocating fewer bytes than it posted.
-pub fn recv_buffer_len(max_send_size: usize) -> usize {
-    round_up(GRH_LEN + HEADER_MAX + max_send_size, FRAG_ALIGN)
+pub fn recv_buffer_len(max_datagram: usize) -> usize {
+    round_up(GRH_LEN + max_datagram, FRAG_ALIGN)
 }
 
 /// BTL header bytes in front of every payload.

@@ -123,6 +123,24 @@ impl<C: Context> Engine<C> {
         (own, own_qpn, protection): (AuthKey, u32, Protection),
     ) -> Check {
         let Some(protection) = seal::protection_of(header.flags, protection) else {
+            // From a peer of this job: it was started with another `auth`.
+            if let Some(reliable) = self.path.reliable_mut().filter(|_| recognised.is_some()) {
+                if !reliable.warned_protection {
+                    reliable.warned_protection = true;
+                    tracing::warn!(
+                        peer = header.src,
+                        sealed = header.has(rel::FLAG_MAC),
+                        "a peer sends datagrams sealed less than this module seals \
+                         (UDBTL_AUTH={}); they are dropped: set UDBTL_AUTH alike on \
+                         every process",
+                        if protection == Protection::Encrypt {
+                            "encrypt"
+                        } else {
+                            "on"
+                        }
+                    );
+                }
+            }
             return Check::Unauthenticated;
         };
         // The tag covers the epochs of `seq` and `ack`, which only the

@@ -68,6 +68,9 @@ pub(in crate::module) struct Reliable {
     seal_next: usize,
     /// Senders not known yet, by process id (see `take_unknown_peers`).
     pub(super) unknown_peers: Vec<u32>,
+    /// Whether a known peer's datagram was refused for being sealed less
+    /// than this module seals, and that was said (once).
+    pub(super) warned_protection: bool,
     pub(in crate::module) reassembly: Reassembly,
     /// When the engine last ran (progress or helper), to notice that the
     /// process was stopped.
@@ -95,6 +98,7 @@ impl Reliable {
             ring,
             seal_next: 0,
             unknown_peers: Vec::new(),
+            warned_protection: false,
             reassembly: Reassembly::default(),
             last_run: None,
             stream_nonce,
