@@ -426,15 +426,14 @@ fn forge(
     match key {
         Some((key, qpn)) => {
             let pn = seal::packet_number(&d[BTL_AT..]).unwrap() + 1000;
-            let key = SealKey::derive(key, qpn, repr.src, seal::phase_of(pn));
-            seal::seal(
-                &mut d[BTL_AT..],
-                &key,
-                pn,
-                Epochs::default(),
+            let key = SealKey::derive(
+                key,
+                qpn,
+                repr.src,
+                seal::phase_of(pn),
                 Protection::Authenticate,
-            )
-            .unwrap();
+            );
+            seal::seal(&mut d[BTL_AT..], &[], &key, pn, Epochs::default()).unwrap();
         }
         None => reseal(&mut d),
     }
@@ -447,8 +446,14 @@ fn opens_under(d: &[u8], receiver: &datagram::AuthKey, qpn: u32) -> bool {
     let mut d = d[BTL_AT..].to_vec();
     let src = datagram::extension(&d).unwrap().src();
     let pn = seal::packet_number(&d).unwrap();
-    let key = SealKey::derive(receiver, qpn, src, seal::phase_of(pn));
-    seal::open(&mut d, &key, Epochs::default(), Protection::Authenticate)
+    let key = SealKey::derive(
+        receiver,
+        qpn,
+        src,
+        seal::phase_of(pn),
+        Protection::Authenticate,
+    );
+    seal::open(&mut d, &key, Epochs::default())
 }
 
 #[test]

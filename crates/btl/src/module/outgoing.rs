@@ -95,15 +95,35 @@ impl<C: Context> Engine<C> {
         };
         header.flags |= frag.msg_flags;
         let endpoint = EndpointId(frag.endpoint);
+        let seg_len = frag.seg_len;
+        // Taken as the segment was written, if it still covers all of it.
+        let segment_crc = frag.segment_crc.filter(|c| c.len == seg_len).map(|c| c.crc);
         let Some(route) = self.endpoints.route(endpoint) else {
             self.stats.transmit_failures += 1;
             return;
         };
-        let Some((mr, sge)) = self.frags.head(des, self.header_len + frag.seg_len) else {
+        let Some((mr, sge)) = self.frags.head(des, self.header_len + seg_len) else {
             return;
         };
-        if self.protection().is_some() {
-            return self.transmit_sealed(des, endpoint, route, header, epochs, (mr.handle, sge));
+        match self.protection() {
+            // Authenticated where it is, unless too much of the payload is
+            // behind the headers.
+            Some(Protection::Authenticate)
+                if self.seal_in_place(des, endpoint, route, header, epochs, (mr.handle, sge)) =>
+            {
+                return;
+            }
+            Some(_) => {
+                return self.transmit_sealed(
+                    des,
+                    endpoint,
+                    route,
+                    header,
+                    epochs,
+                    (mr.handle, sge),
+                );
+            }
+            None => {}
         }
         let Ok(bytes) = self.ctx.mr_bytes_mut(mr.handle) else {
             return;
@@ -114,11 +134,7 @@ impl<C: Context> Engine<C> {
         };
         header.emit(&mut ext);
         let user = self.frags.user_bytes(des);
-        // Taken as the segment was written, if it still covers all of it.
-        let payload_crc = frag
-            .segment_crc
-            .filter(|c| user.is_none() && c.len == frag.seg_len)
-            .map(|c| c.crc);
+        let payload_crc = segment_crc.filter(|_| user.is_none());
         checksum(
             head,
             &[user.map_or(&[][..], |(_, data)| data)],
@@ -140,10 +156,52 @@ impl<C: Context> Engine<C> {
         self.path.reliable().and_then(|r| r.integrity.protection())
     }
 
-    /// [`transmit_data`](Self::transmit_data) on a module that seals: the
-    /// datagram is copied into a seal buffer and sealed there, since the
-    /// fragment keeps its payload in clear for a resend, which goes under a
-    /// new packet number.
+    /// [`transmit_data`](Self::transmit_data) on a module that
+    /// authenticates: the datagram is sealed where it is (headers in the
+    /// fragment, payload behind them and in the caller's bytes), since
+    /// authenticating writes only the headers; a resend seals it again.
+    /// `false`, with nothing sent, if it is held in a way that cannot be.
+    fn seal_in_place(
+        &mut self,
+        des: Descriptor,
+        endpoint: EndpointId,
+        route: Route,
+        header: rel::Repr,
+        epochs: Epochs,
+        (head_mr, head): (MrHandle, Sge),
+    ) -> bool {
+        let sealer = (self.protection(), self.proc_id);
+        let user = self.frags.user_bytes(des).map(|(_, data)| data);
+        let Ok(bytes) = self.ctx.mr_bytes_mut(head_mr) else {
+            return false;
+        };
+        let datagram = &mut bytes[head.offset..head.offset + head.len];
+        let tail = user.unwrap_or(&[]);
+        if !seal_to(
+            &mut self.endpoints,
+            sealer,
+            endpoint,
+            (datagram, tail),
+            &header,
+            epochs,
+        ) {
+            return false;
+        }
+        self.queue_post(QueuedPost {
+            route,
+            head,
+            user: user.is_some().then_some(des),
+            wr_id: u64::from(des.raw()),
+            signaled: true,
+        });
+        true
+    }
+
+    /// [`transmit_data`](Self::transmit_data) on a module that encrypts,
+    /// or for a datagram that cannot be authenticated where it is: it is
+    /// copied into a seal buffer and sealed there, since the fragment keeps
+    /// its payload in clear for a resend, which goes under a new packet
+    /// number.
     fn transmit_sealed(
         &mut self,
         des: Descriptor,
@@ -179,7 +237,7 @@ impl<C: Context> Engine<C> {
             &mut self.endpoints,
             sealer,
             endpoint,
-            datagram,
+            (datagram, &[]),
             &header,
             epochs,
         ) {
@@ -217,7 +275,14 @@ impl<C: Context> Engine<C> {
             reliable: true,
         }
         .emit(&mut btl::Packet::new_unchecked(&mut *buf));
-        if !seal_to(&mut self.endpoints, sealer, endpoint, buf, &header, epochs) {
+        if !seal_to(
+            &mut self.endpoints,
+            sealer,
+            endpoint,
+            (buf, &[]),
+            &header,
+            epochs,
+        ) {
             self.stats.transmit_failures += 1;
             return;
         }
@@ -232,18 +297,19 @@ impl<C: Context> Engine<C> {
     }
 }
 
-/// Writes `header` into `datagram` (its headers, room for a tag and its
-/// payload, in one buffer) and, with `protection`, seals it to `endpoint`
-/// as process `own_id`; `false` if it must not be sent.
+/// Writes `header` into the datagram held as `head` (its headers, room for
+/// a tag and the start of its payload) and `tail` (the rest of the
+/// payload), and, with `protection`, seals it to `endpoint` as process
+/// `own_id`; `false` if it must not be sent as it is held.
 fn seal_to(
     endpoints: &mut Endpoints,
     (protection, own_id): (Option<Protection>, u32),
     endpoint: EndpointId,
-    datagram: &mut [u8],
+    (head, tail): (&mut [u8], &[u8]),
     header: &rel::Repr,
     epochs: Epochs,
 ) -> bool {
-    let Ok(mut ext) = datagram::extension_mut(datagram) else {
+    let Ok(mut ext) = datagram::extension_mut(head) else {
         return false;
     };
     header.emit(&mut ext);
@@ -265,7 +331,13 @@ fn seal_to(
             Err(_) => return false,
         },
     };
-    pair.seal(datagram, (&peer_key, peer_qpn), own_id, epochs, protection)
+    pair.seal(
+        (head, tail),
+        (&peer_key, peer_qpn),
+        own_id,
+        epochs,
+        protection,
+    )
 }
 
 /// Copies `len` bytes of registration `from` at its offset to registration

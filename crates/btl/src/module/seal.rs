@@ -38,13 +38,15 @@ impl PairSeal {
         })
     }
 
-    /// Seals `datagram` (headers, room for the tag, payload) to the peer
-    /// whose module's key is `peer_key` and whose receiving queue pair is
-    /// `peer_qpn`, from this process, `own_id`. `false` if it could not be
-    /// sealed (too short): it must not be sent.
+    /// Seals the datagram held as `head` (headers, room for the tag, the
+    /// start of the payload) and `tail` (the rest of the payload) to the
+    /// peer whose module's key is `peer_key` and whose receiving queue pair
+    /// is `peer_qpn`, from this process, `own_id`. `false` if it could not
+    /// be sealed as it is held ([`seal::seal`]'s errors): nothing was then
+    /// sealed, and no packet number taken.
     pub(super) fn seal(
         &mut self,
-        datagram: &mut [u8],
+        (head, tail): (&mut [u8], &[u8]),
         (peer_key, peer_qpn): (&AuthKey, u32),
         own_id: u32,
         epochs: Epochs,
@@ -54,11 +56,11 @@ impl PairSeal {
         let phase = seal::phase_of(pn);
         let key = match &self.send {
             Some(key) if key.phase() == phase => key,
-            _ => self
-                .send
-                .insert(SealKey::derive(peer_key, peer_qpn, own_id, phase)),
+            _ => self.send.insert(SealKey::derive(
+                peer_key, peer_qpn, own_id, phase, protection,
+            )),
         };
-        if seal::seal(datagram, key, pn, epochs, protection).is_err() {
+        if seal::seal(head, tail, key, pn, epochs).is_err() {
             return false;
         }
         self.next_pn += 1;
@@ -88,9 +90,9 @@ impl PairSeal {
             Some(key) if key.phase() == phase => key,
             _ => self
                 .recv
-                .insert(SealKey::derive(own, own_qpn, sender, phase)),
+                .insert(SealKey::derive(own, own_qpn, sender, phase, protection)),
         };
-        if !seal::open(datagram, key, epochs, protection) {
+        if !seal::open(datagram, key, epochs) {
             return Check::Unauthenticated;
         }
         self.replay.take(pn);
@@ -110,27 +112,20 @@ pub(super) fn open_from_stranger(
     let Some(pn) = seal::packet_number(datagram) else {
         return Check::Unauthenticated;
     };
-    let key = SealKey::derive(own, own_qpn, sender, seal::phase_of(pn));
-    if seal::open(datagram, &key, Epochs::default(), protection) {
+    let key = SealKey::derive(own, own_qpn, sender, seal::phase_of(pn), protection);
+    if seal::open(datagram, &key, Epochs::default()) {
         Check::Intact
     } else {
         Check::Unauthenticated
     }
 }
 
-/// How a module that seals with `own` opens a datagram with extension
-/// flags `flags`: the protection it says it has, unless that is less than
-/// the module's own (a module that encrypts takes nothing in clear).
-pub(super) fn protection_of(flags: u16, own: Protection) -> Option<Protection> {
-    let theirs = if flags & udbtl_wire::rel::FLAG_ENCRYPTED != 0 {
-        Protection::Encrypt
-    } else {
-        Protection::Authenticate
-    };
-    match (flags & udbtl_wire::rel::FLAG_MAC != 0, own, theirs) {
-        (false, ..) | (true, Protection::Encrypt, Protection::Authenticate) => None,
-        (true, ..) => Some(theirs),
-    }
+/// Whether a module that seals with `own` opens a datagram with extension
+/// flags `flags`: only if it is sealed the same way. A module that
+/// encrypts takes nothing in clear; one that authenticates has no key for
+/// encrypted datagrams (the protection is part of the key).
+pub(super) fn sealed_as(flags: u16, own: Protection) -> bool {
+    flags & (udbtl_wire::rel::FLAG_MAC | udbtl_wire::rel::FLAG_ENCRYPTED) == own.flags()
 }
 
 #[cfg(test)]
@@ -139,19 +134,13 @@ mod tests {
     use udbtl_wire::rel::{FLAG_ENCRYPTED, FLAG_MAC};
 
     #[test]
-    fn a_module_that_encrypts_takes_nothing_in_clear() {
+    fn a_module_opens_only_what_is_sealed_as_it_seals() {
         use Protection::{Authenticate, Encrypt};
-        assert_eq!(protection_of(0, Authenticate), None);
-        assert_eq!(protection_of(FLAG_MAC, Authenticate), Some(Authenticate));
-        assert_eq!(
-            protection_of(FLAG_MAC | FLAG_ENCRYPTED, Authenticate),
-            Some(Encrypt)
-        );
-        assert_eq!(protection_of(FLAG_MAC, Encrypt), None);
-        assert_eq!(
-            protection_of(FLAG_MAC | FLAG_ENCRYPTED, Encrypt),
-            Some(Encrypt)
-        );
+        assert!(!sealed_as(0, Authenticate));
+        assert!(sealed_as(FLAG_MAC, Authenticate));
+        assert!(!sealed_as(FLAG_MAC | FLAG_ENCRYPTED, Authenticate));
+        assert!(!sealed_as(FLAG_MAC, Encrypt));
+        assert!(sealed_as(FLAG_MAC | FLAG_ENCRYPTED, Encrypt));
     }
 
     #[test]

@@ -34,13 +34,13 @@ fn unsealed(payload: &[u8], protection: Protection) -> Vec<u8> {
     bytes
 }
 
-fn key(pn: u64) -> SealKey {
-    SealKey::derive(&RECEIVER, QPN, SENDER, phase_of(pn))
+fn key(pn: u64, protection: Protection) -> SealKey {
+    SealKey::derive(&RECEIVER, QPN, SENDER, phase_of(pn), protection)
 }
 
 fn sealed(payload: &[u8], protection: Protection) -> Vec<u8> {
     let mut bytes = unsealed(payload, protection);
-    seal(&mut bytes, &key(PN), PN, EPOCHS, protection).unwrap();
+    seal(&mut bytes, &[], &key(PN, protection), PN, EPOCHS).unwrap();
     bytes
 }
 
@@ -61,25 +61,22 @@ fn a_sealed_datagram_opens_under_its_key_only() {
         assert!(rel::Repr::parse(&datagram::extension(&bytes).unwrap()).is_ok());
         let mut good = bytes.clone();
         assert!(
-            open(&mut good, &key(PN), EPOCHS, protection),
+            open(&mut good, &key(PN, protection), EPOCHS),
             "{protection:?}"
         );
         assert_eq!(&good[SEALED_HEADER_LEN..], b"payload");
         for other in [
-            SealKey::derive(&AuthKey([8; 32]), QPN, SENDER, phase_of(PN)),
-            SealKey::derive(&RECEIVER, QPN + 1, SENDER, phase_of(PN)),
-            SealKey::derive(&RECEIVER, QPN, SENDER + 1, phase_of(PN)),
+            SealKey::derive(&AuthKey([8; 32]), QPN, SENDER, phase_of(PN), protection),
+            SealKey::derive(&RECEIVER, QPN + 1, SENDER, phase_of(PN), protection),
+            SealKey::derive(&RECEIVER, QPN, SENDER + 1, phase_of(PN), protection),
         ] {
             let mut copy = bytes.clone();
-            assert!(
-                !open(&mut copy, &other, EPOCHS, protection),
-                "{protection:?}"
-            );
+            assert!(!open(&mut copy, &other, EPOCHS), "{protection:?}");
         }
         // A key of another phase is refused before any work.
         let mut copy = bytes.clone();
-        let next = SealKey::derive(&RECEIVER, QPN, SENDER, phase_of(PN) + 1);
-        assert!(!open(&mut copy, &next, EPOCHS, protection));
+        let next = SealKey::derive(&RECEIVER, QPN, SENDER, phase_of(PN) + 1, protection);
+        assert!(!open(&mut copy, &next, EPOCHS));
     }
 }
 
@@ -107,7 +104,7 @@ fn a_seal_under_other_epochs_fails() {
             Epochs::default(),
         ] {
             let mut bytes = sealed(b"payload", protection);
-            assert!(!open(&mut bytes, &key(PN), other, protection), "{other:?}");
+            assert!(!open(&mut bytes, &key(PN, protection), other), "{other:?}");
         }
     }
 }
@@ -117,38 +114,36 @@ fn the_other_protection_does_not_open() {
     let mut bytes = sealed(b"payload", Protection::Encrypt);
     assert!(!open(
         &mut bytes,
-        &key(PN),
-        EPOCHS,
-        Protection::Authenticate
+        &key(PN, Protection::Authenticate),
+        EPOCHS
     ));
     let mut bytes = sealed(b"payload", Protection::Authenticate);
-    assert!(!open(&mut bytes, &key(PN), EPOCHS, Protection::Encrypt));
+    assert!(!open(&mut bytes, &key(PN, Protection::Encrypt), EPOCHS));
 }
 
 #[test]
 fn short_datagrams_and_a_key_of_another_phase_are_refused() {
     for protection in BOTH {
         let bytes = sealed(b"", protection);
-        assert!(open(&mut bytes.clone(), &key(PN), EPOCHS, protection));
+        assert!(open(&mut bytes.clone(), &key(PN, protection), EPOCHS));
         for len in 0..SEALED_HEADER_LEN {
             assert!(!open(
                 &mut bytes[..len].to_vec(),
-                &key(PN),
-                EPOCHS,
-                protection
+                &key(PN, protection),
+                EPOCHS
             ));
         }
         let mut short = unsealed(b"", protection);
         short.pop();
-        assert!(seal(&mut short, &key(PN), PN, EPOCHS, protection).is_err());
+        assert!(seal(&mut short, &[], &key(PN, protection), PN, EPOCHS).is_err());
         let mut bytes = unsealed(b"x", protection);
         assert!(
             seal(
                 &mut bytes,
-                &key(PN),
+                &[],
+                &key(PN, protection),
                 PN + (1 << PHASE_SHIFT),
-                EPOCHS,
-                protection
+                EPOCHS
             )
             .is_err()
         );
@@ -161,10 +156,27 @@ fn keys_differ_by_phase_and_stay_out_of_debug_output() {
     let mut b = a.clone();
     let pn_a = 5;
     let pn_b = 5 + (1 << PHASE_SHIFT);
-    seal(&mut a, &key(pn_a), pn_a, EPOCHS, Protection::Authenticate).unwrap();
-    seal(&mut b, &key(pn_b), pn_b, EPOCHS, Protection::Authenticate).unwrap();
+    seal(
+        &mut a,
+        &[],
+        &key(pn_a, Protection::Authenticate),
+        pn_a,
+        EPOCHS,
+    )
+    .unwrap();
+    seal(
+        &mut b,
+        &[],
+        &key(pn_b, Protection::Authenticate),
+        pn_b,
+        EPOCHS,
+    )
+    .unwrap();
     assert_ne!(a[TAG_FIELD], b[TAG_FIELD]);
-    assert_eq!(format!("{:?}", key(pn_b)), "SealKey { phase: 1, .. }");
+    assert_eq!(
+        format!("{:?}", key(pn_b, Protection::Authenticate)),
+        "SealKey { phase: 1, .. }"
+    );
 }
 
 #[test]
@@ -197,7 +209,31 @@ proptest! {
         let mut bytes = sealed(&payload, protection);
         let at = index.index(bytes.len());
         bytes[at] ^= flip;
-        prop_assert!(!open(&mut bytes, &key(PN), EPOCHS, protection), "byte {}", at);
+        prop_assert!(!open(&mut bytes, &key(PN, protection), EPOCHS), "byte {}", at);
+    }
+
+    /// A sender that holds the start of the payload behind its headers and
+    /// the rest elsewhere seals the same tag as one that holds it whole, as
+    /// long as at most `PAYLOAD_WITH_HEADERS` bytes are behind the headers;
+    /// beyond, it is refused (and copies instead).
+    #[test]
+    fn authentication_in_two_pieces_seals_as_in_one(
+        payload in proptest::collection::vec(any::<u8>(), 0..400),
+        cut: prop::sample::Index,
+    ) {
+        let whole = sealed(&payload, Protection::Authenticate);
+        let at = cut.index(payload.len() + 1);
+        let mut head = unsealed(&payload[..at], Protection::Authenticate);
+        let sealed = seal(&mut head, &payload[at..], &key(PN, Protection::Authenticate), PN, EPOCHS);
+        if at <= PAYLOAD_WITH_HEADERS || at == payload.len() {
+            prop_assert!(sealed.is_ok());
+            prop_assert_eq!(&head[..SEALED_HEADER_LEN], &whole[..SEALED_HEADER_LEN]);
+        } else {
+            prop_assert!(sealed.is_err());
+        }
+        let mut encrypted = unsealed(&payload[..at], Protection::Encrypt);
+        let split = seal(&mut encrypted, &payload[at..], &key(PN, Protection::Encrypt), PN, EPOCHS);
+        prop_assert_eq!(split.is_ok(), at == payload.len());
     }
 
     #[test]
@@ -208,8 +244,8 @@ proptest! {
     ) {
         let protection = if encrypt { Protection::Encrypt } else { Protection::Authenticate };
         let mut bytes = unsealed(&payload, protection);
-        seal(&mut bytes, &key(pn), pn, EPOCHS, protection).unwrap();
-        prop_assert!(open(&mut bytes, &key(pn), EPOCHS, protection));
+        seal(&mut bytes, &[], &key(pn, protection), pn, EPOCHS).unwrap();
+        prop_assert!(open(&mut bytes, &key(pn, protection), EPOCHS));
         prop_assert_eq!(&bytes[SEALED_HEADER_LEN..], &payload[..]);
     }
 
@@ -234,6 +270,6 @@ proptest! {
     fn open_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..120), encrypt: bool) {
         let protection = if encrypt { Protection::Encrypt } else { Protection::Authenticate };
         let mut bytes = bytes;
-        let _ = open(&mut bytes, &key(PN), EPOCHS, protection);
+        let _ = open(&mut bytes, &key(PN, protection), EPOCHS);
     }
 }

@@ -122,7 +122,7 @@ impl<C: Context> Engine<C> {
         recognised: Option<EndpointId>,
         (own, own_qpn, protection): (AuthKey, u32, Protection),
     ) -> Check {
-        let Some(protection) = seal::protection_of(header.flags, protection) else {
+        if !seal::sealed_as(header.flags, protection) {
             // From a peer of this job: it was started with another `auth`.
             if let Some(reliable) = self.path.reliable_mut().filter(|_| recognised.is_some()) {
                 if !reliable.warned_protection {
@@ -130,7 +130,7 @@ impl<C: Context> Engine<C> {
                     tracing::warn!(
                         peer = header.src,
                         sealed = header.has(rel::FLAG_MAC),
-                        "a peer sends datagrams sealed less than this module seals \
+                        "a peer sends datagrams not sealed as this module seals them \
                          (UDBTL_AUTH={}); they are dropped: set UDBTL_AUTH alike on \
                          every process",
                         if protection == Protection::Encrypt {
@@ -142,7 +142,7 @@ impl<C: Context> Engine<C> {
                 }
             }
             return Check::Unauthenticated;
-        };
+        }
         // The tag covers the epochs of `seq` and `ack`, which only the
         // stream's state knows.
         let epochs = recognised
