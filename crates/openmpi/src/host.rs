@@ -97,8 +97,8 @@ pub fn stats_line(module: &Mod) -> String {
         let _ = write!(
             line,
             " retransmitted={} fast_retransmits={} timeouts={} tail_probes={} spurious={} \
-             duplicates={} keepalives={} lost_peers={} bad_checksum={} unauthenticated={} \
-             replayed={} unacceptable={} coalesced={} trains={}",
+             duplicates={} keepalives={} lost_peers={} integrity={} bad_checksum={} \
+             unauthenticated={} replayed={} unacceptable={} coalesced={} trains={}",
             r.retransmitted,
             r.fast_retransmits,
             r.timeouts,
@@ -107,6 +107,7 @@ pub fn stats_line(module: &Mod) -> String {
             r.duplicates,
             r.keepalives,
             r.peers_lost,
+            module.integrity(),
             s.recv_bad_checksum,
             s.recv_unauthenticated,
             s.recv_replayed,

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Run, parse_size, run_ok, threshold_args};
+use common::{Run, parse_size, run_ok, stats_fields, threshold_args, total};
 
 /// `p2p` with the thresholds; sizes up to `max` bytes.
 fn p2p(np: u32, max: &str) {
@@ -43,6 +43,31 @@ fn p2p_4_ranks() {
 fn p2p_8_ranks() {
     require_openmpi!();
     p2p(8, "4194304");
+}
+
+/// `p2p` with sealed datagrams, set as users set the MCA parameter:
+/// `btl_udbtl_auth=1` authenticates, `encrypt` also encrypts. Every size
+/// through ob1's protocols arrives checked on 2 ranks, every rank says it
+/// sealed, and nothing was refused.
+#[test]
+fn p2p_2_ranks_sealed() {
+    require_openmpi!();
+    for (auth, word) in [("1", "sealed"), ("encrypt", "encrypted")] {
+        let mut args = vec!["--max", "4194304"];
+        args.extend(threshold_args().iter().map(String::as_str));
+        let out = run_ok("p2p", &Run::udbtl(2).mca("btl_udbtl_auth", auth), &args);
+        let ranks = stats_fields(&out.stderr);
+        assert_eq!(ranks.len(), 2, "auth {auth}");
+        for fields in &ranks {
+            assert!(
+                fields.iter().any(|(k, v)| k == "integrity" && v == word),
+                "auth {auth}: {fields:?}"
+            );
+        }
+        for refused in ["unauthenticated", "replayed"] {
+            assert_eq!(total(&out, refused), 0, "auth {auth}: {refused}");
+        }
+    }
 }
 
 #[test]

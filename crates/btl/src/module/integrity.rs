@@ -54,6 +54,19 @@ impl Integrity {
         }
     }
 
+    /// How datagrams are protected, in one word (`Module::integrity`).
+    pub(super) const fn word(&self) -> &'static str {
+        match self {
+            Self::Fabric => "fabric",
+            Self::Checksum => "crc32",
+            Self::Sealed {
+                protection: Protection::Encrypt,
+                ..
+            } => "encrypted",
+            Self::Sealed { .. } => "sealed",
+        }
+    }
+
     /// How this module's address says it authenticates.
     pub(super) const fn auth(&self) -> modex::Auth {
         match *self {

@@ -37,6 +37,16 @@ impl<C: Context> Module<C> {
         self.lock().path.reliable().map(|r| *r.core.stats())
     }
 
+    /// How the module protects its datagrams, in one word: `fabric` (the
+    /// fabric checks them end to end), `crc32`, `sealed` (`auth` on) or
+    /// `encrypted`; `none` on an unreliable module.
+    pub fn integrity(&self) -> &'static str {
+        self.lock()
+            .path
+            .reliable()
+            .map_or("none", |r| r.integrity.word())
+    }
+
     /// Registration cache counters.
     pub fn rcache_stats(&self) -> RegCacheStats {
         self.lock().rcache.stats()
