@@ -3,8 +3,9 @@
 //! into-one`) while a packet socket reads every datagram on the host. With
 //! `UDBTL_AUTH=1` the payloads go in clear under their tags; with
 //! `UDBTL_AUTH=encrypt` no payload shows, and every datagram says it is
-//! encrypted. Reading the wire takes a packet socket: as root only,
-//! SKIPPED otherwise.
+//! encrypted. Only the job's own datagrams count (by its job key, which
+//! rank 0 writes out): other tests may run at the same time. Reading the
+//! wire takes a packet socket: as root only, SKIPPED otherwise.
 
 #![allow(clippy::unwrap_used)]
 
@@ -12,6 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use udbtl_wire::btl;
 use udbtl_wire::rel::{FLAG_ENCRYPTED, FLAG_MAC};
 
 #[path = "../../../tests/support/udrun_jobs.rs"]
@@ -37,43 +39,80 @@ struct Observed {
     in_clear: u64,
 }
 
+/// One sealed udbtl datagram seen on the wire.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    job_key: u32,
+    encrypted: bool,
+    in_clear: bool,
+}
+
 /// Runs the job with `UDBTL_AUTH=auth` while watching the wire.
 fn observe(auth: &str, sniffer: forger::Sniffer) -> Observed {
+    let dir = std::env::temp_dir().join(format!("udbtl-sealed-{}-{auth}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let key_file = dir.join("job-key");
+    let script = format!(
+        "[ \"$PMI_RANK\" = 0 ] && echo \"$UDBTL_JOB_KEY\" > '{}'; exec \"$0\" \"$@\"",
+        key_file.display()
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let watcher = {
         let stop = Arc::clone(&stop);
         std::thread::spawn(move || {
             let body = rank_one_body();
-            let mut seen = Observed::default();
+            let mut seen = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 let Some(datagram) = sniffer.next() else {
                     continue;
                 };
-                let Some(header) = datagram.reliability_header() else {
+                let Some(header) = datagram.reliability_header().filter(|h| h.has(FLAG_MAC)) else {
                     continue;
                 };
-                if !header.has(FLAG_MAC) {
+                let Some(bytes) = datagram.payload.get(udbtl_wire::ud::HEADER_LEN..) else {
                     continue;
-                }
-                seen.sealed += 1;
-                seen.encrypted += u64::from(header.has(FLAG_ENCRYPTED));
-                seen.in_clear += u64::from(
-                    datagram
-                        .payload
-                        .windows(body.len())
-                        .any(|window| window == body),
-                );
+                };
+                let Ok(btl_header) = btl::Packet::new_checked(bytes) else {
+                    continue;
+                };
+                seen.push(Seen {
+                    job_key: btl_header.job_key(),
+                    encrypted: header.has(FLAG_ENCRYPTED),
+                    in_clear: datagram.payload.windows(body.len()).any(|w| w == body),
+                });
             }
             seen
         })
     };
     let child = common::start(
-        &["-n", "2", PROBE, "--messages", "2000", "into-one"],
+        &[
+            "-n",
+            "2",
+            "sh",
+            "-c",
+            &script,
+            PROBE,
+            "--messages",
+            "2000",
+            "into-one",
+        ],
         &[("UDBTL_AUTH", auth)],
     );
     let job = common::finish(child, Duration::from_secs(120));
     stop.store(true, Ordering::Relaxed);
-    let seen = watcher.join().unwrap();
+    let all_seen = watcher.join().unwrap();
+    let job_key: u32 = std::fs::read_to_string(&key_file)
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .expect("rank 0 wrote the job key");
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut seen = Observed::default();
+    for datagram in all_seen.iter().filter(|d| d.job_key == job_key) {
+        seen.sealed += 1;
+        seen.encrypted += u64::from(datagram.encrypted);
+        seen.in_clear += u64::from(datagram.in_clear);
+    }
     let (stdout, stderr) = common::text(&job.output);
     let all = format!("{stdout}\n{stderr}");
     println!("UDBTL_AUTH={auth}: {seen:?}\n{all}");
