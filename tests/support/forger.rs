@@ -50,6 +50,17 @@ pub(crate) fn rank_pids(
     }
 }
 
+/// The job key in process `pid`'s environment (`UDBTL_JOB_KEY`, which
+/// udrun sets), as its owner or root can read it.
+pub(crate) fn job_key_of(pid: u32) -> Option<u32> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    environ
+        .split(|b| *b == 0)
+        .filter_map(|var| std::str::from_utf8(var).ok())
+        .find_map(|var| var.strip_prefix("UDBTL_JOB_KEY="))
+        .and_then(|key| key.parse().ok())
+}
+
 /// A reliable datagram without data, as udbtl's UDP provider carries it
 /// (UD header, BTL header, reliability header), from process `src` of the
 /// job `job_key`, with a valid checksum.
@@ -187,6 +198,13 @@ pub(crate) struct Seen {
 }
 
 impl Seen {
+    /// The job key in the BTL header of a udbtl datagram's payload, if it
+    /// has one.
+    pub(crate) fn job_key(&self) -> Option<u32> {
+        let bytes = self.payload.get(ud::HEADER_LEN..)?;
+        Some(btl::Packet::new_checked(bytes).ok()?.job_key())
+    }
+
     /// The reliability header of a udbtl datagram's payload, if it has one.
     pub(crate) fn reliability_header(&self) -> Option<rel::Repr> {
         let at = ud::HEADER_LEN + btl::HEADER_LEN;

@@ -24,16 +24,6 @@ mod proc_net;
 
 const PROBE: &str = env!("CARGO_BIN_EXE_udprobe");
 
-/// The job key in process `pid`'s environment.
-fn job_key_of(pid: u32) -> Option<u32> {
-    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-    environ
-        .split(|b| *b == 0)
-        .filter_map(|var| std::str::from_utf8(var).ok())
-        .find_map(|var| var.strip_prefix("UDBTL_JOB_KEY="))
-        .and_then(|key| key.parse().ok())
-}
-
 /// The numbers after "acknowledgements" and "resets" in each rank's
 /// "unacceptable" report, summed.
 fn unacceptable(all: &str) -> u64 {
@@ -68,7 +58,7 @@ fn forged_resets_and_acknowledgements_are_counted_and_dropped_under_udrun() {
     });
     let mut forged = None;
     if let Some(pids) = &pids {
-        let job_key = job_key_of(pids[0]).expect("UDBTL_JOB_KEY in rank 0's environment");
+        let job_key = forger::job_key_of(pids[0]).expect("UDBTL_JOB_KEY in rank 0's environment");
         let ranks: Vec<_> = pids
             .iter()
             .zip(0..)

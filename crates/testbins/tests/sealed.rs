@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use udbtl_wire::btl;
 use udbtl_wire::rel::{FLAG_ENCRYPTED, FLAG_MAC};
 
 #[path = "../../../tests/support/udrun_jobs.rs"]
@@ -70,14 +69,11 @@ fn observe(auth: &str, sniffer: forger::Sniffer) -> Observed {
                 let Some(header) = datagram.reliability_header().filter(|h| h.has(FLAG_MAC)) else {
                     continue;
                 };
-                let Some(bytes) = datagram.payload.get(udbtl_wire::ud::HEADER_LEN..) else {
-                    continue;
-                };
-                let Ok(btl_header) = btl::Packet::new_checked(bytes) else {
+                let Some(job_key) = datagram.job_key() else {
                     continue;
                 };
                 seen.push(Seen {
-                    job_key: btl_header.job_key(),
+                    job_key,
                     encrypted: header.has(FLAG_ENCRYPTED),
                     in_clear: datagram.payload.windows(body.len()).any(|w| w == body),
                 });
@@ -148,4 +144,94 @@ fn an_observer_reads_authenticated_payloads_and_not_encrypted_ones() {
     let encrypted = observe("encrypt", open().unwrap());
     assert_eq!(encrypted.in_clear, 0, "{encrypted:?}");
     assert_eq!(encrypted.encrypted, encrypted.sealed, "{encrypted:?}");
+}
+
+/// The numbers after "replayed" in each rank's last word, summed.
+fn replayed(all: &str) -> u64 {
+    all.lines()
+        .filter(|line| line.contains("messages each way"))
+        .filter_map(|line| line.split_once(" replayed "))
+        .filter_map(|(_, rest)| rest.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Datagrams captured before they are replayed.
+const CAPTURED: usize = 32;
+/// Sealed datagrams of the job that go by after the last capture before
+/// the replays: far more than the replay window's 64 in each direction.
+const GONE_BY: usize = 2048;
+
+/// An observer on the path records genuine sealed datagrams of a job
+/// under udrun (`udprobe stranger`, `UDBTL_AUTH=1`) and, once the streams
+/// have moved on, sends each again from its own sender's address. Each
+/// copy is refused by its packet number (`replayed` in the receiver's
+/// dump), none is delivered twice (udprobe checks every message), and the
+/// job completes. Needs a packet socket and a raw one: root only.
+#[test]
+fn genuine_datagrams_replayed_from_their_senders_address_are_refused() {
+    let (spoofer, sniffer) = match (forger::Spoofer::open(), forger::Sniffer::open()) {
+        (Ok(spoofer), Ok(sniffer)) => (spoofer, sniffer),
+        (Err(reason), _) | (_, Err(reason)) => {
+            eprintln!("SKIPPED: {reason}");
+            return;
+        }
+    };
+    let dir = std::env::temp_dir().join(format!("udbtl-replay-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir_arg = dir.to_str().unwrap();
+    let mut child = common::start(
+        &["-n", "2", PROBE, "stranger", "--dir", dir_arg],
+        &[("UDBTL_AUTH", "1")],
+    );
+    let started = std::time::Instant::now();
+    let pids = forger::rank_pids(&dir, 2, || {
+        child.try_wait().unwrap().is_some() || started.elapsed() > Duration::from_secs(60)
+    });
+    let mut sent = 0u64;
+    if let Some(job_key) = pids.as_ref().and_then(|pids| forger::job_key_of(pids[0])) {
+        let mut captured = Vec::new();
+        let mut gone_by = 0;
+        while gone_by < GONE_BY && child.try_wait().unwrap().is_none() {
+            let Some(datagram) = sniffer.next() else {
+                continue;
+            };
+            let ours = datagram.job_key() == Some(job_key)
+                && datagram
+                    .reliability_header()
+                    .is_some_and(|h| h.has(FLAG_MAC));
+            if !ours {
+                continue;
+            }
+            if captured.len() < CAPTURED {
+                captured.push(datagram);
+            } else {
+                gone_by += 1;
+            }
+        }
+        for datagram in &captured {
+            if spoofer
+                .send(datagram.from, datagram.to, &datagram.payload)
+                .is_ok()
+            {
+                sent += 1;
+            }
+        }
+    }
+    std::fs::write(dir.join("done"), b"").unwrap();
+    let job = common::finish(child, Duration::from_secs(120));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (stdout, stderr) = common::text(&job.output);
+    let all = format!("{stdout}\n{stderr}");
+    println!("{all}\n{sent} genuine datagrams replayed");
+    assert!(!job.timed_out, "the job hung: {all}");
+    assert!(job.output.status.success(), "the job failed: {all}");
+    assert_eq!(
+        all.matches("messages each way, in order and intact")
+            .count(),
+        2,
+        "{all}"
+    );
+    assert_eq!(sent, CAPTURED as u64, "every capture was replayed: {all}");
+    assert!(replayed(&all) >= sent, "every replay refused: {all}");
 }

@@ -79,12 +79,17 @@ pub(crate) fn stranger(
         )
         .into());
     }
-    let unacceptable = dump
-        .lines()
-        .find_map(|line| line.trim().strip_prefix("unacceptable "))
-        .unwrap_or("(no reliability counters)");
+    let counters = |prefix: &str| {
+        dump.lines()
+            .find_map(|line| line.trim().strip_prefix(prefix))
+            .unwrap_or("(no reliability counters)")
+            .to_owned()
+    };
     println!(
-        "rank {rank}: {exchanged} messages each way, in order and intact; unacceptable {unacceptable}"
+        "rank {rank}: {exchanged} messages each way, in order and intact; unacceptable {}; \
+         integrity {}",
+        counters("unacceptable "),
+        counters("integrity ")
     );
     Ok(())
 }
