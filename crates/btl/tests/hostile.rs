@@ -33,7 +33,7 @@ use udbtl_btl::*;
 use udbtl_fabric::udp::UdpProvider;
 use udbtl_fabric::{Context, Provider};
 use udbtl_wire::datagram::Epochs;
-use udbtl_wire::seal::{self, Protection, SealKey};
+use udbtl_wire::seal::{self, Protection, SealKey, Sender};
 use udbtl_wire::{btl, coalesced, datagram, modex, rel, ud};
 
 type Heard = Arc<Mutex<Vec<(Option<EndpointId>, Vec<u8>)>>>;
@@ -429,7 +429,7 @@ fn forge(
             let key = SealKey::derive(
                 key,
                 qpn,
-                repr.src,
+                sender_of(&d[BTL_AT..]),
                 seal::phase_of(pn),
                 Protection::Authenticate,
             );
@@ -440,16 +440,23 @@ fn forge(
     d
 }
 
+/// Who the datagram `d` (from its BTL header on) says it is from.
+fn sender_of(d: &[u8]) -> Sender {
+    Sender {
+        job_key: btl::Packet::new_checked(d).unwrap().job_key(),
+        id: datagram::extension(d).unwrap().src(),
+    }
+}
+
 /// `true` if `d`, a sealed datagram as captured, opens under the keys of
 /// the module whose key is `receiver` and receiving queue pair `qpn`.
 fn opens_under(d: &[u8], receiver: &datagram::AuthKey, qpn: u32) -> bool {
     let mut d = d[BTL_AT..].to_vec();
-    let src = datagram::extension(&d).unwrap().src();
     let pn = seal::packet_number(&d).unwrap();
     let key = SealKey::derive(
         receiver,
         qpn,
-        src,
+        sender_of(&d),
         seal::phase_of(pn),
         Protection::Authenticate,
     );

@@ -6,7 +6,7 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use udbtl_wire::datagram::{self, AuthKey, Epochs};
-use udbtl_wire::seal::{self, Protection, SEALED_HEADER_LEN, SealKey};
+use udbtl_wire::seal::{self, Protection, SEALED_HEADER_LEN, SealKey, Sender};
 use udbtl_wire::{btl, rel};
 
 const PAYLOADS: [usize; 3] = [1416, 8952, 65_000];
@@ -45,7 +45,8 @@ fn bench(c: &mut Criterion) {
                 Protection::Encrypt => "encrypt",
                 _ => "authenticate",
             };
-            let key = SealKey::derive(&AuthKey([1; 32]), 5, 3, 0, protection);
+            let sender = Sender { job_key: 7, id: 3 };
+            let key = SealKey::derive(&AuthKey([1; 32]), 5, sender, 0, protection);
             let mut bytes = datagram(payload, protection.flags());
             let mut pn = 1;
             group.bench_function(BenchmarkId::new(format!("seal {name}"), payload), |b| {

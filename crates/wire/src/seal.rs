@@ -17,14 +17,17 @@
 //! * **Keys.** A datagram from a sender to a receiver is sealed under a key
 //!   of that pair and of the packet number's *phase* (its high 32 bits):
 //!   [`SealKey::derive`] hashes the receiver's key ([`AuthKey`]), the
-//!   receiver's queue pair number, the sender's process id (the
-//!   extension's `src`) and the phase. The sender knows the receiver's key
+//!   receiver's queue pair number, the sender's job key and process id
+//!   (the BTL header's `job_key` and the extension's `src`: a [`Sender`])
+//!   and the phase. The sender knows the receiver's key
 //!   from the job secret or the receiver's modex entry; the receiver derives
 //!   the same key from the datagram's `src` alone, so it checks a datagram
 //!   before it knows anything else about the sender. The queue pair number
 //!   keeps apart what a sender seals for another module that shows the same
 //!   key (a published key copied into a forged modex entry): replayed to
-//!   the real one, it does not open. So a key seals at most 2³² datagrams, and a new one takes over
+//!   the real one, it does not open. The job key keeps apart two senders
+//!   with the same process id in different jobs (rank 0 of a job and of
+//!   the job it spawned). So a key seals at most 2³² datagrams, and a new one takes over
 //!   without any exchange.
 //! * **Nonces.** The GCM nonce is the packet number. A sender numbers the
 //!   datagrams to each peer from a random start below 2⁶² upwards, so a
@@ -113,6 +116,15 @@ impl Protection {
     }
 }
 
+/// Who seals a datagram: the job key and the process id its headers carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sender {
+    /// The BTL header's `job_key`.
+    pub job_key: u32,
+    /// The reliability extension's `src`.
+    pub id: u32,
+}
+
 /// The AES-256-GCM key of one sender, receiver, phase and protection. Its
 /// `Debug` form shows only the phase.
 pub struct SealKey {
@@ -142,23 +154,23 @@ impl core::fmt::Debug for SealKey {
 }
 
 impl SealKey {
-    /// The key that seals datagrams from the process whose id is `sender`
-    /// to the module whose key is `receiver` and whose receiving queue pair
-    /// is `receiver_qpn`, for packet numbers of `phase`: keyed BLAKE3 under
-    /// `receiver` of [`PAIR_KEY_CONTEXT`], `receiver_qpn`, `sender` and
-    /// `phase`.
+    /// The key that seals datagrams from `sender` to the module whose key
+    /// is `receiver` and whose receiving queue pair is `receiver_qpn`, for
+    /// packet numbers of `phase`, with `protection`: keyed BLAKE3 under
+    /// `receiver` of [`PAIR_KEY_CONTEXT`] and the rest, big-endian.
     #[must_use]
     pub fn derive(
         receiver: &AuthKey,
         receiver_qpn: u32,
-        sender: u32,
+        sender: Sender,
         phase: u32,
         protection: Protection,
     ) -> Self {
         let mut hasher = blake3::Hasher::new_keyed(&receiver.0);
         hasher.update(PAIR_KEY_CONTEXT);
         hasher.update(&receiver_qpn.to_be_bytes());
-        hasher.update(&sender.to_be_bytes());
+        hasher.update(&sender.job_key.to_be_bytes());
+        hasher.update(&sender.id.to_be_bytes());
         hasher.update(&phase.to_be_bytes());
         hasher.update(&[protection as u8]);
         let bytes = hasher.finalize();

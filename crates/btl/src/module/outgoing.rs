@@ -4,7 +4,7 @@
 
 use udbtl_fabric::{Context, FabricError, Gather, MrHandle, PostError, Sge};
 use udbtl_wire::datagram::Epochs;
-use udbtl_wire::seal::Protection;
+use udbtl_wire::seal::{Protection, Sender};
 use udbtl_wire::{btl, datagram, rel};
 
 use super::Engine;
@@ -151,6 +151,14 @@ impl<C: Context> Engine<C> {
         });
     }
 
+    /// Who this module's datagrams say they are from.
+    const fn sender(&self) -> Sender {
+        Sender {
+            job_key: self.job_key,
+            id: self.proc_id,
+        }
+    }
+
     /// How this module seals its datagrams, if it does.
     fn protection(&self) -> Option<Protection> {
         self.path.reliable().and_then(|r| r.integrity.protection())
@@ -170,7 +178,7 @@ impl<C: Context> Engine<C> {
         epochs: Epochs,
         (head_mr, head): (MrHandle, Sge),
     ) -> bool {
-        let sealer = (self.protection(), self.proc_id);
+        let sealer = (self.protection(), self.sender());
         let user = self.frags.user_bytes(des).map(|(_, data)| data);
         let Ok(bytes) = self.ctx.mr_bytes_mut(head_mr) else {
             return false;
@@ -227,7 +235,7 @@ impl<C: Context> Engine<C> {
             self.stats.transmit_failures += 1;
             return;
         }
-        let sealer = (self.protection(), self.proc_id);
+        let sealer = (self.protection(), self.sender());
         let Ok(bytes) = self.ctx.mr_bytes_mut(ring) else {
             return;
         };
@@ -259,7 +267,7 @@ impl<C: Context> Engine<C> {
         let Some(route) = self.endpoints.route(endpoint) else {
             return;
         };
-        let sealer = (self.protection(), self.proc_id);
+        let sealer = (self.protection(), self.sender());
         let Some(reliable) = self.path.reliable_mut() else {
             return;
         };
@@ -299,11 +307,11 @@ impl<C: Context> Engine<C> {
 
 /// Writes `header` into the datagram held as `head` (its headers, room for
 /// a tag and the start of its payload) and `tail` (the rest of the
-/// payload), and, with `protection`, seals it to `endpoint` as process
-/// `own_id`; `false` if it must not be sent as it is held.
+/// payload), and, with `protection`, seals it to `endpoint` as `own`;
+/// `false` if it must not be sent as it is held.
 fn seal_to(
     endpoints: &mut Endpoints,
-    (protection, own_id): (Option<Protection>, u32),
+    (protection, own): (Option<Protection>, Sender),
     endpoint: EndpointId,
     (head, tail): (&mut [u8], &[u8]),
     header: &rel::Repr,
@@ -331,13 +339,7 @@ fn seal_to(
             Err(_) => return false,
         },
     };
-    pair.seal(
-        (head, tail),
-        (&peer_key, peer_qpn),
-        own_id,
-        epochs,
-        protection,
-    )
+    pair.seal((head, tail), (&peer_key, peer_qpn), own, epochs, protection)
 }
 
 /// Copies `len` bytes of registration `from` at its offset to registration

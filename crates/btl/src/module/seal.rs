@@ -4,7 +4,7 @@
 //! The format and the cryptography are `udbtl_wire::seal`'s.
 
 use udbtl_wire::datagram::{AuthKey, Epochs};
-use udbtl_wire::seal::{self, PACKET_NUMBER_START_MAX, Protection, ReplayWindow, SealKey};
+use udbtl_wire::seal::{self, PACKET_NUMBER_START_MAX, Protection, ReplayWindow, SealKey, Sender};
 
 use super::integrity::Check;
 
@@ -41,14 +41,14 @@ impl PairSeal {
     /// Seals the datagram held as `head` (headers, room for the tag, the
     /// start of the payload) and `tail` (the rest of the payload) to the
     /// peer whose module's key is `peer_key` and whose receiving queue pair
-    /// is `peer_qpn`, from this process, `own_id`. `false` if it could not
+    /// is `peer_qpn`, from this process, `own`. `false` if it could not
     /// be sealed as it is held ([`seal::seal`]'s errors): nothing was then
     /// sealed, and no packet number taken.
     pub(super) fn seal(
         &mut self,
         (head, tail): (&mut [u8], &[u8]),
         (peer_key, peer_qpn): (&AuthKey, u32),
-        own_id: u32,
+        own: Sender,
         epochs: Epochs,
         protection: Protection,
     ) -> bool {
@@ -56,9 +56,9 @@ impl PairSeal {
         let phase = seal::phase_of(pn);
         let key = match &self.send {
             Some(key) if key.phase() == phase => key,
-            _ => self.send.insert(SealKey::derive(
-                peer_key, peer_qpn, own_id, phase, protection,
-            )),
+            _ => self
+                .send
+                .insert(SealKey::derive(peer_key, peer_qpn, own, phase, protection)),
         };
         if seal::seal(head, tail, key, pn, epochs).is_err() {
             return false;
@@ -67,7 +67,7 @@ impl PairSeal {
         true
     }
 
-    /// Opens `datagram` from the peer, process `sender`, to this module,
+    /// Opens `datagram` from the peer, `sender`, to this module,
     /// whose key is `own` and receiving queue pair `own_qpn`, and takes its
     /// packet number. An encrypted payload is plaintext in place after
     /// [`Check::Intact`].
@@ -75,7 +75,7 @@ impl PairSeal {
         &mut self,
         datagram: &mut [u8],
         (own, own_qpn): (&AuthKey, u32),
-        sender: u32,
+        sender: Sender,
         epochs: Epochs,
         protection: Protection,
     ) -> Check {
@@ -100,13 +100,13 @@ impl PairSeal {
     }
 }
 
-/// Opens `datagram` from process `sender`, which this module, whose key is
+/// Opens `datagram` from `sender`, which this module, whose key is
 /// `own` and receiving queue pair `own_qpn`, does not know yet. There is no
 /// replay window for it: the datagram is only noted, never delivered.
 pub(super) fn open_from_stranger(
     datagram: &mut [u8],
     (own, own_qpn): (&AuthKey, u32),
-    sender: u32,
+    sender: Sender,
     protection: Protection,
 ) -> Check {
     let Some(pn) = seal::packet_number(datagram) else {

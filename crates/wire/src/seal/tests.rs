@@ -5,7 +5,10 @@ use crate::seq::SeqNum;
 use crate::{btl, datagram};
 
 const RECEIVER: AuthKey = AuthKey([7; 32]);
-const SENDER: u32 = 0x0bad_cafe;
+const SENDER: Sender = Sender {
+    job_key: 0xcafe_f00d,
+    id: 0x0bad_cafe,
+};
 const QPN: u32 = 0x1_0000;
 const EPOCHS: Epochs = Epochs { seq: 3, ack: 1 };
 const PN: u64 = 0x1234_5678_9abc;
@@ -16,12 +19,12 @@ fn unsealed(payload: &[u8], protection: Protection) -> Vec<u8> {
     let mut bytes = vec![0u8; SEALED_HEADER_LEN + payload.len()];
     btl::Repr {
         tag: 9,
-        job_key: 0xcafe_f00d,
+        job_key: SENDER.job_key,
         reliable: true,
     }
     .emit(&mut btl::Packet::new_unchecked(&mut bytes[..]));
     rel::Repr {
-        src: SENDER,
+        src: SENDER.id,
         seq: SeqNum(41),
         ack: SeqNum(17),
         sack: 0b101,
@@ -68,7 +71,26 @@ fn a_sealed_datagram_opens_under_its_key_only() {
         for other in [
             SealKey::derive(&AuthKey([8; 32]), QPN, SENDER, phase_of(PN), protection),
             SealKey::derive(&RECEIVER, QPN + 1, SENDER, phase_of(PN), protection),
-            SealKey::derive(&RECEIVER, QPN, SENDER + 1, phase_of(PN), protection),
+            SealKey::derive(
+                &RECEIVER,
+                QPN,
+                Sender {
+                    id: SENDER.id + 1,
+                    ..SENDER
+                },
+                phase_of(PN),
+                protection,
+            ),
+            SealKey::derive(
+                &RECEIVER,
+                QPN,
+                Sender {
+                    job_key: 1,
+                    ..SENDER
+                },
+                phase_of(PN),
+                protection,
+            ),
         ] {
             let mut copy = bytes.clone();
             assert!(!open(&mut copy, &other, EPOCHS), "{protection:?}");

@@ -6,7 +6,7 @@
 use udbtl_fabric::{Context, QpAddr};
 use udbtl_reliability::{Instant, PeerId, Receipt, Room};
 use udbtl_wire::datagram::{AuthKey, Epochs};
-use udbtl_wire::seal::Protection;
+use udbtl_wire::seal::{Protection, Sender};
 use udbtl_wire::{btl, datagram, rel};
 
 use super::super::Engine;
@@ -53,7 +53,18 @@ impl<C: Context> Engine<C> {
                 own_qpn,
                 protection,
                 ..
-            } => self.open_sealed(held, &header, recognised, (own, own_qpn, protection)),
+            } => {
+                let sender = Sender {
+                    job_key,
+                    id: header.src,
+                };
+                self.open_sealed(
+                    held,
+                    (&header, sender),
+                    recognised,
+                    (own, own_qpn, protection),
+                )
+            }
             _ => unsealed,
         };
         let counter = match check {
@@ -111,14 +122,14 @@ impl<C: Context> Engine<C> {
         }
     }
 
-    /// Opens the sealed datagram in `held`, with header `header`, on a
-    /// module whose key is `own`, whose receiving queue pair is `own_qpn`
-    /// and which seals with `protection`: with the state of its sender, if
-    /// `recognised`, else as a stranger's.
+    /// Opens the sealed datagram in `held`, with header `header`, from
+    /// `sender`, on a module whose key is `own`, whose receiving queue pair
+    /// is `own_qpn` and which seals with `protection`: with the state of its
+    /// sender's endpoint, if `recognised`, else as a stranger's.
     fn open_sealed(
         &mut self,
         held: Held,
-        header: &rel::Repr,
+        (header, sender): (&rel::Repr, Sender),
         recognised: Option<EndpointId>,
         (own, own_qpn, protection): (AuthKey, u32, Protection),
     ) -> Check {
@@ -154,7 +165,7 @@ impl<C: Context> Engine<C> {
             return Check::Unauthenticated;
         };
         let Some(peer) = recognised.and_then(|ep| self.endpoints.get_mut(ep)) else {
-            return seal::open_from_stranger(bytes, (&own, own_qpn), header.src, protection);
+            return seal::open_from_stranger(bytes, (&own, own_qpn), sender, protection);
         };
         let pair = match &mut peer.seal {
             Some(pair) => pair,
@@ -163,7 +174,7 @@ impl<C: Context> Engine<C> {
                 Err(_) => return Check::Unauthenticated,
             },
         };
-        pair.open(bytes, (&own, own_qpn), header.src, epochs, protection)
+        pair.open(bytes, (&own, own_qpn), sender, epochs, protection)
     }
 
     /// Delivers a datagram that waited for an earlier one: its headers are

@@ -1,0 +1,1 @@
+/tmp/udbtl-bench/47047df7e715e969acf792b5e0dd6a4793225225/target/release/udrun -n 2 --bind-to core -x UDBTL_IF_INCLUDE=lo /tmp/udbtl-bench/47047df7e715e969acf792b5e0dd6a4793225225/target/release/udbench --json bw --window 64 --min-size 1M --max-size 1M 

@@ -1,0 +1,1 @@
+/tmp/udbtl-bench/272cb8f6099c6f22ef9bba30dca76d326f24b7c3/target/release/udrun -n 2 --bind-to core -x UDBTL_IF_INCLUDE=lo /tmp/udbtl-bench/272cb8f6099c6f22ef9bba30dca76d326f24b7c3/target/release/udbench --json bw --window 64 --min-size 1M --max-size 1M 
