@@ -18,23 +18,23 @@
 //!   of that pair and of the packet number's *phase* (its high 32 bits):
 //!   [`SealKey::derive`] hashes the receiver's key ([`AuthKey`]), the
 //!   receiver's queue pair number, the sender's job key and process id
-//!   (the BTL header's `job_key` and the extension's `src`: a [`Sender`])
-//!   and the phase. The sender knows the receiver's key
-//!   from the job secret or the receiver's modex entry; the receiver derives
-//!   the same key from the datagram's `src` alone, so it checks a datagram
-//!   before it knows anything else about the sender. The queue pair number
-//!   keeps apart what a sender seals for another module that shows the same
-//!   key (a published key copied into a forged modex entry): replayed to
-//!   the real one, it does not open. The job key keeps apart two senders
-//!   with the same process id in different jobs (rank 0 of a job and of
-//!   the job it spawned). So a key seals at most 2³² datagrams, and a new one takes over
-//!   without any exchange.
+//!   (the BTL header's `job_key` and the extension's `src`: a [`Sender`]),
+//!   the protection and the phase. So a key seals at most 2³² datagrams,
+//!   and the next phase's key takes over without any exchange. The sender
+//!   knows the receiver's key from the job secret or the receiver's modex
+//!   entry; the receiver derives the same key from the datagram's own
+//!   headers, so it checks a datagram before it knows anything else about
+//!   the sender. The queue pair number keeps apart what a sender seals for
+//!   another module that shows the same key (a published key copied into a
+//!   forged modex entry): replayed to the real one, it does not open. The
+//!   job key keeps apart two senders with the same process id in different
+//!   jobs (rank 0 of a job and of the job it spawned).
 //! * **Nonces.** The GCM nonce is the packet number. A sender numbers the
-//!   datagrams to each peer from a random start below 2⁶² upwards, so a
-//!   nonce repeats under one key only if two senders drew the same 32-bit
-//!   process id *and* overlapping runs of packet numbers: for a job of a
-//!   thousand ranks that each send a million datagrams a second for a day,
-//!   about once in 2³⁶ jobs. Sealing never reuses a nonce.
+//!   datagrams to each peer from a random start below 2⁶² upwards, so they
+//!   never wrap, and a nonce repeats under one key only if two senders
+//!   with the same job key and process id (which launchers make unique
+//!   within a job) drew overlapping runs of packet numbers. Sealing never
+//!   reuses a nonce.
 //! * **Replay.** The receiver keeps a [`ReplayWindow`] per sender: a packet
 //!   number seen before, or older than the 64 before the highest, is
 //!   refused, whatever its sequence numbers say. Acknowledgements carry

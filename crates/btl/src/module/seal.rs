@@ -8,9 +8,9 @@ use udbtl_wire::seal::{self, PACKET_NUMBER_START_MAX, Protection, ReplayWindow, 
 
 use super::integrity::Check;
 
-/// One peer's sealing state. An endpoint gets one (boxed, about 1.3 KB with
-/// both keys) when the first datagram to or from it is sealed, so a peer
-/// that never talks costs only the pointer.
+/// One peer's sealing state. An endpoint gets one (boxed, one or two KB
+/// with both keys) when the first datagram to or from it is sealed, so a
+/// peer that never talks costs only the pointer.
 #[derive(Debug)]
 pub(super) struct PairSeal {
     /// The packet number of the next datagram to the peer.
@@ -24,8 +24,9 @@ pub(super) struct PairSeal {
 
 impl PairSeal {
     /// A pair that has sealed nothing yet: its packet numbers start at
-    /// random below [`PACKET_NUMBER_START_MAX`], so that a sender that
-    /// drew the same process id as another does not reuse its nonces.
+    /// random below [`PACKET_NUMBER_START_MAX`], so that two senders that
+    /// show the same job key and process id (a module's random id, or a
+    /// launcher that reuses one) do not reuse each other's nonces.
     pub(super) fn new() -> Result<Self, getrandom::Error> {
         let mut bytes = [0u8; 8];
         getrandom::fill(&mut bytes)?;
