@@ -9,8 +9,8 @@
 //! 2, 3 and 4 ranks (`localhost,udB`, `localhost:2,udB:1`,
 //! `localhost:2,udB:2`): first contact from higher ranks to lower ones and
 //! the reverse, point-to-point around the protocol thresholds, collectives
-//! and a ring checked byte by byte. The counters show the traffic crossed
-//! the veth.
+//! and a ring checked byte by byte, and point-to-point encrypted. The
+//! counters show the traffic crossed the veth.
 //!
 //! Needs root and the shared tools; prints `SKIPPED: <reason>` otherwise.
 #![allow(clippy::unwrap_used)]
@@ -161,6 +161,33 @@ fn p2p_and_collectives_3_ranks() {
 #[test]
 fn p2p_and_collectives_4_ranks() {
     programs(4);
+}
+
+/// `p2p` with `--mca btl_udbtl_auth encrypt` on 3 ranks across the hosts,
+/// as a user turns encryption on: the parameter reaches the remote rank,
+/// every rank seals (`integrity=encrypted`), and nothing is refused.
+#[test]
+fn p2p_encrypted_3_ranks() {
+    require_openmpi!();
+    let Some(hosts) = StandInHosts::up() else {
+        return;
+    };
+    let run = across(&hosts, 3).mca("btl_udbtl_auth", "encrypt");
+    let mut args = vec!["--max", "1048576"];
+    args.extend(common::threshold_args().iter().map(String::as_str));
+    let out = run_in_a(&hosts, &run, "p2p", &args);
+    common::assert_said_ok("p2p", &out, "3 ranks across hosts, encrypted");
+    assert_crossed(&out, 3);
+    let ranks = common::stats_fields(&out.stderr);
+    assert!(
+        ranks.iter().all(|fields| fields
+            .iter()
+            .any(|(k, v)| k == "integrity" && v == "encrypted")),
+        "every rank encrypts: {ranks:?}"
+    );
+    for refused in ["unauthenticated", "replayed"] {
+        assert_eq!(common::total(&out, refused), 0, "{refused}");
+    }
 }
 
 #[test]
