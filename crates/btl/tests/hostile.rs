@@ -416,9 +416,9 @@ fn forge(
     let mut d = d.to_vec();
     let mut repr = rel::Repr::parse(&datagram::extension(&d[BTL_AT..]).unwrap()).unwrap();
     change(&mut repr);
-    repr.flags &= !(rel::FLAG_CHECKSUM | rel::FLAG_MAC);
+    repr.flags &= !(rel::FLAG_CHECKSUM | rel::FLAG_SEALED);
     repr.flags |= if key.is_some() {
-        rel::FLAG_MAC
+        rel::FLAG_SEALED
     } else {
         rel::FLAG_CHECKSUM
     };

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use udbtl_wire::rel::{FLAG_ACK_ONLY, FLAG_ACK_REQ, FLAG_MAC, FLAG_RESET};
+use udbtl_wire::rel::{FLAG_ACK_ONLY, FLAG_ACK_REQ, FLAG_RESET, FLAG_SEALED};
 
 #[path = "../../../tests/support/udrun_jobs.rs"]
 mod common;
@@ -135,7 +135,7 @@ fn a_replayed_acknowledgement_does_not_hide_a_killed_rank_under_authentication()
                 if let Some(seen) = sniffer.next() {
                     let ack_from_victim = seen.reliability_header().is_some_and(|h| {
                         h.src == 2
-                            && h.has(FLAG_ACK_ONLY | FLAG_MAC)
+                            && h.has(FLAG_ACK_ONLY | FLAG_SEALED)
                             && !h.has(FLAG_RESET)
                             && !h.has(FLAG_ACK_REQ)
                     });

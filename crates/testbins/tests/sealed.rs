@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use udbtl_wire::rel::{FLAG_ENCRYPTED, FLAG_MAC};
+use udbtl_wire::rel::{FLAG_ENCRYPTED, FLAG_SEALED};
 
 #[path = "../../../tests/support/udrun_jobs.rs"]
 mod common;
@@ -66,7 +66,8 @@ fn observe(auth: &str, sniffer: forger::Sniffer) -> Observed {
                 let Some(datagram) = sniffer.next() else {
                     continue;
                 };
-                let Some(header) = datagram.reliability_header().filter(|h| h.has(FLAG_MAC)) else {
+                let Some(header) = datagram.reliability_header().filter(|h| h.has(FLAG_SEALED))
+                else {
                     continue;
                 };
                 let Some(job_key) = datagram.job_key() else {
@@ -199,7 +200,7 @@ fn genuine_datagrams_replayed_from_their_senders_address_are_refused() {
             let ours = datagram.job_key() == Some(job_key)
                 && datagram
                     .reliability_header()
-                    .is_some_and(|h| h.has(FLAG_MAC));
+                    .is_some_and(|h| h.has(FLAG_SEALED));
             if !ours {
                 continue;
             }

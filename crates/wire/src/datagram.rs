@@ -198,11 +198,6 @@ pub fn verify_checksum(datagram: &[u8]) -> bool {
     extension(datagram).is_ok_and(|ext| ext.checksum() == checksum(&[datagram]))
 }
 
-/// Byte range of the packet number inside a sealed datagram, with
-/// [`rel::FLAG_MAC`] ([`crate::seal`]).
-pub const MAC_FIELD: Range<usize> =
-    btl::HEADER_LEN + rel::MAC_FIELD.start..btl::HEADER_LEN + rel::MAC_FIELD.end;
-
 /// A receiver's 256-bit secret, which it hands only to the processes of its
 /// job: the datagrams sent to it are sealed under keys derived from it
 /// ([`crate::seal::SealKey::derive`]). Its `Debug` form never shows the

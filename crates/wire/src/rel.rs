@@ -37,13 +37,13 @@
 //!   | `0x20` | `ABORT`     | the sender gave up on the message in progress      |
 //!   | `0x40` | `RESET`     | the sender declared the receiver lost              |
 //!   | `0x80` | `COALESCED` | the payload is a list of whole messages ([`crate::coalesced`]) |
-//!   | `0x100`| `MAC`       | the datagram is sealed: `checksum` and `reserved` hold its packet number, a tag follows ([`crate::seal`]) |
+//!   | `0x100`| `SEALED`    | the datagram is sealed: `checksum` and `reserved` hold its packet number, a tag follows ([`crate::seal`]) |
 //!   | `0x200`| `ECHO`      | an acknowledgement whose `seq` is the `seq` of the probe it answers |
-//!   | `0x400`| `ENCRYPTED` | with `MAC`: the payload is encrypted               |
+//!   | `0x400`| `ENCRYPTED` | with `SEALED`: the payload is encrypted            |
 //!
-//! * With `MAC`, bytes 24..32 (the checksum and reserved fields together)
+//! * With `SEALED`, bytes 24..32 (the checksum and reserved fields together)
 //!   hold the datagram's 64-bit packet number instead, and a 16-byte
-//!   AES-GCM tag follows the extension ([`crate::seal`]); `MAC` and
+//!   AES-GCM tag follows the extension ([`crate::seal`]); `SEALED` and
 //!   `CHECKSUM` exclude each other. Without it, `reserved` is zero.
 
 use crate::field::{Field, read_u16, read_u32, write_u16, write_u32};
@@ -74,16 +74,16 @@ pub const FLAG_RESET: u16 = 0x40;
 /// delivered one by one, in order. Set only with `FIRST | LAST`.
 pub const FLAG_COALESCED: u16 = 0x80;
 /// Flag: the datagram is sealed ([`crate::seal`]): bytes 24..32
-/// ([`MAC_FIELD`]) hold its packet number and a tag follows the extension;
+/// ([`PACKET_NUMBER_FIELD`]) hold its packet number and a tag follows the extension;
 /// excludes [`FLAG_CHECKSUM`].
-pub const FLAG_MAC: u16 = 0x100;
+pub const FLAG_SEALED: u16 = 0x100;
 /// Flag: an acknowledgement-only datagram that answers a probe (an
 /// acknowledgement-only datagram with [`FLAG_ACK_REQ`]): its `seq` is the
 /// probe's `seq`, a token the prober made of the time it sent the probe,
 /// which shows the peer alive since then and cannot be replayed to show
 /// more.
 pub const FLAG_ECHO: u16 = 0x200;
-/// Flag: with [`FLAG_MAC`], the payload is encrypted
+/// Flag: with [`FLAG_SEALED`], the payload is encrypted
 /// ([`crate::seal::Protection::Encrypt`]).
 pub const FLAG_ENCRYPTED: u16 = 0x400;
 const KNOWN_FLAGS: u16 = FLAG_ACK_ONLY
@@ -94,7 +94,7 @@ const KNOWN_FLAGS: u16 = FLAG_ACK_ONLY
     | FLAG_ABORT
     | FLAG_RESET
     | FLAG_COALESCED
-    | FLAG_MAC
+    | FLAG_SEALED
     | FLAG_ECHO
     | FLAG_ENCRYPTED;
 
@@ -115,8 +115,8 @@ mod field {
 pub const CHECKSUM_FIELD: core::ops::Range<usize> = field::CHECKSUM;
 
 /// Byte range of the packet number inside the extension, with
-/// [`FLAG_MAC`]: the checksum and reserved fields together.
-pub const MAC_FIELD: core::ops::Range<usize> = field::CHECKSUM.start..field::RESERVED.end;
+/// [`FLAG_SEALED`]: the checksum and reserved fields together.
+pub const PACKET_NUMBER_FIELD: core::ops::Range<usize> = field::CHECKSUM.start..field::RESERVED.end;
 
 /// A view over the extension.
 ///
@@ -231,7 +231,7 @@ pub struct Repr {
     /// Flag bits (`FLAG_*`).
     pub flags: u16,
     /// IEEE CRC-32 of the datagram (see [`crate::datagram::checksum`]),
-    /// meaningful with [`FLAG_CHECKSUM`]. With [`FLAG_MAC`] it is the high
+    /// meaningful with [`FLAG_CHECKSUM`]. With [`FLAG_SEALED`] it is the high
     /// half of the packet number, which only [`crate::seal`] reads and
     /// writes.
     pub checksum: u32,
@@ -242,15 +242,15 @@ impl Repr {
     ///
     /// # Errors
     /// [`Error`] on a buffer shorter than [`HEADER_LEN`], unknown flag bits,
-    /// both [`FLAG_MAC`] and [`FLAG_CHECKSUM`], [`FLAG_ENCRYPTED`] without
-    /// [`FLAG_MAC`], or a non-zero reserved field without [`FLAG_MAC`].
+    /// both [`FLAG_SEALED`] and [`FLAG_CHECKSUM`], [`FLAG_ENCRYPTED`] without
+    /// [`FLAG_SEALED`], or a non-zero reserved field without [`FLAG_SEALED`].
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Self> {
         packet.check_len()?;
         let flags = packet.flags();
-        let mac = flags & FLAG_MAC != 0;
+        let sealed = flags & FLAG_SEALED != 0;
         if flags & !KNOWN_FLAGS != 0
-            || (mac && flags & FLAG_CHECKSUM != 0)
-            || (!mac && (packet.reserved() != 0 || flags & FLAG_ENCRYPTED != 0))
+            || (sealed && flags & FLAG_CHECKSUM != 0)
+            || (!sealed && (packet.reserved() != 0 || flags & FLAG_ENCRYPTED != 0))
         {
             return Err(Error);
         }
@@ -352,9 +352,9 @@ mod tests {
             FLAG_ABORT,
             FLAG_RESET,
             FLAG_COALESCED,
-            FLAG_MAC,
+            FLAG_SEALED,
             FLAG_ECHO,
-            FLAG_MAC | FLAG_ENCRYPTED,
+            FLAG_SEALED | FLAG_ENCRYPTED,
         ] {
             let mut bytes = BYTES;
             bytes[22..24].copy_from_slice(&flag.to_be_bytes());
@@ -369,14 +369,14 @@ mod tests {
     }
 
     #[test]
-    fn a_mac_owns_the_reserved_field_and_excludes_the_checksum_flag() {
+    fn a_seal_owns_the_reserved_field_and_excludes_the_checksum_flag() {
         let mut bytes = BYTES;
         bytes[31] = 1;
-        bytes[22..24].copy_from_slice(&FLAG_MAC.to_be_bytes());
+        bytes[22..24].copy_from_slice(&FLAG_SEALED.to_be_bytes());
         assert!(Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()).is_ok());
-        bytes[22..24].copy_from_slice(&(FLAG_MAC | FLAG_CHECKSUM).to_be_bytes());
+        bytes[22..24].copy_from_slice(&(FLAG_SEALED | FLAG_CHECKSUM).to_be_bytes());
         assert!(Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()).is_err());
-        assert_eq!(MAC_FIELD, 24..32);
+        assert_eq!(PACKET_NUMBER_FIELD, 24..32);
     }
 
     #[test]
@@ -394,7 +394,7 @@ mod tests {
         #[test]
         fn emit_then_parse(src: u32, seq: u32, ack: u32, sack: u64, credit: u16, flags in 0u16..=KNOWN_FLAGS, checksum: u32) {
             // The excluded pairs.
-            let flags = if flags & FLAG_MAC != 0 { flags & !FLAG_CHECKSUM } else { flags & !FLAG_ENCRYPTED };
+            let flags = if flags & FLAG_SEALED != 0 { flags & !FLAG_CHECKSUM } else { flags & !FLAG_ENCRYPTED };
             let repr = Repr { src, seq: SeqNum(seq), ack: SeqNum(ack), sack, credit, flags, checksum };
             let mut bytes = [0u8; HEADER_LEN];
             repr.emit(&mut Packet::new_unchecked(&mut bytes[..]));

@@ -10,7 +10,7 @@
 //!                                       (its 24..32)
 //! ```
 //!
-//! With [`rel::FLAG_MAC`], the extension's checksum and reserved fields hold
+//! With [`rel::FLAG_SEALED`], the extension's checksum and reserved fields hold
 //! the datagram's **packet number** (64 bits, big-endian) and the 16-byte
 //! tag follows the extension, so the payload starts at [`SEALED_HEADER_LEN`].
 //!
@@ -62,8 +62,8 @@ use core::ops::Range;
 use aws_lc_rs::aead as lc;
 use ring::aead as rg;
 
-use crate::datagram::{self, AuthKey, Epochs, HEADER_LEN};
-use crate::rel;
+use crate::datagram::{AuthKey, Epochs, HEADER_LEN};
+use crate::{btl, rel};
 
 /// Bytes of a GCM tag.
 pub const TAG_LEN: usize = 16;
@@ -72,7 +72,8 @@ pub const TAG_LEN: usize = 16;
 pub const SEALED_HEADER_LEN: usize = HEADER_LEN + TAG_LEN;
 
 /// Byte range of the packet number inside a sealed datagram.
-pub const PACKET_NUMBER_FIELD: Range<usize> = datagram::MAC_FIELD;
+pub const PACKET_NUMBER_FIELD: Range<usize> = btl::HEADER_LEN + rel::PACKET_NUMBER_FIELD.start
+    ..btl::HEADER_LEN + rel::PACKET_NUMBER_FIELD.end;
 
 /// Byte range of the tag inside a sealed datagram.
 pub const TAG_FIELD: Range<usize> = HEADER_LEN..SEALED_HEADER_LEN;
@@ -110,8 +111,8 @@ impl Protection {
     #[must_use]
     pub const fn flags(self) -> u16 {
         match self {
-            Self::Authenticate => rel::FLAG_MAC,
-            Self::Encrypt => rel::FLAG_MAC | rel::FLAG_ENCRYPTED,
+            Self::Authenticate => rel::FLAG_SEALED,
+            Self::Encrypt => rel::FLAG_SEALED | rel::FLAG_ENCRYPTED,
         }
     }
 }

@@ -110,7 +110,7 @@ impl Integrity {
     /// and a forger would otherwise skip it.
     pub(super) fn check_unsealed(&self, bytes: &[u8], header: &rel::Repr) -> Check {
         let checksummed = header.has(rel::FLAG_CHECKSUM);
-        if header.has(rel::FLAG_MAC) {
+        if header.has(rel::FLAG_SEALED) {
             Check::Unauthenticated
         } else if (checksummed && !datagram::verify_checksum(bytes))
             || (matches!(self, Self::Checksum) && !checksummed)
@@ -125,7 +125,7 @@ impl Integrity {
 /// Where the payload of a reliable datagram with extension flags `flags`
 /// starts: after the tag of a sealed one.
 pub(super) const fn payload_offset(flags: u16) -> usize {
-    if flags & rel::FLAG_MAC != 0 {
+    if flags & rel::FLAG_SEALED != 0 {
         SEALED_HEADER_LEN
     } else {
         datagram::HEADER_LEN

@@ -126,22 +126,22 @@ pub(super) fn open_from_stranger(
 /// encrypts takes nothing in clear; one that authenticates has no key for
 /// encrypted datagrams (the protection is part of the key).
 pub(super) fn sealed_as(flags: u16, own: Protection) -> bool {
-    flags & (udbtl_wire::rel::FLAG_MAC | udbtl_wire::rel::FLAG_ENCRYPTED) == own.flags()
+    flags & (udbtl_wire::rel::FLAG_SEALED | udbtl_wire::rel::FLAG_ENCRYPTED) == own.flags()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use udbtl_wire::rel::{FLAG_ENCRYPTED, FLAG_MAC};
+    use udbtl_wire::rel::{FLAG_ENCRYPTED, FLAG_SEALED};
 
     #[test]
     fn a_module_opens_only_what_is_sealed_as_it_seals() {
         use Protection::{Authenticate, Encrypt};
         assert!(!sealed_as(0, Authenticate));
-        assert!(sealed_as(FLAG_MAC, Authenticate));
-        assert!(!sealed_as(FLAG_MAC | FLAG_ENCRYPTED, Authenticate));
-        assert!(!sealed_as(FLAG_MAC, Encrypt));
-        assert!(sealed_as(FLAG_MAC | FLAG_ENCRYPTED, Encrypt));
+        assert!(sealed_as(FLAG_SEALED, Authenticate));
+        assert!(!sealed_as(FLAG_SEALED | FLAG_ENCRYPTED, Authenticate));
+        assert!(!sealed_as(FLAG_SEALED, Encrypt));
+        assert!(sealed_as(FLAG_SEALED | FLAG_ENCRYPTED, Encrypt));
     }
 
     #[test]

@@ -140,7 +140,7 @@ impl<C: Context> Engine<C> {
                     reliable.warned_protection = true;
                     tracing::warn!(
                         peer = header.src,
-                        sealed = header.has(rel::FLAG_MAC),
+                        sealed = header.has(rel::FLAG_SEALED),
                         "a peer sends datagrams not sealed as this module seals them \
                          (UDBTL_AUTH={}); they are dropped: set UDBTL_AUTH alike on \
                          every process",
