@@ -332,12 +332,8 @@ fn seal_to(
         return false;
     };
     let peer_qpn = peer.remote.qpn;
-    let pair = match &mut peer.seal {
-        Some(pair) => pair,
-        slot @ None => match PairSeal::new() {
-            Ok(pair) => slot.insert(Box::new(pair)),
-            Err(_) => return false,
-        },
+    let Some(pair) = PairSeal::of(&mut peer.seal) else {
+        return false;
     };
     pair.seal((head, tail), (&peer_key, peer_qpn), own, epochs, protection)
 }

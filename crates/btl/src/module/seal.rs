@@ -27,7 +27,7 @@ impl PairSeal {
     /// random below [`PACKET_NUMBER_START_MAX`], so that two senders that
     /// show the same job key and process id (a module's random id, or a
     /// launcher that reuses one) do not reuse each other's nonces.
-    pub(super) fn new() -> Result<Self, getrandom::Error> {
+    fn new() -> Result<Self, getrandom::Error> {
         let mut bytes = [0u8; 8];
         getrandom::fill(&mut bytes)?;
         let start = u64::from_ne_bytes(bytes) % PACKET_NUMBER_START_MAX;
@@ -37,6 +37,18 @@ impl PairSeal {
             recv: None,
             replay: ReplayWindow::default(),
         })
+    }
+
+    /// The sealing state in an endpoint's `slot`, made now if it has none;
+    /// `None` if the system gave no randomness to start its packet numbers
+    /// with (nothing can be sealed or opened then).
+    pub(super) fn of(slot: &mut Option<Box<Self>>) -> Option<&mut Self> {
+        match slot {
+            Some(pair) => Some(pair),
+            None => Self::new()
+                .ok()
+                .map(|pair| &mut **slot.insert(Box::new(pair))),
+        }
     }
 
     /// Seals the datagram held as `head` (headers, room for the tag, the

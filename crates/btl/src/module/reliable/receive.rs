@@ -167,12 +167,8 @@ impl<C: Context> Engine<C> {
         let Some(peer) = recognised.and_then(|ep| self.endpoints.get_mut(ep)) else {
             return seal::open_from_stranger(bytes, (&own, own_qpn), sender, protection);
         };
-        let pair = match &mut peer.seal {
-            Some(pair) => pair,
-            slot @ None => match PairSeal::new() {
-                Ok(pair) => slot.insert(Box::new(pair)),
-                Err(_) => return Check::Unauthenticated,
-            },
+        let Some(pair) = PairSeal::of(&mut peer.seal) else {
+            return Check::Unauthenticated;
         };
         pair.open(bytes, (&own, own_qpn), sender, epochs, protection)
     }
