@@ -15,10 +15,9 @@ pub(super) enum Integrity {
     Checksum,
     /// Every datagram sealed ([`udbtl_wire::seal`]) under keys derived
     /// from its receiver's key and receiving queue pair; `own` and
-    /// `own_qpn` are this module's. With the job's
-    /// datagram secret `job`, every module's key derives from it and its
-    /// address, so none is published; without, `own` is random and
-    /// published.
+    /// `own_qpn` are this module's. With the job's datagram secret `job`,
+    /// every module's key derives from it and its address, so none is
+    /// published; without, `own` is random and published.
     Sealed {
         own: AuthKey,
         own_qpn: u32,
@@ -77,10 +76,9 @@ impl Integrity {
     }
 
     /// The key of `peer`'s module, which this one's datagrams to it are
-    /// sealed under (`Some(None)`: none, as
-    /// neither side authenticates), or `None` if the two sides cannot talk:
-    /// one authenticates and the other not, or one derives its keys from a
-    /// job secret and the other publishes them.
+    /// sealed under (`Some(None)`: none, as neither side seals), or `None`
+    /// if the two sides cannot talk: one seals and the other not, or one
+    /// derives its keys from a job secret and the other publishes them.
     pub(super) fn peer_key(&self, peer: &modex::Address) -> Option<Option<AuthKey>> {
         match (*self, peer.auth) {
             (Self::Fabric | Self::Checksum, modex::Auth::Off) => Some(None),
