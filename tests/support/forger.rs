@@ -213,6 +213,12 @@ impl Seen {
     }
 }
 
+/// A raw socket to send from anywhere and a packet socket to read the
+/// wire, or the reason there cannot be (not root).
+pub(crate) fn spoofer_and_sniffer() -> Result<(Spoofer, Sniffer), String> {
+    Ok((Spoofer::open()?, Sniffer::open()?))
+}
+
 /// Reads every IPv4 packet the host's interfaces carry, loopback included
 /// (an `AF_PACKET` socket: root only), and keeps the UDP ones.
 pub(crate) struct Sniffer {

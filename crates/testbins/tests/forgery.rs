@@ -21,6 +21,8 @@ mod common;
 mod forger;
 #[path = "../../../tests/support/proc_net.rs"]
 mod proc_net;
+#[path = "../../../tests/support/stranger_job.rs"]
+mod stranger_job;
 
 const PROBE: &str = env!("CARGO_BIN_EXE_udprobe");
 
@@ -47,17 +49,9 @@ fn forged_resets_and_acknowledgements_are_counted_and_dropped_under_udrun() {
             return;
         }
     };
-    let dir = std::env::temp_dir().join(format!("udbtl-forgery-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let dir_arg = dir.to_str().unwrap();
-    let mut child = common::start(&["-n", "2", PROBE, "stranger", "--dir", dir_arg], &[]);
-    let started = Instant::now();
-    let pids = forger::rank_pids(&dir, 2, || {
-        child.try_wait().unwrap().is_some() || started.elapsed() > Duration::from_secs(60)
-    });
+    let mut job = stranger_job::StrangerJob::start(PROBE, "forgery", &[]);
     let mut forged = None;
-    if let Some(pids) = &pids {
+    if let Some(pids) = job.pids() {
         let job_key = forger::job_key_of(pids[0]).expect("UDBTL_JOB_KEY in rank 0's environment");
         let ranks: Vec<_> = pids
             .iter()
@@ -66,20 +60,7 @@ fn forged_resets_and_acknowledgements_are_counted_and_dropped_under_udrun() {
             .collect();
         forged = Some(forger::forge_resets_and_acks(&spoofer, job_key, &ranks).unwrap());
     }
-    std::fs::write(dir.join("done"), b"").unwrap();
-    let job = common::finish(child, Duration::from_secs(120));
-    let _ = std::fs::remove_dir_all(&dir);
-    let (stdout, stderr) = common::text(&job.output);
-    let all = format!("{stdout}\n{stderr}");
-    println!("{all}");
-    assert!(!job.timed_out, "the job hung: {all}");
-    assert!(job.output.status.success(), "the job failed: {all}");
-    assert_eq!(
-        all.matches("messages each way, in order and intact")
-            .count(),
-        2,
-        "{all}"
-    );
+    let all = job.finish();
     let forged = forged.expect("both ranks wrote their process id");
     let counted = unacceptable(&all);
     println!(
@@ -97,9 +78,9 @@ fn forged_resets_and_acknowledgements_are_counted_and_dropped_under_udrun() {
 /// for ever (before, each copy restarted its failure clock).
 #[test]
 fn a_replayed_acknowledgement_does_not_hide_a_killed_rank_under_authentication() {
-    let (spoofer, sniffer) = match (forger::Spoofer::open(), forger::Sniffer::open()) {
-        (Ok(spoofer), Ok(sniffer)) => (spoofer, sniffer),
-        (Err(reason), _) | (_, Err(reason)) => {
+    let (spoofer, sniffer) = match forger::spoofer_and_sniffer() {
+        Ok(both) => both,
+        Err(reason) => {
             eprintln!("SKIPPED: {reason}");
             return;
         }

@@ -20,6 +20,8 @@ mod common;
 
 #[path = "../../../tests/support/forger.rs"]
 mod forger;
+#[path = "../../../tests/support/stranger_job.rs"]
+mod stranger_job;
 
 const PROBE: &str = env!("CARGO_BIN_EXE_udprobe");
 
@@ -170,30 +172,19 @@ const GONE_BY: usize = 2048;
 /// job completes. Needs a packet socket and a raw one: root only.
 #[test]
 fn genuine_datagrams_replayed_from_their_senders_address_are_refused() {
-    let (spoofer, sniffer) = match (forger::Spoofer::open(), forger::Sniffer::open()) {
-        (Ok(spoofer), Ok(sniffer)) => (spoofer, sniffer),
-        (Err(reason), _) | (_, Err(reason)) => {
+    let (spoofer, sniffer) = match forger::spoofer_and_sniffer() {
+        Ok(both) => both,
+        Err(reason) => {
             eprintln!("SKIPPED: {reason}");
             return;
         }
     };
-    let dir = std::env::temp_dir().join(format!("udbtl-replay-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let dir_arg = dir.to_str().unwrap();
-    let mut child = common::start(
-        &["-n", "2", PROBE, "stranger", "--dir", dir_arg],
-        &[("UDBTL_AUTH", "1")],
-    );
-    let started = std::time::Instant::now();
-    let pids = forger::rank_pids(&dir, 2, || {
-        child.try_wait().unwrap().is_some() || started.elapsed() > Duration::from_secs(60)
-    });
+    let mut job = stranger_job::StrangerJob::start(PROBE, "replay", &[("UDBTL_AUTH", "1")]);
     let mut sent = 0u64;
-    if let Some(job_key) = pids.as_ref().and_then(|pids| forger::job_key_of(pids[0])) {
+    if let Some(job_key) = job.pids().and_then(|pids| forger::job_key_of(pids[0])) {
         let mut captured = Vec::new();
         let mut gone_by = 0;
-        while gone_by < GONE_BY && child.try_wait().unwrap().is_none() {
+        while gone_by < GONE_BY && job.running() {
             let Some(datagram) = sniffer.next() else {
                 continue;
             };
@@ -219,20 +210,8 @@ fn genuine_datagrams_replayed_from_their_senders_address_are_refused() {
             }
         }
     }
-    std::fs::write(dir.join("done"), b"").unwrap();
-    let job = common::finish(child, Duration::from_secs(120));
-    let _ = std::fs::remove_dir_all(&dir);
-    let (stdout, stderr) = common::text(&job.output);
-    let all = format!("{stdout}\n{stderr}");
-    println!("{all}\n{sent} genuine datagrams replayed");
-    assert!(!job.timed_out, "the job hung: {all}");
-    assert!(job.output.status.success(), "the job failed: {all}");
-    assert_eq!(
-        all.matches("messages each way, in order and intact")
-            .count(),
-        2,
-        "{all}"
-    );
+    let all = job.finish();
+    println!("{sent} genuine datagrams replayed");
     assert_eq!(sent, CAPTURED as u64, "every capture was replayed: {all}");
     assert!(replayed(&all) >= sent, "every replay refused: {all}");
 }
