@@ -141,14 +141,8 @@ impl<C: Context> Engine<C> {
             payload_crc,
             &header,
         );
-        let user = user.is_some().then_some(des);
-        self.queue_post(QueuedPost {
-            route,
-            head: sge,
-            user,
-            wr_id: u64::from(des.raw()),
-            signaled: true,
-        });
+        let with_user = user.is_some();
+        self.queue_post(QueuedPost::data(route, des, sge, with_user));
     }
 
     /// Who this module's datagrams say they are from.
@@ -195,13 +189,7 @@ impl<C: Context> Engine<C> {
         ) {
             return false;
         }
-        self.queue_post(QueuedPost {
-            route,
-            head,
-            user: user.is_some().then_some(des),
-            wr_id: u64::from(des.raw()),
-            signaled: true,
-        });
+        self.queue_post(QueuedPost::data(route, des, head, user.is_some()));
         true
     }
 
@@ -252,13 +240,7 @@ impl<C: Context> Engine<C> {
             self.stats.transmit_failures += 1;
             return;
         }
-        self.queue_post(QueuedPost {
-            route,
-            head: slot,
-            user: None,
-            wr_id: u64::from(des.raw()),
-            signaled: true,
-        });
+        self.queue_post(QueuedPost::data(route, des, slot, false));
     }
 
     /// Sends an acknowledgement-only datagram from the ack ring, unsignaled:

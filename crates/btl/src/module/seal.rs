@@ -66,13 +66,9 @@ impl PairSeal {
         protection: Protection,
     ) -> bool {
         let pn = self.next_pn;
-        let phase = seal::phase_of(pn);
-        let key = match &self.send {
-            Some(key) if key.phase() == phase => key,
-            _ => self
-                .send
-                .insert(SealKey::derive(peer_key, peer_qpn, own, phase, protection)),
-        };
+        let key = key_of_phase(&mut self.send, seal::phase_of(pn), |phase| {
+            SealKey::derive(peer_key, peer_qpn, own, phase, protection)
+        });
         if seal::seal(head, tail, key, pn, epochs).is_err() {
             return false;
         }
@@ -98,19 +94,28 @@ impl PairSeal {
         if !self.replay.check(pn) {
             return Check::Replayed;
         }
-        let phase = seal::phase_of(pn);
-        let key = match &self.recv {
-            Some(key) if key.phase() == phase => key,
-            _ => self
-                .recv
-                .insert(SealKey::derive(own, own_qpn, sender, phase, protection)),
-        };
+        let key = key_of_phase(&mut self.recv, seal::phase_of(pn), |phase| {
+            SealKey::derive(own, own_qpn, sender, phase, protection)
+        });
         if !seal::open(datagram, key, epochs) {
             return Check::Unauthenticated;
         }
         self.replay.take(pn);
         Check::Intact
     }
+}
+
+/// The key in `cache` if it is of `phase`, else the one `derive` makes
+/// for it, kept in `cache` from now on.
+fn key_of_phase(
+    cache: &mut Option<SealKey>,
+    phase: u32,
+    derive: impl FnOnce(u32) -> SealKey,
+) -> &SealKey {
+    if cache.as_ref().is_some_and(|key| key.phase() != phase) {
+        *cache = None;
+    }
+    cache.get_or_insert_with(|| derive(phase))
 }
 
 /// Opens `datagram` from `sender`, which this module, whose key is
@@ -154,6 +159,59 @@ mod tests {
         assert!(!sealed_as(FLAG_SEALED | FLAG_ENCRYPTED, Authenticate));
         assert!(!sealed_as(FLAG_SEALED, Encrypt));
         assert!(sealed_as(FLAG_SEALED | FLAG_ENCRYPTED, Encrypt));
+    }
+
+    /// A stream that crosses a key phase: the sender and the receiver each
+    /// move to the next phase's key by themselves, and every datagram
+    /// opens, once.
+    #[test]
+    fn both_ends_change_keys_at_a_phase_boundary() {
+        use udbtl_wire::datagram::{self, HEADER_LEN};
+        use udbtl_wire::seal::{PHASE_SHIFT, SEALED_HEADER_LEN};
+        let receiver = AuthKey([9; 32]);
+        let sender = Sender { job_key: 5, id: 1 };
+        for protection in [Protection::Authenticate, Protection::Encrypt] {
+            let mut out = PairSeal::new().unwrap();
+            out.next_pn = (3 << PHASE_SHIFT) - 2;
+            let mut back = PairSeal::new().unwrap();
+            for i in 0..4u8 {
+                let mut bytes = vec![i; SEALED_HEADER_LEN + 100];
+                let flags = protection.flags();
+                udbtl_wire::rel::Repr {
+                    src: sender.id,
+                    flags,
+                    ..Default::default()
+                }
+                .emit(&mut datagram::extension_mut(&mut bytes[..HEADER_LEN]).unwrap());
+                assert!(out.seal(
+                    (&mut bytes, &[]),
+                    (&receiver, 7),
+                    sender,
+                    Epochs::default(),
+                    protection
+                ));
+                let mut copy = bytes.clone();
+                let opened = back.open(
+                    &mut bytes,
+                    (&receiver, 7),
+                    sender,
+                    Epochs::default(),
+                    protection,
+                );
+                assert_eq!(opened, Check::Intact, "datagram {i}, {protection:?}");
+                assert_eq!(bytes[SEALED_HEADER_LEN..], [i; 100], "payload {i}");
+                let again = back.open(
+                    &mut copy,
+                    (&receiver, 7),
+                    sender,
+                    Epochs::default(),
+                    protection,
+                );
+                assert_eq!(again, Check::Replayed);
+            }
+            assert_eq!(seal::phase_of(out.next_pn), 3);
+            assert_eq!(back.recv.as_ref().map(SealKey::phase), Some(3));
+        }
     }
 
     #[test]

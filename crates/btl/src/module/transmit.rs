@@ -131,6 +131,19 @@ pub(super) struct QueuedPost {
 }
 
 impl QueuedPost {
+    /// The datagram of descriptor `des` to `route`: its registered bytes at
+    /// `head`, then the descriptor's caller bytes if `with_user`. Signaled:
+    /// it holds a send credit until its completion.
+    pub(super) fn data(route: Route, des: Descriptor, head: Sge, with_user: bool) -> Self {
+        Self {
+            route,
+            head,
+            user: with_user.then_some(des),
+            wr_id: u64::from(des.raw()),
+            signaled: true,
+        }
+    }
+
     /// Fills `out` with the datagram's gather list, and returns its length:
     /// the registered head, then the caller's bytes of a user fragment.
     fn gathers<'a>(&self, frags: &'a Frags, out: &mut [Gather<'a>; 2]) -> usize {
