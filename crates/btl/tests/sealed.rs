@@ -135,8 +135,11 @@ fn modules_sealed_differently_take_nothing_from_each_other() {
     let (to_plain, heard_by_plain) = connect(&mut secret, &mut plain);
     let _ = plain.modules_mut()[0].send_message(to_secret, Tag::PML, &message(8, 0));
     let _ = secret.modules_mut()[0].send_message(to_plain, Tag::PML, &message(8, 1));
-    let until = Instant::now() + Duration::from_millis(300);
-    while Instant::now() < until {
+    // Until each side has refused something (a minute at most): then
+    // nothing may have been heard.
+    let refused = |btl: &Component<UdpProvider>| btl.modules()[0].stats().recv_unauthenticated > 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(refused(&plain) && refused(&secret)) && Instant::now() < deadline {
         plain.progress();
         secret.progress();
     }
