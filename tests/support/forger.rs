@@ -23,8 +23,14 @@ use udbtl_wire::datagram;
 use udbtl_wire::rel::{self, FLAG_ACK_ONLY, FLAG_CHECKSUM, FLAG_RESET};
 use udbtl_wire::{SeqNum, btl, ud};
 
-/// The default `ib_qkey`, which every queue pair checks.
+/// The seed's fixed Q_Key. A job whose datagrams a forger is to get past
+/// the admission is started with it (`UDBTL_IB_QKEY`, which also leaves
+/// the job key unmasked): the forger then knows everything but where the
+/// streams are. At the defaults each module draws its own Q_Key and mask,
+/// and these forgeries die in the fabric as `bad qkey`.
 pub(crate) const QKEY: u32 = 0x0133_0133;
+/// [`QKEY`] as the environment variable that fixes it.
+pub(crate) const FIXED_QKEY: (&str, &str) = ("UDBTL_IB_QKEY", "0x01330133");
 /// Sequence numbers guessed per kind of forgery.
 pub(crate) const GUESSES: u32 = 16;
 

@@ -406,12 +406,13 @@ fn hostile_datagrams_are_dropped_and_counted_while_real_traffic_flows() {
 }
 
 /// Rewrites a captured datagram's extension with `change`, then seals it as
-/// a stranger could: with a CRC, or sealed under a key of its own with a
-/// packet number ahead of the real ones.
+/// a stranger could: with a CRC, or sealed under a key of its own for the
+/// receiving queue pair and job key mask given, with a packet number ahead
+/// of the real ones.
 fn forge(
     d: &[u8],
     change: impl FnOnce(&mut rel::Repr),
-    key: Option<(&datagram::AuthKey, u32)>,
+    key: Option<(&datagram::AuthKey, u32, u32)>,
 ) -> Vec<u8> {
     let mut d = d.to_vec();
     let mut repr = rel::Repr::parse(&datagram::extension(&d[BTL_AT..]).unwrap()).unwrap();
@@ -424,12 +425,12 @@ fn forge(
     };
     repr.emit(&mut datagram::extension_mut(&mut d[BTL_AT..]).unwrap());
     match key {
-        Some((key, qpn)) => {
+        Some((key, qpn, mask)) => {
             let pn = seal::packet_number(&d[BTL_AT..]).unwrap() + 1000;
             let key = SealKey::derive(
                 key,
                 qpn,
-                sender_of(&d[BTL_AT..]),
+                sender_of(&d[BTL_AT..], mask),
                 seal::phase_of(pn),
                 Protection::Authenticate,
             );
@@ -440,23 +441,25 @@ fn forge(
     d
 }
 
-/// Who the datagram `d` (from its BTL header on) says it is from.
-fn sender_of(d: &[u8]) -> Sender {
+/// Who the datagram `d` (from its BTL header on) says it is from, to a
+/// receiver whose job key mask is `mask`.
+fn sender_of(d: &[u8], mask: u32) -> Sender {
     Sender {
-        job_key: btl::Packet::new_checked(d).unwrap().job_key(),
+        job_key: btl::Packet::new_checked(d).unwrap().job_key() ^ mask,
         id: datagram::extension(d).unwrap().src(),
     }
 }
 
 /// `true` if `d`, a sealed datagram as captured, opens under the keys of
-/// the module whose key is `receiver` and receiving queue pair `qpn`.
-fn opens_under(d: &[u8], receiver: &datagram::AuthKey, qpn: u32) -> bool {
+/// the module whose key is `receiver`, receiving queue pair `qpn` and job
+/// key mask `mask`.
+fn opens_under(d: &[u8], receiver: &datagram::AuthKey, qpn: u32, mask: u32) -> bool {
     let mut d = d[BTL_AT..].to_vec();
     let pn = seal::packet_number(&d).unwrap();
     let key = SealKey::derive(
         receiver,
         qpn,
-        sender_of(&d),
+        sender_of(&d, mask),
         seal::phase_of(pn),
         Protection::Authenticate,
     );
@@ -475,6 +478,7 @@ fn with_auth_a_stranger_can_neither_inject_nor_replay() {
         panic!("modules with auth publish their keys");
     };
     assert_ne!(a_key, b_key, "every module draws its own key");
+    let b_mask = b_published[0].admission.job_key_mask;
 
     // Modules set differently cannot pair, in either direction.
     let mut plain = component();
@@ -509,12 +513,12 @@ fn with_auth_a_stranger_can_neither_inject_nor_replay() {
         // The first datagrams of a stream: its numbers have not wrapped
         // (unless it started within four of the wrap: once in 2^30 runs).
         assert!(
-            opens_under(&buf, &b_key, tapped[0].qpns[0]),
+            opens_under(&buf, &b_key, tapped[0].qpns[0], b_mask),
             "sealed under B's key for the tap"
         );
         // The tap copied B's key but not its queue pair: what A sealed for
         // it does not open at B.
-        assert!(!opens_under(&buf, &b_key, b_published[0].qpns[0]));
+        assert!(!opens_under(&buf, &b_key, b_published[0].qpns[0], b_mask));
         captured.push(buf);
         a_addr = Some(from);
     }
@@ -559,7 +563,7 @@ fn with_auth_a_stranger_can_neither_inject_nor_replay() {
             let ahead = sent + rng.u32(0..4);
             let next = |r: &mut rel::Repr| r.seq += ahead;
             send_hostile(&forge(sample, next, None));
-            send_hostile(&forge(sample, next, Some((&stranger_key, b_qpn))));
+            send_hostile(&forge(sample, next, Some((&stranger_key, b_qpn, b_mask))));
             let mut flipped = sample.clone();
             // In the payload: a flip in the headers may be caught before
             // the seal is looked at (a malformed header, another job's key).

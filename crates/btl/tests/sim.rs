@@ -194,7 +194,7 @@ fn parameters_come_from_defaults_config_and_environment() {
             p.exclusivity,
             p.bandwidth
         ),
-        (4, 128, 6000, 0x0133_0133, 1024, 800)
+        (4, 128, 6000, 0, 1024, 800)
     );
     assert_eq!(p.mpool, "rdma");
     assert_eq!(p.source("sd_num"), Some(Source::Default));

@@ -13,6 +13,12 @@
 //!   only: SKIPPED otherwise), at the sequence numbers every stream used to
 //!   start from: each must be counted and dropped (RFC 5961), where the
 //!   first reset used to end the job.
+//!
+//! Both run with the seed's fixed Q_Key (`btl_udbtl_ib_qkey`), which also
+//! leaves the job key unmasked: the stranger knows the module's admission,
+//! as only a process that read the modex could, and the test reaches the
+//! checks behind it. At the defaults these datagrams die in the fabric
+//! (`crates/testbins/tests/forgery.rs` shows it under udrun).
 
 mod common;
 
@@ -64,7 +70,9 @@ fn exchange_with_a_stranger(
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create the test folder");
     let exe = common::program("stranger_exchange");
-    let run = run.mca("btl_udbtl_job_key", &JOB_KEY.to_string());
+    let run = run
+        .mca("btl_udbtl_job_key", &JOB_KEY.to_string())
+        .mca("btl_udbtl_ib_qkey", &forger::QKEY.to_string());
     let _turn = common::serial();
     let mut child = run
         .command(&exe, &[dir.to_str().expect("a UTF-8 temporary folder")])

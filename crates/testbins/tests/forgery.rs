@@ -2,9 +2,14 @@
 //! `udrun` (`udprobe stranger`): reliable and checksummed, with the job's
 //! key (read from a rank's environment, as its owner or root can), from
 //! each rank's own address and port to the other's, at the sequence numbers
-//! every stream used to start from. Each must be counted and dropped (RFC
-//! 5961), where the first reset used to end the job. Sending from another
-//! process's address takes a raw socket: as root only, SKIPPED otherwise.
+//! every stream used to start from. Sending from another process's address
+//! takes a raw socket: as root only, SKIPPED otherwise.
+//!
+//! At the defaults every forgery dies in the fabric: the stranger cannot
+//! know the Q_Key each module drew. With the seed's fixed Q_Key (and so no
+//! job key mask) they get through, and each must then be counted and
+//! dropped as unacceptable (RFC 5961), where the first reset used to end
+//! the job.
 
 #![allow(clippy::unwrap_used)]
 
@@ -40,16 +45,26 @@ fn unacceptable(all: &str) -> u64 {
         .sum()
 }
 
-#[test]
-fn forged_resets_and_acknowledgements_are_counted_and_dropped_under_udrun() {
+/// The numbers after "bad qkey" on each rank's fabric counters, summed.
+fn bad_qkey(all: &str) -> u64 {
+    all.lines()
+        .filter_map(|line| line.split_once("bad qkey "))
+        .filter_map(|(_, rest)| rest.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Runs a stranger job with `env` while forging resets and
+/// acknowledgements to it; returns what it printed, or `None` (SKIPPED)
+/// without a raw socket.
+fn forge_into_job(name: &str, env: &[(&str, &str)]) -> Option<String> {
     let spoofer = match forger::Spoofer::open() {
         Ok(spoofer) => spoofer,
         Err(reason) => {
             eprintln!("SKIPPED: {reason}");
-            return;
+            return None;
         }
     };
-    let mut job = stranger_job::StrangerJob::start(PROBE, "forgery", &[]);
+    let mut job = stranger_job::StrangerJob::start(PROBE, name, env);
     let mut forged = None;
     if let Some(pids) = job.pids() {
         let job_key = forger::job_key_of(pids[0]).expect("UDBTL_JOB_KEY in rank 0's environment");
@@ -62,12 +77,34 @@ fn forged_resets_and_acknowledgements_are_counted_and_dropped_under_udrun() {
     }
     let all = job.finish();
     let forged = forged.expect("both ranks wrote their process id");
-    let counted = unacceptable(&all);
     println!(
-        "{} resets and {} acknowledgements forged: {counted} counted as unacceptable",
-        forged.resets, forged.acks
+        "{} resets and {} acknowledgements forged: {} counted as unacceptable, {} as bad qkey",
+        forged.resets,
+        forged.acks,
+        unacceptable(&all),
+        bad_qkey(&all)
     );
-    assert!(counted > 0, "no forged datagram was counted: {all}");
+    Some(all)
+}
+
+#[test]
+fn forged_resets_and_acknowledgements_are_counted_and_dropped_under_udrun() {
+    let Some(all) = forge_into_job("forgery", &[forger::FIXED_QKEY]) else {
+        return;
+    };
+    assert!(
+        unacceptable(&all) > 0,
+        "no forged datagram was counted: {all}"
+    );
+}
+
+#[test]
+fn at_the_defaults_forged_datagrams_die_in_the_fabric_under_udrun() {
+    let Some(all) = forge_into_job("forgery-defaults", &[]) else {
+        return;
+    };
+    assert!(bad_qkey(&all) > 0, "no forged datagram was counted: {all}");
+    assert_eq!(unacceptable(&all), 0, "forgeries got past the Q_Key: {all}");
 }
 
 /// With authentication a stranger on the path cannot forge, but it can

@@ -96,7 +96,9 @@ fn observe(auth: &str, sniffer: forger::Sniffer) -> Observed {
             "2000",
             "into-one",
         ],
-        &[("UDBTL_AUTH", auth)],
+        // The seed's fixed Q_Key leaves the job key unmasked on the wire,
+        // which tells this job's datagrams from other tests'.
+        &[("UDBTL_AUTH", auth), forger::FIXED_QKEY],
     );
     let job = common::finish(child, Duration::from_secs(120));
     stop.store(true, Ordering::Relaxed);
@@ -179,7 +181,14 @@ fn genuine_datagrams_replayed_from_their_senders_address_are_refused() {
             return;
         }
     };
-    let mut job = stranger_job::StrangerJob::start(PROBE, "replay", &[("UDBTL_AUTH", "1")]);
+    // The seed's fixed Q_Key leaves the job key unmasked on the wire, which
+    // tells this job's datagrams from other tests'. Replays carry whatever
+    // admission the originals had, so it changes nothing for them.
+    let mut job = stranger_job::StrangerJob::start(
+        PROBE,
+        "replay",
+        &[("UDBTL_AUTH", "1"), forger::FIXED_QKEY],
+    );
     let mut sent = 0u64;
     if let Some(job_key) = job.pids().and_then(|pids| forger::job_key_of(pids[0])) {
         let mut captured = Vec::new();

@@ -74,7 +74,7 @@ fn default_listing_shows_every_section_and_the_defaults() {
             "UDBTL_SD_NUM"
         ]
     );
-    assert!(row(&text, "ib_qkey").contains("0x01330133"));
+    assert!(row(&text, "ib_qkey").contains("0x00000000"));
     assert!(row(&text, "job_key").contains("udbtl"));
     assert!(row(&text, "udp").contains("real"));
     assert!(row(&text, "sim").contains("simulated"));
@@ -146,8 +146,8 @@ fn parsable_lines_are_prefixed_by_section_and_name() {
         "{text}"
     );
     for line in [
-        "param:ib_qkey:value:0x01330133",
-        "param:ib_qkey:default:0x01330133",
+        "param:ib_qkey:value:0x00000000",
+        "param:ib_qkey:default:0x00000000",
         "param:ib_qkey:source:default",
         "param:ib_qkey:env:UDBTL_IB_QKEY",
         "param:ib_qkey:origin:btl_ofud",

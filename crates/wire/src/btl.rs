@@ -11,7 +11,9 @@
 //! left every payload misaligned by one byte. This header is 8 bytes, so the
 //! payload that follows it (at offset 40 + 8 of a receive buffer) is 8-byte
 //! aligned. The job key lets a receiver drop datagrams from another job, or
-//! from a stale run that reused its ports. `flags` announces optional headers
+//! from a stale run that reused its ports. It travels XORed with the
+//! receiving module's random mask ([`crate::modex::Admission`]), so the
+//! field a receiver accepts cannot be computed from the job's name. `flags` announces optional headers
 //! that follow: [`FLAG_RELIABLE`] says the reliability extension
 //! ([`crate::rel`]) comes next. Unknown flag bits are an error.
 

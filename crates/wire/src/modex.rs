@@ -1,7 +1,7 @@
 //! The address a BTL module publishes for its peers (the "modex" entry).
 //!
-//! A process publishes one blob: a 4-byte preamble followed by one 56-byte
-//! entry per module, each followed in version 2 by a 32-byte key. Every field is
+//! A process publishes one blob: a 4-byte preamble followed by one 64-byte
+//! entry per module, each followed in version 5 by a 32-byte key. Every field is
 //! big-endian, so the blob means the same on hosts of either byte order (the
 //! original component published host-order structs).
 //!
@@ -9,15 +9,15 @@
 //! preamble:  0..2 magic 0x5541 ("UA") | 2 version | 3 entry count
 //! entry:     0 kind | 1 port | 2..4 LID | 4..8 process id | 8..24 address
 //!            24..28 max message size | 28..32 stream nonce | 32..40 network id
-//!            40..56 the module's four QPNs
-//! key:       (version 2 only, after each entry) the module's receive key
+//!            40..56 the module's four QPNs | 56..60 Q_Key | 60..64 job key mask
+//! key:       (version 5 only, after each entry) the module's receive key
 //! ```
 //!
-//! Version 1 is what a process without authentication publishes. An entry's
-//! key in version 2 is the one its peers must seal their datagrams to that
+//! Version 4 is what a process without authentication publishes. An entry's
+//! key in version 5 is the one its peers must seal their datagrams to that
 //! module under ([`crate::seal::SealKey::derive`]); it reaches every
-//! process that can read the job's key-value space. Version 3 has version
-//! 1's layout and says that each module's receive key is derived from a
+//! process that can read the job's key-value space. Version 6 has version
+//! 4's layout and says that each module's receive key is derived from a
 //! secret the whole job holds and the entry itself
 //! ([`derive_receive_key`]), so no key is published: a launcher that hands
 //! its ranks a job secret over a private channel keeps the keys off the
@@ -29,6 +29,13 @@
 //! traffic cannot place a reset or an acknowledgement where a receiver
 //! accepts it (RFC 5961). Older blobs hold zero there, which is a nonce
 //! like any other.
+//!
+//! The Q_Key and the job key mask are the module's [`Admission`]: drawn at
+//! random when the module is made, they are what a datagram must carry to
+//! be taken in at all. Peers put the Q_Key on every send to the module (UD
+//! verbs take a remote Q_Key per send; the fabric drops a datagram with
+//! another) and the job key XORed with the mask into every BTL header to it.
+//! Versions 1 to 3 had 56-byte entries without them and are refused.
 //!
 //! The first QPN receives. The module sends from all four (striping), and a
 //! receiver recognises a sender by whichever of them a datagram came from,
@@ -48,17 +55,17 @@ use crate::{Error, Result};
 /// Length of the blob preamble.
 pub const PREAMBLE_LEN: usize = 4;
 /// Length of one entry.
-pub const ENTRY_LEN: usize = 56;
+pub const ENTRY_LEN: usize = 64;
 /// Queue pairs published per entry.
 pub const QPNS: usize = 4;
 /// Magic number of a blob.
 pub const MAGIC: u16 = 0x5541;
 /// The version of a blob without a key.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 4;
 /// The version of a blob whose entries are each followed by a receive key.
-pub const VERSION_WITH_KEY: u8 = 2;
+pub const VERSION_WITH_KEY: u8 = 5;
 /// The version of a blob whose receive keys derive from the job secret.
-pub const VERSION_DERIVED_KEY: u8 = 3;
+pub const VERSION_DERIVED_KEY: u8 = 6;
 /// Length of the key after each entry of a [`VERSION_WITH_KEY`] blob.
 pub const KEY_LEN: usize = 32;
 /// Most entries one blob can carry.
@@ -76,6 +83,8 @@ mod field {
     pub(super) const NETWORK_HI: Field = 32..36;
     pub(super) const NETWORK_LO: Field = 36..40;
     pub(super) const QPNS: usize = 40;
+    pub(super) const QKEY: Field = 56..60;
+    pub(super) const JOB_KEY_MASK: Field = 60..64;
 }
 
 /// Where a published port lives.
@@ -186,6 +195,16 @@ impl<T: AsRef<[u8]>> Entry<T> {
         read_u32(self.buffer.as_ref(), field::STREAM_NONCE)
     }
 
+    /// The Q_Key peers put on every send to the module.
+    pub fn qkey(&self) -> u32 {
+        read_u32(self.buffer.as_ref(), field::QKEY)
+    }
+
+    /// The mask peers XOR into the job key of every datagram to the module.
+    pub fn job_key_mask(&self) -> u32 {
+        read_u32(self.buffer.as_ref(), field::JOB_KEY_MASK)
+    }
+
     /// The publishing process's id.
     pub fn proc_id(&self) -> u32 {
         read_u32(self.buffer.as_ref(), field::PROC_ID)
@@ -234,6 +253,8 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Entry<T> {
         write_u32(buffer, field::STREAM_NONCE, address.stream_nonce);
         write_u32(buffer, field::NETWORK_HI, (address.network >> 32) as u32);
         write_u32(buffer, field::NETWORK_LO, address.network as u32);
+        write_u32(buffer, field::QKEY, address.admission.qkey);
+        write_u32(buffer, field::JOB_KEY_MASK, address.admission.job_key_mask);
     }
 }
 
@@ -256,8 +277,40 @@ pub struct Address {
     /// Drawn at random by the module: with a peer's, where the two streams
     /// between them start ([`stream_start`]).
     pub stream_nonce: u32,
+    /// What a datagram to the module must carry to be taken in.
+    pub admission: Admission,
     /// Whether the module authenticates datagrams, and with what key.
     pub auth: Auth,
+}
+
+/// What a datagram must carry for a module to take it in: 63 bits drawn at
+/// random per module (or fixed by configuration), which reach its peers
+/// through the modex and no one else. A forger who cannot read the job's
+/// key-value space or its traffic has to guess them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Admission {
+    /// The UD Q_Key of the module's queue pairs. Its top bit is always
+    /// clear: verbs reserve Q_Keys with it set (controlled Q_Keys), and a
+    /// send work request with it set means "the sending queue pair's own".
+    pub qkey: u32,
+    /// XORed into the job key of every BTL header sent to the module
+    /// ([`crate::btl::Repr::job_key`]); the module XORs it out again.
+    pub job_key_mask: u32,
+}
+
+impl Admission {
+    /// The largest Q_Key an admission can hold: the top bit is reserved.
+    pub const MAX_QKEY: u32 = 0x7fff_ffff;
+
+    /// An admission from 8 random bytes: the Q_Key from the first four with
+    /// its top bit cleared, the mask from the others.
+    #[must_use]
+    pub const fn from_random(bytes: [u8; 8]) -> Self {
+        Self {
+            qkey: u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) & Self::MAX_QKEY,
+            job_key_mask: u32::from_be_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]),
+        }
+    }
 }
 
 impl core::fmt::Display for Location {
@@ -284,10 +337,10 @@ impl core::fmt::Display for Address {
 pub enum Auth {
     /// It does not: datagrams carry a checksum or nothing.
     Off,
-    /// Under this key, published with the address (version 2).
+    /// Under this key, published with the address (version 5).
     Key(AuthKey),
     /// Under the key [`derive_receive_key`] gives from the job's secret and
-    /// the address (version 3).
+    /// the address (version 6).
     Derived,
 }
 
@@ -337,8 +390,9 @@ impl Address {
     /// Parses a checked entry.
     ///
     /// # Errors
-    /// [`Error`] on a buffer shorter than [`ENTRY_LEN`], an unknown kind, or
-    /// padding bytes that should be zero.
+    /// [`Error`] on a buffer shorter than [`ENTRY_LEN`], an unknown kind,
+    /// padding bytes that should be zero, or a Q_Key with its reserved top
+    /// bit set.
     pub fn parse<T: AsRef<[u8]>>(entry: &Entry<T>) -> Result<Self> {
         entry.check_len()?;
         let bytes = entry.address();
@@ -354,6 +408,9 @@ impl Address {
             },
             _ => return Err(Error),
         };
+        if entry.qkey() > Admission::MAX_QKEY {
+            return Err(Error);
+        }
         Ok(Self {
             location,
             port: entry.port(),
@@ -362,6 +419,10 @@ impl Address {
             max_msg_size: entry.max_msg_size(),
             network: entry.network(),
             stream_nonce: entry.stream_nonce(),
+            admission: Admission {
+                qkey: entry.qkey(),
+                job_key_mask: entry.job_key_mask(),
+            },
             auth: Auth::Off,
         })
     }
@@ -376,8 +437,8 @@ impl Address {
     }
 }
 
-/// Serializes a process's addresses into one blob: version 1 without
-/// authentication, version 2 with each entry followed by its key, version 3
+/// Serializes a process's addresses into one blob: version 4 without
+/// authentication, version 5 with each entry followed by its key, version 6
 /// with derived keys.
 ///
 /// # Errors
@@ -461,170 +522,4 @@ pub fn parse_blob(blob: &[u8]) -> Result<Vec<Address>> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    #[rustfmt::skip]
-    static ONE_IPV4: [u8; 60] = [
-        0x55, 0x41, 0x01, 0x01,
-        0x01, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x2a,
-        127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-        0x00, 0x00, 0xff, 0xcb, 0, 0, 0, 0,
-        0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08,
-        0x00, 0x00, 0xc3, 0x50, 0x00, 0x00, 0xc3, 0x51,
-        0x00, 0x00, 0xc3, 0x52, 0x00, 0x00, 0xc3, 0x53,
-    ];
-
-    fn ipv4() -> Address {
-        Address {
-            location: Location::Ipv4([127, 0, 0, 1]),
-            port: 1,
-            qpns: [50_000, 50_001, 50_002, 50_003],
-            proc_id: 42,
-            max_msg_size: 65_483,
-            network: 0x0102_0304_0506_0708,
-            stream_nonce: 0,
-            auth: Auth::Off,
-        }
-    }
-
-    #[test]
-    fn fixture_round_trip() {
-        assert_eq!(parse_blob(&ONE_IPV4).unwrap(), vec![ipv4()]);
-        assert_eq!(emit_blob(&[ipv4()]).unwrap(), ONE_IPV4);
-        assert_eq!(parse_blob(&emit_blob(&[]).unwrap()).unwrap(), vec![]);
-    }
-
-    #[test]
-    fn a_key_makes_version_two_and_reaches_every_address() {
-        let keyed = [
-            Address {
-                auth: Auth::Key(AuthKey([0xa5; KEY_LEN])),
-                ..ipv4()
-            },
-            Address {
-                port: 2,
-                auth: Auth::Key(AuthKey([0x5a; KEY_LEN])),
-                ..ipv4()
-            },
-        ];
-        let blob = emit_blob(&keyed).unwrap();
-        assert_eq!(blob[2], VERSION_WITH_KEY);
-        assert_eq!(blob.len(), PREAMBLE_LEN + 2 * (ENTRY_LEN + KEY_LEN));
-        assert_eq!(
-            &blob[PREAMBLE_LEN..][..ENTRY_LEN],
-            &ONE_IPV4[PREAMBLE_LEN..]
-        );
-        assert_eq!(
-            &blob[PREAMBLE_LEN + ENTRY_LEN..][..KEY_LEN],
-            &[0xa5; KEY_LEN]
-        );
-        assert_eq!(&blob[blob.len() - KEY_LEN..], &[0x5a; KEY_LEN]);
-        assert_eq!(parse_blob(&blob).unwrap(), keyed);
-        // A key cut short, keys in a version 1 blob, or a mix of keyed and
-        // unkeyed addresses are all errors.
-        assert!(parse_blob(&blob[..blob.len() - 1]).is_err());
-        let mut v1_with_key = blob.clone();
-        v1_with_key[2] = VERSION;
-        assert!(parse_blob(&v1_with_key).is_err());
-        assert!(emit_blob(&[keyed[0], ipv4()]).is_err());
-    }
-
-    #[test]
-    fn derived_keys_make_version_three_with_nothing_secret_in_it() {
-        let derived = Address {
-            auth: Auth::Derived,
-            ..ipv4()
-        };
-        let blob = emit_blob(&[derived]).unwrap();
-        assert_eq!(blob[2], VERSION_DERIVED_KEY);
-        assert_eq!(&blob[PREAMBLE_LEN..], &ONE_IPV4[PREAMBLE_LEN..]);
-        assert_eq!(parse_blob(&blob).unwrap(), vec![derived]);
-        assert!(emit_blob(&[derived, ipv4()]).is_err());
-    }
-
-    #[test]
-    fn a_receive_key_depends_on_the_secret_and_the_module_but_not_the_process_id() {
-        let job = AuthKey([3; KEY_LEN]);
-        let key = derive_receive_key(&job, &ipv4());
-        let same_module = Address {
-            proc_id: 7,
-            auth: Auth::Derived,
-            ..ipv4()
-        };
-        assert_eq!(derive_receive_key(&job, &same_module), key);
-        let other_module = Address {
-            qpns: [50_004, 50_001, 50_002, 50_003],
-            ..ipv4()
-        };
-        assert_ne!(derive_receive_key(&job, &other_module), key);
-        assert_ne!(derive_receive_key(&AuthKey([4; KEY_LEN]), &ipv4()), key);
-        assert_ne!(key, job);
-    }
-
-    #[test]
-    fn malformed_blobs_are_errors() {
-        assert!(parse_blob(&ONE_IPV4[..59]).is_err());
-        assert!(parse_blob(&[]).is_err());
-        for (index, value) in [(0, 0), (2, 9), (3, 2), (4, 9), (6, 1), (17, 1)] {
-            let mut bad = ONE_IPV4;
-            bad[index] = value;
-            assert!(parse_blob(&bad).is_err(), "byte {index}");
-        }
-    }
-
-    #[test]
-    fn the_stream_nonce_travels_and_the_two_directions_start_apart() {
-        let mut bytes = ONE_IPV4;
-        bytes[PREAMBLE_LEN + 28] = 0xab;
-        let parsed = parse_blob(&bytes).unwrap();
-        assert_eq!(parsed[0].stream_nonce, 0xab00_0000);
-        assert_eq!(emit_blob(&parsed).unwrap(), bytes);
-        assert_eq!(stream_start(7, 9), stream_start(7, 9));
-        assert_ne!(stream_start(1, 2), stream_start(2, 1));
-        assert_ne!(stream_start(1, 2), stream_start(1, 3));
-    }
-
-    #[test]
-    fn parse_of_a_short_unchecked_entry_is_an_error() {
-        let entry = Entry::new_unchecked(&ONE_IPV4[PREAMBLE_LEN..ONE_IPV4.len() - 1]);
-        assert!(Address::parse(&entry).is_err());
-    }
-
-    #[test]
-    #[should_panic(expected = "out of range")]
-    fn emit_into_short_buffer_panics() {
-        let mut bytes = [0u8; ENTRY_LEN - 1];
-        ipv4().emit(&mut Entry::new_unchecked(&mut bytes[..]));
-    }
-
-    fn location() -> impl Strategy<Value = Location> {
-        prop_oneof![
-            any::<[u8; 4]>().prop_map(Location::Ipv4),
-            any::<[u8; 16]>().prop_map(Location::Ipv6),
-            any::<u32>().prop_map(Location::Sim),
-            (any::<u16>(), any::<[u8; 16]>()).prop_map(|(lid, gid)| Location::Ib { lid, gid }),
-        ]
-    }
-
-    proptest! {
-        #[test]
-        fn emit_then_parse(entries in proptest::collection::vec(
-            (location(), any::<u8>(), any::<[u32; QPNS]>(), any::<(u32, u32, u32)>(), any::<u64>()), 0..8),
-            auth in 0u8..3,
-        ) {
-            let addresses: Vec<Address> = entries
-                .into_iter()
-                .map(|(location, port, qpns, (max_msg_size, proc_id, stream_nonce), network)| Address { location, port, qpns, proc_id, max_msg_size, network, stream_nonce, auth: [Auth::Off, Auth::Key(AuthKey([port; KEY_LEN])), Auth::Derived][usize::from(auth)] })
-                .collect();
-            prop_assert_eq!(parse_blob(&emit_blob(&addresses).unwrap()).unwrap(), addresses);
-        }
-
-        #[test]
-        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..128)) {
-            let _ = parse_blob(&bytes);
-            let _ = Address::parse(&Entry::new_unchecked(&bytes[..]));
-        }
-    }
-}
+mod tests;

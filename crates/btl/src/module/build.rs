@@ -67,8 +67,23 @@ fn stream_nonce() -> Result<u32, BtlError> {
     Ok(u32::from_ne_bytes(bytes))
 }
 
-/// How a reliable module on `port` with queue pairs `qps` and stream nonce
-/// `stream_nonce` protects its datagrams: sealed with `auth` (under a key
+/// What datagrams to a module must carry (`modex::Admission`): drawn at
+/// random, unless `ib_qkey` fixes the Q_Key, which also leaves the job key
+/// unmasked, as the seed's modules were.
+fn admission(params: &Params) -> Result<modex::Admission, BtlError> {
+    if params.ib_qkey != 0 {
+        return Ok(modex::Admission {
+            qkey: params.ib_qkey,
+            job_key_mask: 0,
+        });
+    }
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).map_err(BtlError::Randomness)?;
+    Ok(modex::Admission::from_random(bytes))
+}
+
+/// How a reliable module on `port` with queue pairs `qps`, stream nonce
+/// `stream_nonce` and `admission` protects its datagrams: sealed with `auth` (under a key
 /// derived from the job secret and the module's address when there is a
 /// job secret, else a random one), else a checksum unless the fabric checks
 /// integrity end to end.
@@ -77,13 +92,15 @@ fn integrity_for(
     port: &PortAttr,
     qps: &[QpInfo],
     stream_nonce: u32,
+    admission: modex::Admission,
 ) -> Result<Integrity, BtlError> {
     if let Some(protection) = params.protection() {
         // Receives are posted on queue pair 0: the one peers address.
         let own_qpn = qps.first().map_or(0, |qp| qp.qp_num);
         return Ok(match params.auth_secret {
             Some(job) => {
-                let address = module_address(port, qps, 0, modex::Auth::Derived, stream_nonce);
+                let address =
+                    module_address(port, qps, 0, modex::Auth::Derived, stream_nonce, admission);
                 Integrity::Sealed {
                     own: modex::derive_receive_key(&job, &address),
                     own_qpn,
@@ -123,6 +140,7 @@ fn integrity_for(
 struct Built {
     port: PortAttr,
     limits: Limits,
+    admission: modex::Admission,
     recv_stride: usize,
     recv_count: usize,
 }
@@ -172,6 +190,7 @@ impl<C: Context> Engine<C> {
         };
         let port = ctx.query_port(port_num).map_err(fail("query port"))?;
         let limits = limits_for(&port, params);
+        let admission = admission(params)?;
         let pd = ctx.alloc_pd().map_err(fail("allocate protection domain"))?;
         partial.pd = Some(pd);
         let depth = params.rd_num + params.sd_num;
@@ -203,7 +222,7 @@ impl<C: Context> Engine<C> {
             inline_max = inline_max.min(qp.cap.max_inline_data as usize);
             let init = QpTransition::Init {
                 pkey_index: params.ib_pkey_index,
-                qkey: params.ib_qkey,
+                qkey: admission.qkey,
                 port: port_num,
             };
             ctx.modify_qp(qp.handle, &init)
@@ -267,6 +286,7 @@ impl<C: Context> Engine<C> {
                 send_frags_max,
                 ..limits
             },
+            admission,
             recv_stride,
             recv_count,
         })
@@ -297,7 +317,8 @@ impl<C: Context> Engine<C> {
         let path = match ack_mr {
             Some(ack_mr) => {
                 let made = stream_nonce().and_then(|nonce| {
-                    let integrity = integrity_for(params, &built.port, &qps, nonce)?;
+                    let integrity =
+                        integrity_for(params, &built.port, &qps, nonce, built.admission)?;
                     let max_datagram = header_len(params) + built.limits.max_send_size;
                     let ring = RingLayout::new(params, max_datagram);
                     Reliable::new(
@@ -328,12 +349,7 @@ impl<C: Context> Engine<C> {
             None => Path::Unreliable,
         };
         let qp_handles = qps.iter().map(|qp| qp.handle).collect();
-        let tx = TransmitQueue::new(
-            qp_handles,
-            params.ib_qkey,
-            built.limits.inline_max,
-            params.sd_num,
-        );
+        let tx = TransmitQueue::new(qp_handles, built.limits.inline_max, params.sd_num);
         Ok(Self {
             device: ctx.device().name.clone(),
             recv: RecvPool::new(recv_mr, built.recv_stride, built.recv_count, qps[0].handle),
@@ -359,6 +375,7 @@ impl<C: Context> Engine<C> {
             app_present: true,
             limits: built.limits,
             job_key: params.job_key,
+            admission: built.admission,
             foreign_job_keys: Vec::new(),
             sl: params.ib_service_level,
             path_bits: params.ib_src_path_bits,

@@ -29,6 +29,11 @@ pub(super) struct Endpoint {
     /// own, unless the peer was started by another job (see
     /// `Module::set_endpoint_job`).
     pub(super) job_key: u32,
+    /// The job key field of every BTL header to the peer: this module's job
+    /// key XORed with the peer's mask.
+    pub(super) header_job_key: u32,
+    /// The Q_Key every datagram to the peer carries.
+    pub(super) remote_qkey: u32,
     /// The peer module's receive key: what goes to it is sealed under keys
     /// derived from it (modules with `auth` only).
     pub(super) auth_key: Option<AuthKey>,
@@ -46,6 +51,9 @@ pub(super) struct Endpoint {
 pub(super) struct Route {
     pub(super) ah: AhHandle,
     pub(super) remote_qpn: u32,
+    pub(super) remote_qkey: u32,
+    /// The job key field of a BTL header to the peer ([`Endpoint::header_job_key`]).
+    pub(super) header_job_key: u32,
     /// Index of the sending queue pair. One peer's stream always leaves by
     /// the same queue pair, so the receiver's last-sender cache hits and the
     /// stream is never reordered between sockets; peers are striped over the
@@ -140,6 +148,8 @@ impl Endpoints {
         Some(Route {
             ah: endpoint.ah,
             remote_qpn: endpoint.remote.qpn,
+            remote_qkey: endpoint.remote_qkey,
+            header_job_key: endpoint.header_job_key,
             qp_index: id.0 as usize % NUM_QP,
         })
     }
@@ -198,6 +208,7 @@ pub(super) fn module_address(
     proc_id: u32,
     auth: modex::Auth,
     stream_nonce: u32,
+    admission: modex::Admission,
 ) -> modex::Address {
     modex::Address {
         location: match port.addr {
@@ -213,6 +224,7 @@ pub(super) fn module_address(
         max_msg_size: u32::try_from(port.max_msg_size).unwrap_or(u32::MAX),
         network: port.network,
         stream_nonce,
+        admission,
         auth,
     }
 }
@@ -226,7 +238,14 @@ impl<C: Context> Engine<C> {
             .reliable()
             .map_or(modex::Auth::Off, |r| r.integrity.auth());
         let nonce = self.path.reliable().map_or(0, |r| r.stream_nonce);
-        module_address(&self.port, &self.qps, self.proc_id, auth, nonce)
+        module_address(
+            &self.port,
+            &self.qps,
+            self.proc_id,
+            auth,
+            nonce,
+            self.admission,
+        )
     }
 
     /// The engine's side of `Module::add_procs`, whose documentation is the
@@ -257,11 +276,7 @@ impl<C: Context> Engine<C> {
             if !self.fit_peer_datagrams(chosen.max_msg_size as usize) {
                 continue;
             }
-            let qps = chosen.qpns.map(|qpn| QpAddr {
-                node: node_of(chosen.location),
-                qpn,
-            });
-            match self.add_endpoint(qps, chosen.proc_id, peer_key, chosen.stream_nonce) {
+            match self.add_endpoint(&chosen, peer_key) {
                 Ok(id) => {
                     result.endpoints[i] = Some(id);
                     result.reachable[i] = true;
@@ -349,15 +364,21 @@ impl<C: Context> Engine<C> {
             .copied()
     }
 
-    /// The engine's side of `Module::add_endpoint`, whose documentation is the
-    /// contract.
-    pub(super) fn add_endpoint(
+    /// Creates an endpoint for the peer module at `peer`, whose datagrams
+    /// are recognised by any of its queue pairs, with an address handle
+    /// built with the service level and path bits parameters. `auth_key` is
+    /// the peer's receive key, which a module with `auth` needs to send to
+    /// it. An endpoint that exists for the peer's receiving queue pair is
+    /// returned as it is.
+    fn add_endpoint(
         &mut self,
-        qps: [QpAddr; modex::QPNS],
-        proc_id: u32,
+        peer: &modex::Address,
         auth_key: Option<AuthKey>,
-        stream_nonce: u32,
     ) -> Result<EndpointId, BtlError> {
+        let qps = peer.qpns.map(|qpn| QpAddr {
+            node: node_of(peer.location),
+            qpn,
+        });
         let remote = qps[0];
         if let Some(id) = self.endpoints.existing(remote) {
             return Ok(id);
@@ -375,8 +396,10 @@ impl<C: Context> Engine<C> {
         let endpoint = Endpoint {
             remote,
             senders: qps,
-            proc_id,
+            proc_id: peer.proc_id,
             job_key: self.job_key,
+            header_job_key: self.job_key ^ peer.admission.job_key_mask,
+            remote_qkey: peer.admission.qkey,
             auth_key,
             seal: None,
             ah,
@@ -389,8 +412,8 @@ impl<C: Context> Engine<C> {
         // closed peer lingers.
         let own = reliable.stream_nonce;
         let start = StreamStart {
-            send: modex::stream_start(own, stream_nonce),
-            recv: modex::stream_start(stream_nonce, own),
+            send: modex::stream_start(own, peer.stream_nonce),
+            recv: modex::stream_start(peer.stream_nonce, own),
         };
         let peer = reliable
             .core

@@ -61,7 +61,7 @@ use udbtl_fabric::{
     Context, CqHandle, Mr, PdHandle, PortAttr, QpInfo, WcOpcode, WcStatus, WorkCompletion,
 };
 use udbtl_reliability::Instant;
-use udbtl_wire::btl;
+use udbtl_wire::{btl, modex};
 
 pub use deliver::{HostEvent, Polled, Received};
 pub use events::{
@@ -155,6 +155,9 @@ struct Engine<C: Context> {
     app_present: bool,
     stats: ModuleStats,
     job_key: u32,
+    /// What datagrams to this module must carry: its queue pairs' Q_Key,
+    /// and the mask peers XOR into the job key.
+    admission: modex::Admission,
     /// Keys of other jobs whose processes were added as peers (dynamic
     /// processes: spawn, connect/accept); their datagrams are accepted from
     /// those peers only. Usually empty.
@@ -220,11 +223,11 @@ impl<C: Context> Engine<C> {
         tag: Tag,
         flush: Flush,
     ) -> Result<SendStatus, BtlError> {
-        if self.endpoints.get(endpoint).is_none() {
+        let Some(peer_job_key) = self.endpoints.get(endpoint).map(|e| e.header_job_key) else {
             return Err(BtlError::BadEndpoint {
                 endpoint: endpoint.0,
             });
-        }
+        };
         let frag = self.frags.checked_mut(des)?;
         if frag.state != FragState::Allocated {
             return Err(bad(des, "already being sent"));
@@ -234,7 +237,7 @@ impl<C: Context> Engine<C> {
         self.stats.messages_sent += 1;
         let header = btl::Repr {
             tag: tag.0,
-            job_key: self.job_key,
+            job_key: peer_job_key,
             reliable: self.path.is_reliable(),
         };
         header.emit(&mut btl::Packet::new_unchecked(self.registered_mut(des)?));

@@ -261,7 +261,7 @@ impl<C: Context> Engine<C> {
         let buf = &mut bytes[slot.offset..slot.offset + slot.len];
         btl::Repr {
             tag: 0,
-            job_key: self.job_key,
+            job_key: route.header_job_key,
             reliable: true,
         }
         .emit(&mut btl::Packet::new_unchecked(&mut *buf));

@@ -156,13 +156,14 @@ impl<C: Context> Engine<C> {
             self.recv.repost(slot);
             return;
         };
-        if !self.accepts_job(header.job_key) {
+        let job_key = header.job_key ^ self.admission.job_key_mask;
+        if !self.accepts_job(job_key) {
             self.stats.recv_bad_job_key += 1;
             self.recv.repost(slot);
             return;
         }
         match (header.reliable, self.path.is_reliable(), wc.src) {
-            (true, true, Some(src)) => self.on_reliable_receive(held, src, header.job_key, now),
+            (true, true, Some(src)) => self.on_reliable_receive(held, src, job_key, now),
             (false, false, Some(src)) => {
                 let endpoint = self.endpoints.lookup(src);
                 self.hold_for_app(Delivery {

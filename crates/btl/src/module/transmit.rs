@@ -201,18 +201,16 @@ pub(super) struct TransmitQueue {
     pub(super) sends: SendQueue,
     batch: PostBatch,
     qps: Vec<QpHandle>,
-    qkey: u32,
     inline_max: usize,
 }
 
 impl TransmitQueue {
     /// A transmit queue over `qps` with `credits` send credits.
-    pub(super) fn new(qps: Vec<QpHandle>, qkey: u32, inline_max: usize, credits: u32) -> Self {
+    pub(super) fn new(qps: Vec<QpHandle>, inline_max: usize, credits: u32) -> Self {
         Self {
             sends: SendQueue::new(credits),
             batch: PostBatch::new(),
             qps,
-            qkey,
             inline_max,
         }
     }
@@ -240,7 +238,7 @@ impl TransmitQueue {
             sg_list,
             ah: route.ah,
             remote_qpn: route.remote_qpn,
-            remote_qkey: self.qkey,
+            remote_qkey: route.remote_qkey,
             imm: None,
             flags,
         }

@@ -36,7 +36,9 @@
 //! [`ParamInfo::from_seed`] is `false` for them. The seed's
 //! `min_send_size` and `max_send_size` defaulted to 2048 on the assumption of a
 //! 2 KB InfiniBand MTU that was never queried; here they are unset by default
-//! and the provider's MTU decides.
+//! and the provider's MTU decides. The seed's `ib_qkey` was a fixed
+//! 0x01330133 that anyone could put on a datagram; here it defaults to 0,
+//! which draws a random Q_Key for each module.
 //!
 //! # Adding a parameter
 //!
@@ -348,8 +350,10 @@ parameters! {
          send size are this less the header; unset: the provider's MTU";
     ib_pkey_index: u16 = (0), int(0, 0xffff), seed,
         "Partition key index set on each queue pair when it moves to INIT";
-    ib_qkey: u32 = (0x0133_0133), hex(0, 0xffff_ffff), seed,
-        "Queue key of every queue pair and every send";
+    ib_qkey: u32 = (0), hex(0, 0x7fff_ffff), seed,
+        "Q_Key of this module's queue pairs, which peers put on their sends to it; \
+         0: random per module, with a random job key mask (the modex carries both); \
+         other values: that Q_Key and no mask, as the seed's fixed 0x01330133";
     ib_service_level: u8 = (0), int(0, 15), seed,
         "Service level put into each address handle";
     ib_src_path_bits: u8 = (0), int(0, 127), seed,

@@ -26,7 +26,7 @@ fn defaults_are_the_seeds() {
     assert_eq!(p.min_send_size, None);
     assert_eq!(p.max_send_size, None);
     assert_eq!(p.ib_pkey_index, 0);
-    assert_eq!(p.ib_qkey, 0x0133_0133);
+    assert_eq!(p.ib_qkey, 0);
     assert_eq!(p.ib_service_level, 0);
     assert_eq!(p.ib_src_path_bits, 0);
     assert_eq!(p.mpool, "rdma");
@@ -86,7 +86,7 @@ fn describe_renders_values_that_parse_back() {
     };
     assert_eq!(reloaded, expected);
     let qkey = infos.iter().find(|i| i.name == "ib_qkey").unwrap();
-    assert_eq!(qkey.value, "0x01330133");
+    assert_eq!(qkey.value, "0x00000000");
     assert_eq!(qkey.env_var, "UDBTL_IB_QKEY");
     assert!(qkey.from_seed);
     let bytes = infos.iter().find(|i| i.name == "rcache_max_bytes").unwrap();
@@ -193,6 +193,7 @@ fn bounds_are_enforced_from_env_and_config() {
         ("UDBTL_RCACHE_MAX_ENTRIES", "0"),
         ("UDBTL_UDP_MTU", "65528"),
         ("UDBTL_IB_QKEY", "0x100000000"),
+        ("UDBTL_IB_QKEY", "0x80000000"),
     ] {
         let err = load_env(&[(var, value)]).unwrap_err();
         assert!(err.to_string().contains(var), "{var}={value}: {err}");

@@ -11,7 +11,6 @@ use std::time::Duration;
 use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 use sync_wrapper::SyncWrapper;
 use udbtl_fabric::{Context, PortAttr, QpAddr};
-use udbtl_wire::datagram::AuthKey;
 use udbtl_wire::modex;
 
 mod diagnostics;
@@ -172,27 +171,6 @@ impl<C: Context> Module<C> {
     /// it are released.
     pub fn add_procs(&self, peers: &[Option<&[modex::Address]>]) -> Result<AddProcs, BtlError> {
         self.lock().add_procs(peers)
-    }
-
-    /// Creates an endpoint for a peer module whose queue pairs are `qps`
-    /// (the first receives; datagrams from any of them are recognised as the
-    /// peer's) in process `proc_id`, with an address handle built with the
-    /// service level and path bits parameters. `auth_key` is the peer's
-    /// receive key, which a module with `auth` needs to send to it, and
-    /// `stream_nonce` the nonce it published, from which both derive where
-    /// their streams start.
-    ///
-    /// # Errors
-    /// The address handle could not be created.
-    pub fn add_endpoint(
-        &self,
-        qps: [QpAddr; modex::QPNS],
-        proc_id: u32,
-        auth_key: Option<AuthKey>,
-        stream_nonce: u32,
-    ) -> Result<EndpointId, BtlError> {
-        self.lock()
-            .add_endpoint(qps, proc_id, auth_key, stream_nonce)
     }
 
     /// Releases endpoints and their address handles. Sends waiting for a

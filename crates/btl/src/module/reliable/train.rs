@@ -165,9 +165,14 @@ impl<C: Context> Engine<C> {
             }
         }
         let cars = self.lay_out_train(head)?;
+        let Some(route) = self.endpoints.route(endpoint) else {
+            return Err(BtlError::BadEndpoint {
+                endpoint: endpoint.0,
+            });
+        };
         let header = btl::Repr {
             tag: self.frags.get(head).map_or(0, |f| f.tag),
-            job_key: self.job_key,
+            job_key: route.header_job_key,
             reliable: true,
         };
         let mut car = self.train_next(head);

@@ -82,14 +82,15 @@ pub(crate) fn stranger(
     let counters = |prefix: &str| {
         dump.lines()
             .find_map(|line| line.trim().strip_prefix(prefix))
-            .unwrap_or("(no reliability counters)")
+            .map_or("(no such counters)", str::trim)
             .to_owned()
     };
     println!(
         "rank {rank}: {exchanged} messages each way, in order and intact; unacceptable {}; \
-         integrity {}",
+         integrity {}; fabric {}",
         counters("unacceptable "),
-        counters("integrity ")
+        counters("integrity "),
+        counters("fabric ")
     );
     Ok(())
 }
