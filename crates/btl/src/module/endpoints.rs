@@ -19,10 +19,10 @@ use crate::{EndpointId, NUM_QP};
 /// One peer module as this module sees it.
 #[derive(Debug)]
 pub(super) struct Endpoint {
-    /// The peer's receiving queue pair.
-    pub(super) remote: QpAddr,
-    /// Every queue pair the peer sends from.
-    pub(super) senders: [QpAddr; modex::QPNS],
+    /// Where the peer's port is.
+    pub(super) node: NodeAddr,
+    /// Every queue pair the peer sends from; the first receives.
+    pub(super) qpns: [u32; modex::QPNS],
     /// The peer process's id, which its reliable datagrams carry.
     pub(super) proc_id: u32,
     /// The key of the peer's job, which its datagrams carry: this module's
@@ -36,13 +36,31 @@ pub(super) struct Endpoint {
     pub(super) remote_qkey: u32,
     /// The peer module's receive key: what goes to it is sealed under keys
     /// derived from it (modules with `auth` only).
-    pub(super) auth_key: Option<AuthKey>,
+    pub(super) auth_key: Option<Box<AuthKey>>,
     /// Packet numbers, replay window and keys of sealed datagrams to and
     /// from the peer, made when the first is sealed or opened.
     pub(super) seal: Option<Box<PairSeal>>,
     pub(super) ah: AhHandle,
     /// The caller's value for this endpoint, handed to receive callbacks.
     pub(super) context: Option<u64>,
+}
+
+impl Endpoint {
+    /// The peer's receiving queue pair.
+    pub(super) const fn remote(&self) -> QpAddr {
+        QpAddr {
+            node: self.node,
+            qpn: self.qpns[0],
+        }
+    }
+
+    /// The queue pairs the peer sends from.
+    fn senders(&self) -> impl Iterator<Item = QpAddr> + '_ {
+        self.qpns.iter().filter(|qpn| **qpn != 0).map(|qpn| QpAddr {
+            node: self.node,
+            qpn: *qpn,
+        })
+    }
 }
 
 /// Where a datagram to one endpoint goes, and which of our queue pairs sends
@@ -81,6 +99,12 @@ impl Endpoints {
         self.by_addr.get(&remote).copied()
     }
 
+    /// Makes room for `additional` more endpoints at once.
+    pub(super) fn reserve(&mut self, additional: usize) {
+        self.table.reserve(additional);
+        self.by_addr.reserve(modex::QPNS * additional);
+    }
+
     /// The id the next [`insert`](Self::insert) will use when slots are not
     /// reused.
     pub(super) fn next_fresh_id(&self) -> EndpointId {
@@ -90,7 +114,10 @@ impl Endpoints {
     /// Stores an endpoint, reusing a free slot when `reuse` allows, and
     /// indexes every queue pair it sends from.
     pub(super) fn insert(&mut self, endpoint: Endpoint, reuse: bool) -> EndpointId {
-        let senders = endpoint.senders;
+        let senders: [Option<QpAddr>; modex::QPNS] = {
+            let mut each = endpoint.senders();
+            core::array::from_fn(|_| each.next())
+        };
         let id = match self.free.pop().filter(|_| reuse) {
             Some(slot) => {
                 self.table[slot as usize] = Some(endpoint);
@@ -101,8 +128,8 @@ impl Endpoints {
                 EndpointId((self.table.len() - 1) as u32)
             }
         };
-        for qp in senders.iter().filter(|qp| qp.qpn != 0) {
-            self.by_addr.insert(*qp, id);
+        for qp in senders.into_iter().flatten() {
+            self.by_addr.insert(qp, id);
         }
         id
     }
@@ -111,8 +138,8 @@ impl Endpoints {
     /// only if `reuse`.
     pub(super) fn remove(&mut self, id: EndpointId, reuse: bool) -> Option<Endpoint> {
         let endpoint = self.table.get_mut(id.0 as usize)?.take()?;
-        for qp in &endpoint.senders {
-            self.by_addr.remove(qp);
+        for qp in endpoint.senders() {
+            self.by_addr.remove(&qp);
         }
         self.last_sender = None;
         if reuse {
@@ -147,7 +174,7 @@ impl Endpoints {
         let endpoint = self.get(id)?;
         Some(Route {
             ah: endpoint.ah,
-            remote_qpn: endpoint.remote.qpn,
+            remote_qpn: endpoint.qpns[0],
             remote_qkey: endpoint.remote_qkey,
             header_job_key: endpoint.header_job_key,
             qp_index: id.0 as usize % NUM_QP,
@@ -259,6 +286,10 @@ impl<C: Context> Engine<C> {
             reachable: vec![false; peers.len()],
         };
         let mut mismatched = None;
+        self.endpoints.reserve(peers.len());
+        if let Some(reliable) = self.path.reliable_mut() {
+            reliable.core.reserve_peers(peers.len());
+        }
         for (i, peer) in peers.iter().enumerate() {
             let Some(chosen) = peer.and_then(|addrs| self.pick_address(addrs)) else {
                 continue;
@@ -394,13 +425,13 @@ impl<C: Context> Engine<C> {
             .create_ah(self.pd, &attr)
             .map_err(|source| self.fabric_error("create address handle", source))?;
         let endpoint = Endpoint {
-            remote,
-            senders: qps,
+            node: remote.node,
+            qpns: peer.qpns,
             proc_id: peer.proc_id,
             job_key: self.job_key,
             header_job_key: self.job_key ^ peer.admission.job_key_mask,
             remote_qkey: peer.admission.qkey,
-            auth_key,
+            auth_key: auth_key.map(Box::new),
             seal: None,
             ah,
             context: None,
@@ -521,6 +552,6 @@ impl<C: Context> Engine<C> {
     /// The engine's side of `Module::endpoint_addr`, whose documentation is the
     /// contract.
     pub(super) fn endpoint_addr(&self, endpoint: EndpointId) -> Option<QpAddr> {
-        self.endpoints.get(endpoint).map(|e| e.remote)
+        self.endpoints.get(endpoint).map(Endpoint::remote)
     }
 }

@@ -310,10 +310,10 @@ fn seal_to(
     let Some(peer) = endpoints.get_mut(endpoint) else {
         return false;
     };
-    let Some(peer_key) = peer.auth_key else {
+    let Some(peer_key) = peer.auth_key.as_deref().copied() else {
         return false;
     };
-    let peer_qpn = peer.remote.qpn;
+    let peer_qpn = peer.qpns[0];
     let Some(pair) = PairSeal::of(&mut peer.seal) else {
         return false;
     };

@@ -93,6 +93,10 @@ pub struct Reliability<F, R> {
     stats: Stats,
 }
 
+/// Transmit queue entries one peer can have besides its data: an
+/// acknowledgement, a probe and a reset.
+const TRANSMITS_PER_PEER: usize = 3;
+
 #[derive(Debug, Clone, Copy)]
 enum Pending {
     Data(u32),
@@ -162,15 +166,34 @@ impl<F: Clone, R> Reliability<F, R> {
     /// a reset or an acknowledgement where this side accepts it.
     pub fn add_peer_at(&mut self, now: Instant, start: StreamStart) -> PeerId {
         self.peers.push(Peer::new(&self.config, now, start));
-        // A retransmission timeout queues the peer's whole window, beside an
-        // acknowledgement and a probe: room for that now, so that a timeout
-        // does not allocate.
-        let room = self.peers.len() * (usize::from(self.config.window) + 2);
-        self.transmits
-            .reserve(room.saturating_sub(self.transmits.len()));
+        self.reserve_transmits();
         self.held_acks
             .reserve(self.peers.len().saturating_sub(self.held_acks.len()));
         PeerId((self.peers.len() - 1) as u32)
+    }
+
+    /// Makes room in the transmit queue for everything that can wait there
+    /// at once, so that queueing never allocates: each slot's datagram at
+    /// most once (a slot is queued again only after it left), and per peer
+    /// an acknowledgement, a probe and a reset. Called as slots and peers
+    /// are added; the room grows with the datagrams in flight, not with
+    /// peers × window.
+    fn reserve_transmits(&mut self) {
+        let room = self.slots.capacity() + TRANSMITS_PER_PEER * self.peers.len();
+        self.transmits
+            .reserve(room.saturating_sub(self.transmits.len()));
+    }
+
+    /// Makes room for `additional` more peers at once, so that adding a
+    /// whole job's peers grows each table once, to fit, rather than
+    /// doubling past it.
+    pub fn reserve_peers(&mut self, additional: usize) {
+        self.peers.reserve(additional);
+        self.held_acks
+            .reserve(self.peers.capacity() - self.held_acks.len());
+        let room = self.slots.capacity() + TRANSMITS_PER_PEER * self.peers.capacity();
+        self.transmits
+            .reserve(room.saturating_sub(self.transmits.len()));
     }
 
     /// Number of peers ever added.

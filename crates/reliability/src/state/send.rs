@@ -95,6 +95,7 @@ impl<F: Clone, R> Reliability<F, R> {
             }
             None => {
                 self.slots.push(slot);
+                self.reserve_transmits();
                 (self.slots.len() - 1) as u32
             }
         }

@@ -11,6 +11,7 @@ use udbtl_wire::{btl, datagram, rel};
 
 use super::super::Engine;
 use super::super::delivery::{Delivery, Held};
+use super::super::endpoints::Endpoint;
 use super::super::integrity::{Check, Integrity, payload_offset};
 use super::super::seal::{self, PairSeal};
 use super::UNKNOWN_PEERS_MAX;
@@ -191,7 +192,7 @@ impl<C: Context> Engine<C> {
 
     /// Hands one in-order datagram to the application's next progress.
     fn deliver_in_order(&mut self, held: Held, endpoint: EndpointId, tag: Tag, flags: u16) {
-        let Some(src) = self.endpoints.get(endpoint).map(|e| e.remote) else {
+        let Some(src) = self.endpoints.get(endpoint).map(Endpoint::remote) else {
             // Held for a peer whose endpoint the caller deleted since.
             self.stats.recv_unknown_peer += 1;
             self.recv.repost(held.slot);
