@@ -65,6 +65,9 @@ pub struct Config {
     /// receive) is never noticed. A few probes per idle spell, per peer that
     /// was active.
     pub keepalive: bool,
+    /// A peer that sent data within this long is *active*: it shares most
+    /// of the receive pool under [`Reliability::share_credit`](crate::Reliability::share_credit).
+    pub credit_horizon: Duration,
     /// How long a closed peer lingers, still acknowledging late datagrams.
     pub linger: Duration,
     /// A first transmission is presumed lost at once when this many later
@@ -87,6 +90,7 @@ impl Default for Config {
             ack_every: 16,
             peer_timeout: Duration::from_secs(30),
             linger: Duration::from_secs(10),
+            credit_horizon: Duration::from_millis(20),
             dup_threshold: 3,
             initial_seq: SeqNum(0),
             keepalive: false,
@@ -156,6 +160,9 @@ impl Config {
         }
         if self.dup_threshold == 0 {
             return fail("dup_threshold", "must be at least 1".into());
+        }
+        if self.credit_horizon.is_zero() {
+            return fail("credit_horizon", "must be positive".into());
         }
         Ok(())
     }

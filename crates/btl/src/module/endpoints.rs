@@ -446,18 +446,13 @@ impl<C: Context> Engine<C> {
             send: modex::stream_start(own, peer.stream_nonce),
             recv: modex::stream_start(peer.stream_nonce, own),
         };
-        let peer = reliable
-            .core
-            .add_peer_at(Instant::from_duration(self.ctx.now()), start);
+        let now = Instant::from_duration(self.ctx.now());
+        let peer = reliable.core.add_peer_at(now, start);
         debug_assert_eq!(peer.0, self.endpoints.next_fresh_id().0);
         let id = self.endpoints.insert(endpoint, false);
-        // Every peer may fill its credit at once: share the receive pool so
-        // that all of them together cannot overrun it (a few buffers stay
-        // for acknowledgements).
-        let share = (self.recv.count * 7 / 8) / self.endpoints.len().max(1);
-        reliable
-            .core
-            .set_credit(u16::try_from(share).unwrap_or(u16::MAX).max(2));
+        // The new peer's share counts from its first acknowledgement on.
+        let (free, floor) = self.recv.credit_room(self.held_for_app, self.app_present);
+        reliable.core.share_credit(now, free, floor);
         Ok(id)
     }
 

@@ -77,19 +77,19 @@ impl RecvPool {
         self.held(held_for_app, app_present) + 1 + self.reserve <= self.count
     }
 
-    /// The credit to advertise to each of `peers` peers: the buffers free
-    /// beyond the reserve, shared, so that it adds up to the pool. While the
-    /// application runs, an in-order datagram is taken whatever is held, so
-    /// every peer gets at least one (a pool of one buffer still moves); what
-    /// that overcommits is refused and retransmitted, never lost. While the
-    /// application is away it may be zero: senders then probe.
-    pub(super) fn credit_for(&self, held_for_app: usize, app_present: bool, peers: usize) -> u16 {
+    /// What the peers' credit is made of (`Reliability::share_credit`):
+    /// the buffers free beyond the reserve, which the peers that send share,
+    /// and the least credit any peer gets. While the application runs, an
+    /// in-order datagram is taken whatever is held, so every peer gets at
+    /// least one (a pool of one buffer still moves); what that overcommits
+    /// is refused and retransmitted, never lost. While the application is
+    /// away the floor is zero: senders then wait, and hear when room comes
+    /// back.
+    pub(super) fn credit_room(&self, held_for_app: usize, app_present: bool) -> (usize, u16) {
         let free = self
             .count
             .saturating_sub(self.reserve + self.held(held_for_app, app_present));
-        let share = free / peers.max(1);
-        let floor = usize::from(app_present || free > 0);
-        u16::try_from(share.max(floor)).unwrap_or(u16::MAX)
+        (free, u16::from(app_present || free > 0))
     }
 
     /// Queues buffer `slot` for reposting at the end of the progress call.

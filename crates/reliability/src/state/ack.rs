@@ -23,7 +23,7 @@ fn min_sample(current: Option<Duration>, sample: Duration) -> Option<Duration> {
 impl<F: Clone, R> Reliability<F, R> {
     /// A header acknowledging what the peer sent; clears what was owed.
     pub(super) fn ack_header(&mut self, peer: u32) -> rel::Repr {
-        let credit = self.credit;
+        let credit = self.credit_for(peer);
         let p = &mut self.peers[peer as usize];
         p.rcv.ack_pending = 0;
         p.timers.stop(Timer::Ack);

@@ -9,9 +9,11 @@
 //! * `ack`: acknowledgements built and processed;
 //! * `loss`: loss detection, fast retransmission and tail-loss probes;
 //! * `timer`: per-peer deadlines and firing them;
-//! * `failure`: peer failure by time, keepalives, resets and closing.
+//! * `failure`: peer failure by time, keepalives, resets and closing;
+//! * `credit`: the credit advertised, shared among the peers that send.
 
 mod ack;
+mod credit;
 mod failure;
 mod loss;
 mod peer;
@@ -89,7 +91,7 @@ pub struct Reliability<F, R> {
     last_challenge: Option<Instant>,
     events: VecDeque<Event<F>>,
     timers: BinaryHeap<Reverse<(Instant, u32)>>,
-    credit: u16,
+    credit: credit::Credit,
     stats: Stats,
 }
 
@@ -115,7 +117,7 @@ impl<F: Clone, R> Reliability<F, R> {
     pub fn new(config: Config) -> Result<Self, ConfigError> {
         config.validate()?;
         Ok(Self {
-            credit: config.window,
+            credit: credit::Credit::fixed(config.window),
             config,
             peers: Vec::new(),
             slots: Vec::new(),
@@ -266,15 +268,10 @@ impl<F: Clone, R> Reliability<F, R> {
             .is_some_and(|p| p.mode.is_lost())
     }
 
-    /// Sets the credit this side advertises to every peer (datagrams past
-    /// the cumulative acknowledgement it will accept), e.g. from the free
-    /// share of a receive pool. Capped at the window; 0 stops the peers
-    /// sending new data (they probe until credit returns). The new value
-    /// rides on the next header sent to each peer; raising it queues
-    /// nothing by itself, so a peer that is probing learns it from its next
-    /// probe's answer (at most `rto_max` later).
-    pub fn set_credit(&mut self, credit: u16) {
-        self.credit = credit.min(self.config.window);
+    /// Peers that sent data within the credit horizon (see
+    /// [`share_credit`](Self::share_credit)).
+    pub fn active_peers(&self) -> usize {
+        self.credit.active_peers()
     }
 
     /// Size in bytes of one peer's state: constant, whatever the traffic.

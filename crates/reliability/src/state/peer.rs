@@ -142,6 +142,8 @@ pub(super) struct Peer {
     pub(super) last_data: Option<Instant>,
     /// Last keepalive probe sent (`Instant::ZERO`: none yet).
     pub(super) last_keepalive: Instant,
+    /// [`CREDIT_ACTIVE`] and [`CREDIT_STARVED`].
+    pub(super) credit_flags: u8,
     /// The retransmission timer was set by [`Reliability::resume`](crate::Reliability::resume): its
     /// expiry refreshes the peer's state without backing off.
     pub(super) resumed: bool,
@@ -156,6 +158,11 @@ pub(super) struct Peer {
 }
 
 pub(super) const CWND_UNIT: u32 = 1024;
+
+/// `Peer::credit_flags`: the peer sent data within the credit horizon.
+pub(super) const CREDIT_ACTIVE: u8 = 1;
+/// `Peer::credit_flags`: the peer was told a credit of 0.
+pub(super) const CREDIT_STARVED: u8 = 2;
 
 impl Peer {
     pub(super) fn new(config: &Config, now: Instant, start: StreamStart) -> Self {
@@ -183,6 +190,7 @@ impl Peer {
             last_heard: now,
             last_data: None,
             last_keepalive: Instant::ZERO,
+            credit_flags: 0,
             snd_epoch: 0,
             rcv_epoch: 0,
             resumed: false,

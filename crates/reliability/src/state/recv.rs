@@ -192,6 +192,7 @@ impl<F: Clone, R> Reliability<F, R> {
     ) -> Receipt<R> {
         let seq = header.seq;
         let window = i32::from(self.config.window);
+        self.note_sender(peer);
         let p = &mut self.peers[peer as usize];
         let offset = seq - p.rcv.nxt;
         p.last_data = Some(now);

@@ -212,6 +212,9 @@ pub struct Stats {
     /// Challenge acknowledgements sent: a peer that really reset its
     /// streams answers one with a reset at the exact sequence number.
     pub challenge_acks: u64,
+    /// Acknowledgements sent at once to a peer told a credit of 0, when
+    /// its credit came back.
+    pub credit_updates: u64,
     /// Calls of [`Reliability::resume`](crate::Reliability::resume).
     pub resumes: u64,
 }

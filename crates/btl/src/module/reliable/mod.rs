@@ -173,13 +173,11 @@ impl<C: Context> Engine<C> {
     /// `drained` says whether the poll emptied the fabric: a peer is never
     /// declared lost while acknowledgements from it may still sit unread.
     pub(super) fn drive_reliability(&mut self, now: Instant, drained: bool) {
-        let credit =
-            self.recv
-                .credit_for(self.held_for_app, self.app_present, self.endpoints.len());
+        let (free, floor) = self.recv.credit_room(self.held_for_app, self.app_present);
         let Some(reliable) = self.path.reliable_mut() else {
             return;
         };
-        reliable.core.set_credit(credit);
+        reliable.core.share_credit(now, free, floor);
         if reliable.core.poll_timeout().is_some_and(|at| at <= now) {
             if drained {
                 reliable.core.handle_timeout(now);
