@@ -3,26 +3,40 @@
 //! takes `now`.
 
 use core::fmt;
+use core::num::NonZeroU64;
 use core::ops::{Add, Sub};
 use core::time::Duration;
 
 /// A point in time, in nanoseconds since the caller's epoch.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct Instant(u64);
+///
+/// Stored as nanoseconds plus one, never zero, so that an
+/// `Option<Instant>` takes 8 bytes (the per-peer state holds several).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Instant(NonZeroU64);
+
+impl Default for Instant {
+    fn default() -> Self {
+        Self::ZERO
+    }
+}
 
 impl Instant {
     /// The epoch.
-    pub const ZERO: Self = Self(0);
+    pub const ZERO: Self = Self(NonZeroU64::MIN);
 
-    /// `nanos` after the epoch.
+    /// `nanos` after the epoch (saturating one nanosecond short of
+    /// `u64::MAX`, about 584 years).
     pub const fn from_nanos(nanos: u64) -> Self {
-        Self(nanos)
+        match NonZeroU64::new(nanos.saturating_add(1)) {
+            Some(n) => Self(n),
+            None => Self(NonZeroU64::MAX),
+        }
     }
 
     /// A span after the epoch, such as a fabric clock's reading
     /// (saturating at about 584 years).
     pub const fn from_duration(since_epoch: Duration) -> Self {
-        Self(
+        Self::from_nanos(
             since_epoch
                 .as_secs()
                 .saturating_mul(1_000_000_000)
@@ -32,12 +46,12 @@ impl Instant {
 
     /// Nanoseconds since the epoch.
     pub const fn as_nanos(self) -> u64 {
-        self.0
+        self.0.get() - 1
     }
 
     /// Time from `earlier` to `self`, zero if `earlier` is later.
     pub const fn saturating_since(self, earlier: Self) -> Duration {
-        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+        Duration::from_nanos(self.0.get().saturating_sub(earlier.0.get()))
     }
 }
 
@@ -62,6 +76,6 @@ impl Sub for Instant {
 
 impl fmt::Debug for Instant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}", Duration::from_nanos(self.0))
+        write!(f, "{:?}", Duration::from_nanos(self.as_nanos()))
     }
 }

@@ -164,10 +164,15 @@ impl<F: Clone, R> Reliability<F, R> {
             let ns = u32::try_from(sample.as_nanos()).unwrap_or(u32::MAX);
             p.min_rtt_ns = p.min_rtt_ns.min(ns.max(1));
         }
+        self.credit.acknowledged(newly_acked as usize);
         if newly_acked > 0 {
             p.rtt.end_backoff();
             p.resumed = false;
-            if p.head == NIL {
+            // The timer covers datagrams that left: one sequenced but still
+            // queued behind other peers' arms it when it is handed out
+            // (`poll_transmit`), or it would expire while the datagram
+            // waits here.
+            if p.head == NIL || self.slots[p.head as usize].flags & SENT == 0 {
                 p.timers.stop(Timer::Rto);
             } else {
                 p.timers

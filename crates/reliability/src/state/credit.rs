@@ -1,29 +1,51 @@
-//! The credit this side advertises: how many datagrams past the cumulative
-//! acknowledgement each peer may send.
+//! The credit this side advertises (how many datagrams past the
+//! cumulative acknowledgement each peer may send), and how much this side
+//! itself keeps in flight to all its peers together.
 //!
-//! Either one value for every peer ([`Reliability::set_credit`]), or a
-//! receive pool shared by need ([`Reliability::share_credit`]): a peer
-//! becomes *active* when its data arrives, and stays so while data flows
-//! either way within [`Config::credit_horizon`]; the active peers share at
-//! least half the pool. The others keep a small even share, enough to
-//! start, and become active with their first datagram, which the
-//! acknowledgement answers with the larger credit. Splitting the pool
-//! evenly over every connected peer instead left one datagram per pair at
-//! 5 744 peers, however few of them sent.
+//! Credit is either one value for every peer ([`Reliability::set_credit`]),
+//! or a receive pool shared by need ([`Reliability::share_credit`]):
 //!
-//! Idle peers together hold at most half the pool, so the active ones
-//! always share the other half. The only promise beyond the pool is the
-//! caller's floor (one datagram per peer while its application runs,
-//! whose in-order datagrams it takes whatever it holds). A peer told 0 is
-//! *starved*: it hears at once, by an acknowledgement, when its credit
-//! comes back, instead of at its next zero-window probe.
+//! * A peer becomes *active* when its data arrives, and stays so while data
+//!   flows either way within [`Config::credit_horizon`]. The active peers
+//!   share half the pool, but at most two windows together: one window
+//!   fills a path, and more would only queue here for longer than a
+//!   retransmission timeout.
+//! * The others keep a small even share of the other half, enough to
+//!   start, and become active with their first datagram, which the
+//!   acknowledgement answers with the larger credit. Splitting the pool
+//!   evenly over every connected peer instead left one datagram per pair at
+//!   5 744 peers, however few of them sent.
+//! * What this side has in flight takes buffers too, for its
+//!   acknowledgements: they are kept out of the pool shared.
+//! * A credit is a promise: no peer is told more than the buffers promised
+//!   to nobody else, so shares that move as peers come and go never add up
+//!   to more than the pool. The only promise beyond it is the caller's
+//!   floor (one datagram per peer while its application runs, whose
+//!   in-order datagrams it takes whatever it holds).
+//! * A peer told 0 is *starved*: it hears at once, by an acknowledgement,
+//!   when its credit comes back, instead of at its next zero-window probe.
+//!
+//! On the sending side, this side keeps at most two windows in flight to
+//! all its peers together; backlog beyond waits its turn, peer by peer. A
+//! root sending to a thousand peers at once otherwise sequenced far more
+//! than its link could carry within a retransmission timeout, and its
+//! acknowledgements queued behind it.
 //!
 //! [`Config::credit_horizon`]: crate::Config::credit_horizon
+
+use std::collections::VecDeque;
 
 use crate::time::Instant;
 
 use super::Reliability;
-use super::peer::{CREDIT_ACTIVE, CREDIT_STARVED};
+use super::peer::{CREDIT_ACTIVE, CREDIT_STARVED, FLIGHT_WAITING};
+
+/// Windows' worth of credit the active peers share at most, together; and
+/// of datagrams this side keeps in flight to all its peers together. One
+/// window fills a path; more only lengthen the queues (at a receiver, or
+/// in this side's own transmit queue, which holds acknowledgements up too)
+/// past a retransmission timeout.
+const ACTIVE_WINDOWS: usize = 2;
 
 /// How the advertised credit is decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +67,14 @@ pub(super) struct Credit {
     starved: Vec<u32>,
     /// When [`Credit::active`] is next swept for peers gone quiet.
     next_sweep: Instant,
+    /// Buffers promised and not yet used: the sum over the peers of their
+    /// advertised right edge less the next sequence number expected.
+    promised: usize,
+    /// Datagrams this side has in flight to all its peers: their
+    /// acknowledgements will take receive buffers too.
+    in_flight: usize,
+    /// Peers marked [`FLIGHT_WAITING`], in turn.
+    waiting_for_flight: VecDeque<u32>,
 }
 
 impl Credit {
@@ -54,7 +84,51 @@ impl Credit {
             active: Vec::new(),
             starved: Vec::new(),
             next_sweep: Instant::ZERO,
+            promised: 0,
+            in_flight: 0,
+            waiting_for_flight: VecDeque::new(),
         }
+    }
+
+    /// Whether this side has all it may have in flight, with `window`.
+    pub(super) const fn flight_full(&self, window: u16) -> bool {
+        self.in_flight >= ACTIVE_WINDOWS * window as usize
+    }
+
+    /// `peer`, whose flags are `flags`, waits for room in flight.
+    pub(super) fn wait_for_flight(&mut self, peer: u32, flags: &mut u8) {
+        if *flags & FLIGHT_WAITING == 0 {
+            *flags |= FLIGHT_WAITING;
+            self.waiting_for_flight.push_back(peer);
+        }
+    }
+
+    /// Room for `peers` peers waiting for flight, so that waiting never
+    /// allocates.
+    pub(super) fn reserve(&mut self, peers: usize) {
+        self.waiting_for_flight
+            .reserve(peers.saturating_sub(self.waiting_for_flight.len()));
+    }
+
+    /// A datagram went out for the first time.
+    pub(super) fn sent(&mut self) {
+        self.in_flight += 1;
+    }
+
+    /// `count` datagrams in flight were acknowledged, or will never be.
+    pub(super) fn acknowledged(&mut self, count: usize) {
+        self.in_flight = self.in_flight.saturating_sub(count);
+    }
+
+    /// `count` promised buffers were used by datagrams that arrived (or
+    /// will not be: their peer ended).
+    pub(super) fn used(&mut self, count: usize) {
+        self.promised = self.promised.saturating_sub(count);
+    }
+
+    /// Buffers promised and not yet used.
+    pub(super) const fn promised(&self) -> usize {
+        self.promised
     }
 
     /// Peers that sent data within the horizon.
@@ -62,12 +136,21 @@ impl Credit {
         self.active.len()
     }
 
+    /// Of `free` buffers, those data may be promised: the others wait for
+    /// the acknowledgements of what this side has in flight (one per
+    /// `ack_every` datagrams; twice that, since a delayed acknowledgement
+    /// may cover fewer).
+    fn for_data(&self, free: usize, ack_every: u16) -> usize {
+        free.saturating_sub(2 * self.in_flight / usize::from(ack_every.max(1)))
+    }
+
     /// The credits an active and an idle peer get among `peers`, capped at
     /// `window`.
-    fn shares(&self, peers: usize, window: u16) -> (u16, u16) {
+    fn shares(&self, peers: usize, window: u16, ack_every: u16) -> (u16, u16) {
         match self.policy {
             Policy::Fixed(credit) => (credit, credit),
             Policy::Shared { free, floor } => {
+                let free = self.for_data(free, ack_every);
                 let clamp = |n: usize| u16::try_from(n).unwrap_or(u16::MAX).clamp(floor, window);
                 let active = self.active.len().max(1);
                 let idle_peers = peers.saturating_sub(self.active.len());
@@ -76,29 +159,71 @@ impl Credit {
                 // What the floor adds beyond that half is the overcommit
                 // the floor allows, not taken from the active peers.
                 let held_idle = (usize::from(idle) * idle_peers).min(free / 2);
-                (clamp((free - held_idle) / active), idle)
+                let for_active = (free - held_idle).min(ACTIVE_WINDOWS * usize::from(window));
+                (clamp(for_active / active), idle)
             }
         }
     }
 }
 
 impl<F: Clone, R> Reliability<F, R> {
-    /// The credit to advertise to `peer` now. Marks it starved when that
-    /// is 0.
-    pub(super) fn credit_for(&mut self, peer: u32) -> u16 {
-        let window = self.config.window;
-        let (active, idle) = self.credit.shares(self.peers.len(), window);
-        let p = &mut self.peers[peer as usize];
-        let credit = if p.credit_flags & CREDIT_ACTIVE != 0 {
+    /// The credit `peer` would be told now, and what it was promised
+    /// before. Under a shared pool the credit is the peer's share, but no
+    /// more than what is promised to nobody else: a receiver never promises
+    /// more buffers than it has (beyond the floor), also while shares move
+    /// as peers become active or idle.
+    fn grant(&self, peer: u32) -> (u16, usize) {
+        let (active, idle) =
+            self.credit
+                .shares(self.peers.len(), self.config.window, self.config.ack_every);
+        let p = &self.peers[peer as usize];
+        let before = (p.rcv.granted - p.rcv.nxt).max(0) as usize;
+        let share = if p.credit_flags & CREDIT_ACTIVE != 0 {
             active
         } else {
             idle
         };
+        let credit = match self.credit.policy {
+            Policy::Fixed(_) => share,
+            Policy::Shared { free, floor } => {
+                let free = self.credit.for_data(free, self.config.ack_every);
+                let others = self.credit.promised.saturating_sub(before);
+                let unpromised = free.saturating_sub(others);
+                share
+                    .min(u16::try_from(unpromised).unwrap_or(u16::MAX))
+                    .max(floor)
+            }
+        };
+        (credit, before)
+    }
+
+    /// The credit to advertise to `peer` now, which this side promises from
+    /// here on. Marks the peer starved when that is 0.
+    pub(super) fn credit_for(&mut self, peer: u32) -> u16 {
+        let (credit, before) = self.grant(peer);
+        self.credit.promised = self.credit.promised.saturating_sub(before) + usize::from(credit);
+        let p = &mut self.peers[peer as usize];
+        p.rcv.granted = p.rcv.nxt + u32::from(credit);
         if credit == 0 && p.credit_flags & CREDIT_STARVED == 0 {
             p.credit_flags |= CREDIT_STARVED;
             self.credit.starved.push(peer);
         }
         credit
+    }
+
+    /// Moves the backlog of peers waiting for room in flight, in turn,
+    /// while there is room.
+    /// Called before every transmit is handed out: acknowledgements from
+    /// any peer, or a peer's end, may have made room.
+    pub(super) fn fill_waiting_for_flight(&mut self, now: Instant) {
+        while !self.credit.flight_full(self.config.window) {
+            let Some(peer) = self.credit.waiting_for_flight.pop_front() else {
+                return;
+            };
+            self.peers[peer as usize].credit_flags &= !FLIGHT_WAITING;
+            self.fill_window(now, peer);
+            self.reschedule(peer);
+        }
     }
 
     /// Data arrived from `peer`: it is active from now on, for a horizon.
@@ -123,10 +248,10 @@ impl<F: Clone, R> Reliability<F, R> {
 
     /// Shares `free` receive buffers among the peers by need: the peers
     /// whose data arrived, while data flows with them within
-    /// [`Config::credit_horizon`](crate::Config::credit_horizon), share at
-    /// least half; the others get an even share of at most half;
-    /// nobody gets less than `floor` or more than the window (module
-    /// documentation). Call it as the free buffers change (every progress
+    /// [`Config::credit_horizon`](crate::Config::credit_horizon), share
+    /// half (two windows at most); the others get an even share of the
+    /// other half; nobody gets less than `floor` or more than the window,
+    /// nor more than is promised to nobody else (module documentation). Call it as the free buffers change (every progress
     /// call will do: it costs a comparison, and a pass over the active
     /// peers once per horizon).
     pub fn share_credit(&mut self, now: Instant, free: usize, floor: u16) {
@@ -152,23 +277,13 @@ impl<F: Clone, R> Reliability<F, R> {
 
     /// Acknowledges at once every starved peer whose credit is above 0 now.
     fn wake_starved(&mut self) {
-        if self.credit.starved.is_empty() {
-            return;
-        }
-        let (active, idle) = self.credit.shares(self.peers.len(), self.config.window);
         let mut i = 0;
         while let Some(&peer) = self.credit.starved.get(i) {
-            let p = &mut self.peers[peer as usize];
-            let credit = if p.credit_flags & CREDIT_ACTIVE != 0 {
-                active
-            } else {
-                idle
-            };
-            if credit == 0 {
+            if self.grant(peer).0 == 0 {
                 i += 1;
                 continue;
             }
-            p.credit_flags &= !CREDIT_STARVED;
+            self.peers[peer as usize].credit_flags &= !CREDIT_STARVED;
             self.credit.starved.swap_remove(i);
             self.stats.credit_updates += 1;
             self.queue_ack(peer);
@@ -197,7 +312,7 @@ mod tests {
                 let active = active.min(peers);
                 for free in [0usize, 1, 10, 255, 5_744, 100_000] {
                     let credit = shared(free, 0, active as u32);
-                    let (per_active, per_idle) = credit.shares(peers, u16::MAX);
+                    let (per_active, per_idle) = credit.shares(peers, u16::MAX, 16);
                     let promised =
                         usize::from(per_active) * active + usize::from(per_idle) * (peers - active);
                     assert!(
@@ -210,10 +325,11 @@ mod tests {
     }
 
     #[test]
-    fn the_active_peers_always_share_at_least_half() {
-        let credit = shared(5_744, 1, 26);
-        let (per_active, per_idle) = credit.shares(10_000, 1024);
-        assert_eq!((per_active, per_idle), (110, 1));
-        assert_eq!(Credit::fixed(9).shares(10_000, 1024), (9, 9));
+    fn the_active_peers_share_half_the_pool_up_to_two_windows() {
+        let (per_active, per_idle) = shared(5_744, 1, 26).shares(10_000, 1024, 16);
+        assert_eq!((per_active, per_idle), (2 * 1024 / 26, 1));
+        let (per_active, _) = shared(1_000, 1, 10).shares(10_000, 1024, 16);
+        assert_eq!(per_active, 500 / 10);
+        assert_eq!(Credit::fixed(9).shares(10_000, 1024, 16), (9, 9));
     }
 }

@@ -56,6 +56,10 @@ impl<F: Clone, R> Reliability<F, R> {
     /// are taken back.
     pub(super) fn end_peer(&mut self, peer: u32) {
         let p = &mut self.peers[peer as usize];
+        // What was promised to it is free for the others.
+        self.credit
+            .used((p.rcv.granted - p.rcv.nxt).max(0) as usize);
+        p.rcv.granted = p.rcv.nxt;
         p.mode = Mode::Lost(p.snd_nxt);
         p.timers.stop_all();
         p.resumed = false;
@@ -81,6 +85,7 @@ impl<F: Clone, R> Reliability<F, R> {
         p.tail = NIL;
         p.backlog_head = NIL;
         p.backlog_tail = NIL;
+        self.credit.acknowledged(usize::from(p.in_flight));
         p.in_flight = 0;
         p.sacked = 0;
         p.lost = 0;

@@ -169,6 +169,7 @@ impl<F: Clone, R> Reliability<F, R> {
     pub fn add_peer_at(&mut self, now: Instant, start: StreamStart) -> PeerId {
         self.peers.push(Peer::new(&self.config, now, start));
         self.reserve_transmits();
+        self.credit.reserve(self.peers.capacity());
         self.held_acks
             .reserve(self.peers.len().saturating_sub(self.held_acks.len()));
         PeerId((self.peers.len() - 1) as u32)
@@ -191,6 +192,7 @@ impl<F: Clone, R> Reliability<F, R> {
     /// doubling past it.
     pub fn reserve_peers(&mut self, additional: usize) {
         self.peers.reserve(additional);
+        self.credit.reserve(self.peers.capacity());
         self.held_acks
             .reserve(self.peers.capacity() - self.held_acks.len());
         let room = self.slots.capacity() + TRANSMITS_PER_PEER * self.peers.capacity();
@@ -272,6 +274,12 @@ impl<F: Clone, R> Reliability<F, R> {
     /// [`share_credit`](Self::share_credit)).
     pub fn active_peers(&self) -> usize {
         self.credit.active_peers()
+    }
+
+    /// Receive buffers promised to peers and not yet used by their data
+    /// (see [`share_credit`](Self::share_credit)).
+    pub fn promised_buffers(&self) -> usize {
+        self.credit.promised()
     }
 
     /// Size in bytes of one peer's state: constant, whatever the traffic.

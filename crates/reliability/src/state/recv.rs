@@ -38,6 +38,9 @@ pub(super) struct RecvState {
     pub(super) echo_owed: bool,
     /// The `seq` of the peer's last probe.
     pub(super) echo: SeqNum,
+    /// The right edge of the credit last advertised: `nxt` plus that
+    /// credit. Between `nxt` and it lie buffers promised to the peer.
+    pub(super) granted: SeqNum,
 }
 
 impl RecvState {
@@ -52,6 +55,7 @@ impl RecvState {
             ack_queued: false,
             echo_owed: false,
             echo: SeqNum(0),
+            granted: initial,
         }
     }
 }
@@ -252,6 +256,7 @@ impl<F: Clone, R> Reliability<F, R> {
         }
         // In order: deliver, then everything buffered behind it.
         self.stats.received += 1;
+        let first = p.rcv.nxt;
         p.advance_rcv();
         let mut delivered = 1u16;
         loop {
@@ -275,6 +280,9 @@ impl<F: Clone, R> Reliability<F, R> {
             p.advance_rcv();
             delivered += 1;
         }
+        // Promised buffers these datagrams used are promised no more.
+        let used = (p.rcv.granted - first).clamp(0, i32::from(delivered));
+        self.credit.used(used as usize);
         p.rcv.ack_pending = p.rcv.ack_pending.saturating_add(delivered);
         if p.rcv.ack_now || p.rcv.ack_pending >= self.config.ack_every {
             self.queue_ack(peer);

@@ -114,14 +114,22 @@ impl<F: Clone, R> Reliability<F, R> {
     /// Moves backlog into flight while the window allows. Backlog left with
     /// no timer running (nothing in flight: the credit allows nothing) arms
     /// the retransmission timer, whose expiry sends a zero-window probe.
+    /// Backlog left because this side has all it may have in flight to
+    /// all its peers together waits its turn (`credit.rs`).
     pub(super) fn fill_window(&mut self, now: Instant, peer: u32) {
         loop {
             let p = &mut self.peers[peer as usize];
             if p.backlog_head == NIL {
                 return;
             }
+            if self.credit.flight_full(self.config.window) {
+                self.credit.wait_for_flight(peer, &mut p.credit_flags);
+                return;
+            }
             if !p.can_send(&self.config) {
-                if !p.timers.is_set(Timer::Rto) {
+                // With datagrams in flight, the timer runs from when they
+                // leave (`poll_transmit` arms it).
+                if p.head == NIL && !p.timers.is_set(Timer::Rto) {
                     p.timers.set(Timer::Rto, now + p.rtt.rto());
                 }
                 return;
@@ -137,6 +145,7 @@ impl<F: Clone, R> Reliability<F, R> {
                 p.snd_epoch = p.snd_epoch.wrapping_add(1);
             }
             p.in_flight += 1;
+            self.credit.sent();
             p.last_data = Some(now);
             Self::append(&mut self.slots, &mut p.head, &mut p.tail, index);
             let slot = &mut self.slots[index as usize];
@@ -149,6 +158,7 @@ impl<F: Clone, R> Reliability<F, R> {
     /// The next datagram to send, with its header and the epochs a seal
     /// covers. Acknowledgements owed to the peer ride on it.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit<F>> {
+        self.fill_waiting_for_flight(now);
         let mut transmit = self.next_transmit(now)?;
         transmit.epochs = self.peers[transmit.peer.0 as usize].epochs_to_send(&transmit.header);
         Some(transmit)
@@ -193,7 +203,14 @@ impl<F: Clone, R> Reliability<F, R> {
                         p.timers.set(Timer::Pto, now + pto);
                     }
                     let p = &self.peers[peer as usize];
-                    let window_full = !p.can_send(&self.config);
+                    // A full window of fewer than two acknowledgements'
+                    // worth: without asking, it would stall for `ack_delay`.
+                    // A larger one hears an acknowledgement every
+                    // `ack_every` datagrams anyway, and asking on each would
+                    // draw one acknowledgement per datagram, each taking a
+                    // receive buffer here.
+                    let window_full = !p.can_send(&self.config)
+                        && u32::from(p.in_flight) < 2 * u32::from(self.config.ack_every);
                     // The newest datagram of a flight of several, or one
                     // that waited for the window, with nothing waiting
                     // behind it: the end of a burst. (A lone datagram sent
@@ -209,8 +226,6 @@ impl<F: Clone, R> Reliability<F, R> {
                         // more, or a burst ends, whose last datagrams the
                         // receiver would otherwise acknowledge only after
                         // `ack_delay`, long after the tail-loss probe is due.
-                        // Without this a window smaller than `ack_every`
-                        // would also stall for `ack_delay` per window.
                         header.flags |= FLAG_ACK_REQ;
                     }
                     self.reschedule(peer);
