@@ -1,7 +1,9 @@
 //! The cost the reliability core adds to one message, without I/O: the
 //! sender's `send` and `poll_transmit`, the receiver's `on_datagram` with
 //! in-order delivery, and the acknowledgement coming back on the next
-//! datagram (a ping-pong's steady state), plus wire emit/parse of the header.
+//! datagram (a ping-pong's steady state), plus wire emit/parse of the header,
+//! and the core's share of an idle progress call as the peers grow (100,
+//! 1 000 and 10 000, one of them in a ping-pong): it must stay flat.
 
 use std::hint::black_box;
 
@@ -66,5 +68,46 @@ fn header(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, ping_pong, header);
+/// What a progress call asks of the core when nothing new arrived: the
+/// credit, the next timeout and the transmit queue; and one message each
+/// way with one peer among many.
+fn progress_as_peers_grow(c: &mut Criterion) {
+    let mut group = c.benchmark_group("reliability: progress among idle peers");
+    for peers in [100u32, 1_000, 10_000] {
+        let config = Config {
+            window: 740,
+            ..Config::default()
+        };
+        let mut a: Reliability<u32, u32> = Reliability::new(config.clone()).expect("config");
+        let mut b: Reliability<u32, u32> = Reliability::new(config).expect("config");
+        a.reserve_peers(peers as usize);
+        for _ in 0..peers {
+            a.add_peer(Instant::ZERO);
+        }
+        let pb = b.add_peer(Instant::ZERO);
+        let pa = PeerId(peers / 2);
+        let mut now = 0u64;
+        group.bench_function(format!("{peers} peers, idle call"), |bench| {
+            bench.iter(|| {
+                now += 1_000;
+                let t = Instant::from_nanos(now);
+                a.share_credit(t, 5_744, 1);
+                black_box(a.poll_timeout());
+                black_box(a.poll_transmit(t).is_none())
+            });
+        });
+        group.bench_function(format!("{peers} peers, one message each way"), |bench| {
+            bench.iter(|| {
+                now += 1_000;
+                let t = Instant::from_nanos(now);
+                a.share_credit(t, 5_744, 1);
+                one_way(&mut a, pa, &mut b, pb, t);
+                one_way(&mut b, pb, &mut a, pa, t);
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, ping_pong, header, progress_as_peers_grow);
 criterion_main!(benches);

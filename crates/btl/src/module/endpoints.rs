@@ -99,6 +99,12 @@ impl Endpoints {
         self.by_addr.get(&remote).copied()
     }
 
+    /// Heap bytes per endpoint: its slot and its index entries.
+    pub(in crate::module) const fn bytes_per_endpoint() -> usize {
+        size_of::<Option<Endpoint>>()
+            + modex::QPNS * (size_of::<QpAddr>() + size_of::<EndpointId>() + 1)
+    }
+
     /// Makes room for `additional` more endpoints at once.
     pub(super) fn reserve(&mut self, additional: usize) {
         self.table.reserve(additional);

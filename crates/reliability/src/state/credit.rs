@@ -47,6 +47,12 @@ use super::peer::{CREDIT_ACTIVE, CREDIT_STARVED, FLIGHT_WAITING};
 /// past a retransmission timeout.
 const ACTIVE_WINDOWS: usize = 2;
 
+/// The most credit the active peers share, and the most datagrams this
+/// side keeps in flight, with `window`.
+pub(super) const fn active_credit_max(window: u16) -> usize {
+    ACTIVE_WINDOWS * window as usize
+}
+
 /// How the advertised credit is decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Policy {
@@ -92,7 +98,7 @@ impl Credit {
 
     /// Whether this side has all it may have in flight, with `window`.
     pub(super) const fn flight_full(&self, window: u16) -> bool {
-        self.in_flight >= ACTIVE_WINDOWS * window as usize
+        self.in_flight >= active_credit_max(window)
     }
 
     /// `peer`, whose flags are `flags`, waits for room in flight.
@@ -159,7 +165,7 @@ impl Credit {
                 // What the floor adds beyond that half is the overcommit
                 // the floor allows, not taken from the active peers.
                 let held_idle = (usize::from(idle) * idle_peers).min(free / 2);
-                let for_active = (free - held_idle).min(ACTIVE_WINDOWS * usize::from(window));
+                let for_active = (free - held_idle).min(active_credit_max(window));
                 (clamp(for_active / active), idle)
             }
         }

@@ -287,6 +287,20 @@ impl<F: Clone, R> Reliability<F, R> {
         size_of::<Peer>()
     }
 
+    /// Heap bytes the state keeps per peer, traffic or not: its state, and
+    /// the room reserved for it in the transmit queue and the lists of
+    /// peers owed an acknowledgement or waiting for room in flight.
+    /// Datagrams in flight and early ones take slots on top, per datagram.
+    pub const fn bytes_per_peer() -> usize {
+        size_of::<Peer>() + TRANSMITS_PER_PEER * size_of::<Pending>() + 2 * size_of::<u32>()
+    }
+
+    /// The most buffers the active peers share under
+    /// [`share_credit`](Self::share_credit), together.
+    pub const fn active_credit_max(&self) -> usize {
+        credit::active_credit_max(self.config.window)
+    }
+
     /// The next event.
     pub fn poll_event(&mut self) -> Option<Event<F>> {
         self.events.pop_front()

@@ -47,6 +47,32 @@ impl<C: Context> Module<C> {
             .map_or("none", |r| r.integrity.word())
     }
 
+    /// Heap bytes this module keeps per peer, traffic or not: its endpoint
+    /// and index entries, and the reliability state's share
+    /// ([`Reliability::bytes_per_peer`](udbtl_reliability::Reliability::bytes_per_peer));
+    /// the fabric's address handle aside. Vectors grown past their length
+    /// add to it (`tests/peer_memory.rs` measures the whole).
+    pub fn bytes_per_peer(&self) -> usize {
+        let reliability = if self.lock().path.is_reliable() {
+            udbtl_reliability::Reliability::<(), ()>::bytes_per_peer()
+        } else {
+            0
+        };
+        crate::module::endpoints::Endpoints::bytes_per_endpoint() + reliability
+    }
+
+    /// The credit this module shares among the peers that send to it: its
+    /// receive buffers beyond the reserve, and the most the active peers
+    /// get together; `None` on an unreliable module.
+    pub fn credit_shares(&self) -> Option<(usize, usize)> {
+        let engine = self.lock();
+        let (free, _) = engine.recv.credit_room(0, true);
+        engine
+            .path
+            .reliable()
+            .map(|r| (free, r.core.active_credit_max()))
+    }
+
     /// Registration cache counters.
     pub fn rcache_stats(&self) -> RegCacheStats {
         self.lock().rcache.stats()

@@ -14,6 +14,11 @@ pub(crate) struct ModuleReport {
     pub(crate) limits: Limits,
     /// The module's `Display`, when `--dump` asks for it.
     pub(crate) dump: Option<String>,
+    /// Heap bytes per peer, traffic or not (`Module::bytes_per_peer`).
+    pub(crate) bytes_per_peer: usize,
+    /// Buffers shared as credit, and the most the active peers share
+    /// (`Module::credit_shares`); `None` when unreliable.
+    pub(crate) credit: Option<(usize, usize)>,
 }
 
 /// Builds the modules on the `udp` provider, reads their sizes and
@@ -33,6 +38,8 @@ pub(crate) fn build_modules(
             port: module.port().clone(),
             limits: module.limits(),
             dump: dump.then(|| module.to_string()),
+            bytes_per_peer: module.bytes_per_peer(),
+            credit: module.credit_shares(),
         })
         .collect();
     if let Err(err) = component.finalize() {
@@ -70,6 +77,11 @@ pub(crate) fn modules(
             out.field(&key("recv_buffers"), limits.recv_buffers)?;
             out.field(&key("recv_buffer_len"), limits.recv_buffer_len)?;
             out.field(&key("send_frags_max"), limits.send_frags_max)?;
+            out.field(&key("bytes_per_peer"), report.bytes_per_peer)?;
+            if let Some((shared, active_max)) = report.credit {
+                out.field(&key("credit_shared"), shared)?;
+                out.field(&key("credit_active_max"), active_max)?;
+            }
             for line in report.dump.iter().flat_map(|text| text.lines()) {
                 out.field(&key("dump"), line)?;
             }
@@ -156,6 +168,18 @@ pub(crate) fn limit_rows(report: &ModuleReport, params: &Params) -> Vec<Row> {
         format!("rd_num ({})", from("rd_num"))
     };
     let indent = |cells: [String; 3]| Row::new(cells).indent(4);
+    let credit = match report.credit {
+        Some((shared, active_max)) => indent([
+            "credit".into(),
+            shared.to_string(),
+            format!(
+                "receive buffers beyond the reserve, shared by need: the peers that send \
+                 share half, {active_max} at most together; idle peers an even share of \
+                 the rest, at least 1"
+            ),
+        ]),
+        None => indent(["credit".into(), "-".into(), "unreliable: no credit".into()]),
+    };
     vec![
         indent(["eager_limit".into(), limits.eager_limit.to_string(), eager]),
         indent([
@@ -191,6 +215,14 @@ pub(crate) fn limit_rows(report: &ModuleReport, params: &Params) -> Vec<Row> {
                  max_send_size, aligned): {:.1} MiB registered",
                 recv_total as f64 / f64::from(1 << 20)
             ),
+        ]),
+        credit,
+        indent([
+            "bytes_per_peer".into(),
+            report.bytes_per_peer.to_string(),
+            "heap bytes per peer, traffic or not (endpoint, indexes, reliability state; \
+             the fabric's address handle aside)"
+                .into(),
         ]),
     ]
 }
