@@ -76,7 +76,10 @@ fn default_listing_shows_every_section_and_the_defaults() {
     );
     assert!(row(&text, "ib_qkey").contains("0x00000000"));
     assert!(row(&text, "credit").contains("shared by need"), "{text}");
-    assert!(row(&text, "bytes_per_peer").contains("heap bytes per peer"), "{text}");
+    assert!(
+        row(&text, "bytes_per_peer").contains("heap bytes per peer"),
+        "{text}"
+    );
     assert!(row(&text, "job_key").contains("udbtl"));
     assert!(row(&text, "udp").contains("real"));
     assert!(row(&text, "sim").contains("simulated"));

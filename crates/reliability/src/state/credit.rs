@@ -81,6 +81,18 @@ pub(super) struct Credit {
     in_flight: usize,
     /// Peers marked [`FLIGHT_WAITING`], in turn.
     waiting_for_flight: VecDeque<u32>,
+    /// The shares and the buffers data may be promised, as of the last
+    /// [`Credit::refresh`]: an acknowledgement reads them without a
+    /// division.
+    current: Current,
+}
+
+/// What [`Credit::refresh`] works out.
+#[derive(Debug, Clone, Copy, Default)]
+struct Current {
+    active: u16,
+    idle: u16,
+    for_data: usize,
 }
 
 impl Credit {
@@ -93,7 +105,27 @@ impl Credit {
             promised: 0,
             in_flight: 0,
             waiting_for_flight: VecDeque::new(),
+            current: Current {
+                active: credit,
+                idle: credit,
+                for_data: 0,
+            },
         }
+    }
+
+    /// Works the shares out again for `peers`, `window` and `ack_every`:
+    /// after the policy, the peers or the active ones changed.
+    pub(super) fn refresh(&mut self, peers: usize, window: u16, ack_every: u16) {
+        let (active, idle) = self.shares(peers, window, ack_every);
+        let for_data = match self.policy {
+            Policy::Fixed(_) => 0,
+            Policy::Shared { free, .. } => self.for_data(free, ack_every),
+        };
+        self.current = Current {
+            active,
+            idle,
+            for_data,
+        };
     }
 
     /// Whether this side has all it may have in flight, with `window`.
@@ -179,9 +211,11 @@ impl<F: Clone, R> Reliability<F, R> {
     /// more buffers than it has (beyond the floor), also while shares move
     /// as peers become active or idle.
     fn grant(&self, peer: u32) -> (u16, usize) {
-        let (active, idle) =
-            self.credit
-                .shares(self.peers.len(), self.config.window, self.config.ack_every);
+        let Current {
+            active,
+            idle,
+            for_data,
+        } = self.credit.current;
         let p = &self.peers[peer as usize];
         let before = (p.rcv.granted - p.rcv.nxt).max(0) as usize;
         let share = if p.credit_flags & CREDIT_ACTIVE != 0 {
@@ -191,10 +225,9 @@ impl<F: Clone, R> Reliability<F, R> {
         };
         let credit = match self.credit.policy {
             Policy::Fixed(_) => share,
-            Policy::Shared { free, floor } => {
-                let free = self.credit.for_data(free, self.config.ack_every);
+            Policy::Shared { floor, .. } => {
                 let others = self.credit.promised.saturating_sub(before);
-                let unpromised = free.saturating_sub(others);
+                let unpromised = for_data.saturating_sub(others);
                 share
                     .min(u16::try_from(unpromised).unwrap_or(u16::MAX))
                     .max(floor)
@@ -238,7 +271,14 @@ impl<F: Clone, R> Reliability<F, R> {
         if p.credit_flags & CREDIT_ACTIVE == 0 {
             p.credit_flags |= CREDIT_ACTIVE;
             self.credit.active.push(peer);
+            self.refresh_credit();
         }
+    }
+
+    /// [`Credit::refresh`] with this side's peers and configuration.
+    pub(super) fn refresh_credit(&mut self) {
+        self.credit
+            .refresh(self.peers.len(), self.config.window, self.config.ack_every);
     }
 
     /// Sets the credit this side advertises to every peer (datagrams past
@@ -249,6 +289,7 @@ impl<F: Clone, R> Reliability<F, R> {
     /// credit comes back.
     pub fn set_credit(&mut self, credit: u16) {
         self.credit.policy = Policy::Fixed(credit.min(self.config.window));
+        self.refresh_credit();
         self.wake_starved();
     }
 
@@ -278,6 +319,7 @@ impl<F: Clone, R> Reliability<F, R> {
                 !quiet
             });
         }
+        self.refresh_credit();
         self.wake_starved();
     }
 

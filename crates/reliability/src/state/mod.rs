@@ -170,6 +170,7 @@ impl<F: Clone, R> Reliability<F, R> {
         self.peers.push(Peer::new(&self.config, now, start));
         self.reserve_transmits();
         self.credit.reserve(self.peers.capacity());
+        self.refresh_credit();
         self.held_acks
             .reserve(self.peers.len().saturating_sub(self.held_acks.len()));
         PeerId((self.peers.len() - 1) as u32)
