@@ -1,6 +1,5 @@
-//! The credit this side advertises (how many datagrams past the
-//! cumulative acknowledgement each peer may send), and how much this side
-//! itself keeps in flight to all its peers together.
+//! The credit this side advertises: how many datagrams past the
+//! cumulative acknowledgement each peer may send.
 //!
 //! Credit is either one value for every peer ([`Reliability::set_credit`]),
 //! or a receive pool shared by need ([`Reliability::share_credit`]):
@@ -25,30 +24,19 @@
 //! * A peer told 0 is *starved*: it hears at once, by an acknowledgement,
 //!   when its credit comes back, instead of at its next zero-window probe.
 //!
-//! On the sending side, this side keeps at most two windows in flight to
-//! all its peers together; backlog beyond waits its turn, peer by peer. A
-//! root sending to a thousand peers at once otherwise sequenced far more
-//! than its link could carry within a retransmission timeout, and its
-//! acknowledgements queued behind it.
-//!
 //! [`Config::credit_horizon`]: crate::Config::credit_horizon
-
-use std::collections::VecDeque;
 
 use crate::time::Instant;
 
 use super::Reliability;
-use super::peer::{CREDIT_ACTIVE, CREDIT_STARVED, FLIGHT_WAITING};
+use super::peer::{CREDIT_ACTIVE, CREDIT_STARVED};
 
-/// Windows' worth of credit the active peers share at most, together; and
-/// of datagrams this side keeps in flight to all its peers together. One
-/// window fills a path; more only lengthen the queues (at a receiver, or
-/// in this side's own transmit queue, which holds acknowledgements up too)
-/// past a retransmission timeout.
+/// Windows' worth of credit the active peers share at most, together. One
+/// window fills a path; more only lengthen the queue at this receiver, past
+/// a retransmission timeout.
 const ACTIVE_WINDOWS: usize = 2;
 
-/// The most credit the active peers share, and the most datagrams this
-/// side keeps in flight, with `window`.
+/// The most credit the active peers share, with `window`.
 pub(super) const fn active_credit_max(window: u16) -> usize {
     ACTIVE_WINDOWS * window as usize
 }
@@ -79,8 +67,6 @@ pub(super) struct Credit {
     /// Datagrams this side has in flight to all its peers: their
     /// acknowledgements will take receive buffers too.
     in_flight: usize,
-    /// Peers marked [`FLIGHT_WAITING`], in turn.
-    waiting_for_flight: VecDeque<u32>,
     /// The shares and the buffers data may be promised, as of the last
     /// [`Credit::refresh`]: an acknowledgement reads them without a
     /// division.
@@ -104,7 +90,6 @@ impl Credit {
             next_sweep: Instant::ZERO,
             promised: 0,
             in_flight: 0,
-            waiting_for_flight: VecDeque::new(),
             current: Current {
                 active: credit,
                 idle: credit,
@@ -126,26 +111,6 @@ impl Credit {
             idle,
             for_data,
         };
-    }
-
-    /// Whether this side has all it may have in flight, with `window`.
-    pub(super) const fn flight_full(&self, window: u16) -> bool {
-        self.in_flight >= active_credit_max(window)
-    }
-
-    /// `peer`, whose flags are `flags`, waits for room in flight.
-    pub(super) fn wait_for_flight(&mut self, peer: u32, flags: &mut u8) {
-        if *flags & FLIGHT_WAITING == 0 {
-            *flags |= FLIGHT_WAITING;
-            self.waiting_for_flight.push_back(peer);
-        }
-    }
-
-    /// Room for `peers` peers waiting for flight, so that waiting never
-    /// allocates.
-    pub(super) fn reserve(&mut self, peers: usize) {
-        self.waiting_for_flight
-            .reserve(peers.saturating_sub(self.waiting_for_flight.len()));
     }
 
     /// A datagram went out for the first time.
@@ -248,21 +213,6 @@ impl<F: Clone, R> Reliability<F, R> {
             self.credit.starved.push(peer);
         }
         credit
-    }
-
-    /// Moves the backlog of peers waiting for room in flight, in turn,
-    /// while there is room.
-    /// Called before every transmit is handed out: acknowledgements from
-    /// any peer, or a peer's end, may have made room.
-    pub(super) fn fill_waiting_for_flight(&mut self, now: Instant) {
-        while !self.credit.flight_full(self.config.window) {
-            let Some(peer) = self.credit.waiting_for_flight.pop_front() else {
-                return;
-            };
-            self.peers[peer as usize].credit_flags &= !FLIGHT_WAITING;
-            self.fill_window(now, peer);
-            self.reschedule(peer);
-        }
     }
 
     /// Data arrived from `peer`: it is active from now on, for a horizon.

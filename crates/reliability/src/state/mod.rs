@@ -169,7 +169,6 @@ impl<F: Clone, R> Reliability<F, R> {
     pub fn add_peer_at(&mut self, now: Instant, start: StreamStart) -> PeerId {
         self.peers.push(Peer::new(&self.config, now, start));
         self.reserve_transmits();
-        self.credit.reserve(self.peers.capacity());
         self.refresh_credit();
         self.held_acks
             .reserve(self.peers.len().saturating_sub(self.held_acks.len()));
@@ -183,7 +182,7 @@ impl<F: Clone, R> Reliability<F, R> {
     /// are added; the room grows with the datagrams in flight, not with
     /// peers × window.
     fn reserve_transmits(&mut self) {
-        let room = self.slots.capacity() + TRANSMITS_PER_PEER * self.peers.len();
+        let room = self.slots.capacity() + TRANSMITS_PER_PEER * self.peers.capacity();
         self.transmits
             .reserve(room.saturating_sub(self.transmits.len()));
     }
@@ -193,12 +192,9 @@ impl<F: Clone, R> Reliability<F, R> {
     /// doubling past it.
     pub fn reserve_peers(&mut self, additional: usize) {
         self.peers.reserve(additional);
-        self.credit.reserve(self.peers.capacity());
         self.held_acks
             .reserve(self.peers.capacity() - self.held_acks.len());
-        let room = self.slots.capacity() + TRANSMITS_PER_PEER * self.peers.capacity();
-        self.transmits
-            .reserve(room.saturating_sub(self.transmits.len()));
+        self.reserve_transmits();
     }
 
     /// Number of peers ever added.
@@ -289,11 +285,11 @@ impl<F: Clone, R> Reliability<F, R> {
     }
 
     /// Heap bytes the state keeps per peer, traffic or not: its state, and
-    /// the room reserved for it in the transmit queue and the lists of
-    /// peers owed an acknowledgement or waiting for room in flight.
+    /// the room reserved for it in the transmit queue and the list of
+    /// peers owed an acknowledgement.
     /// Datagrams in flight and early ones take slots on top, per datagram.
     pub const fn bytes_per_peer() -> usize {
-        size_of::<Peer>() + TRANSMITS_PER_PEER * size_of::<Pending>() + 2 * size_of::<u32>()
+        size_of::<Peer>() + TRANSMITS_PER_PEER * size_of::<Pending>() + size_of::<u32>()
     }
 
     /// The most buffers the active peers share under

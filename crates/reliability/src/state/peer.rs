@@ -163,9 +163,6 @@ pub(super) const CWND_UNIT: u32 = 1024;
 pub(super) const CREDIT_ACTIVE: u8 = 1;
 /// `Peer::credit_flags`: the peer was told a credit of 0.
 pub(super) const CREDIT_STARVED: u8 = 2;
-/// `Peer::credit_flags`: backlog for the peer waits because this side has
-/// all it may have in flight.
-pub(super) const FLIGHT_WAITING: u8 = 4;
 
 impl Peer {
     pub(super) fn new(config: &Config, now: Instant, start: StreamStart) -> Self {

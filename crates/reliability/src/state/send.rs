@@ -114,16 +114,10 @@ impl<F: Clone, R> Reliability<F, R> {
     /// Moves backlog into flight while the window allows. Backlog left with
     /// no timer running (nothing in flight: the credit allows nothing) arms
     /// the retransmission timer, whose expiry sends a zero-window probe.
-    /// Backlog left because this side has all it may have in flight to
-    /// all its peers together waits its turn (`credit.rs`).
     pub(super) fn fill_window(&mut self, now: Instant, peer: u32) {
         loop {
             let p = &mut self.peers[peer as usize];
             if p.backlog_head == NIL {
-                return;
-            }
-            if self.credit.flight_full(self.config.window) {
-                self.credit.wait_for_flight(peer, &mut p.credit_flags);
                 return;
             }
             if !p.can_send(&self.config) {
@@ -158,7 +152,6 @@ impl<F: Clone, R> Reliability<F, R> {
     /// The next datagram to send, with its header and the epochs a seal
     /// covers. Acknowledgements owed to the peer ride on it.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit<F>> {
-        self.fill_waiting_for_flight(now);
         let mut transmit = self.next_transmit(now)?;
         transmit.epochs = self.peers[transmit.peer.0 as usize].epochs_to_send(&transmit.header);
         Some(transmit)
@@ -257,20 +250,20 @@ impl<F: Clone, R> Reliability<F, R> {
                     }
                     p.rcv.ack_queued = false;
                     self.stats.acks_sent += 1;
-                    return Some(self.control(peer, FLAG_ACK_ONLY));
+                    return Some(self.control_transmit(peer, FLAG_ACK_ONLY));
                 }
                 Pending::Probe(peer) => {
                     if self.peers[peer as usize].mode.is_lost() {
                         continue;
                     }
                     // Its answer echoes the token: when it was sent.
-                    let mut probe = self.control(peer, FLAG_ACK_ONLY | FLAG_ACK_REQ);
+                    let mut probe = self.control_transmit(peer, FLAG_ACK_ONLY | FLAG_ACK_REQ);
                     probe.header.seq = probe_token(now);
                     return Some(probe);
                 }
                 Pending::Reset(peer) => {
                     self.stats.resets_sent += 1;
-                    let mut reset = self.control(peer, FLAG_ACK_ONLY | FLAG_RESET);
+                    let mut reset = self.control_transmit(peer, FLAG_ACK_ONLY | FLAG_RESET);
                     if let Mode::Lost(seq) = self.peers[peer as usize].mode {
                         reset.header.seq = seq;
                     }
@@ -309,7 +302,7 @@ impl<F: Clone, R> Reliability<F, R> {
     /// A datagram without data: an acknowledgement with `flags`. A plain
     /// one answers the peer's last probe, if it is owed, by echoing its
     /// token (`FLAG_ECHO`).
-    pub(super) fn control(&mut self, peer: u32, flags: u16) -> Transmit<F> {
+    pub(super) fn control_transmit(&mut self, peer: u32, flags: u16) -> Transmit<F> {
         let mut header = self.ack_header(peer);
         header.flags |= flags;
         let p = &mut self.peers[peer as usize];
