@@ -120,10 +120,7 @@ impl Endpoints {
     /// Stores an endpoint, reusing a free slot when `reuse` allows, and
     /// indexes every queue pair it sends from.
     pub(super) fn insert(&mut self, endpoint: Endpoint, reuse: bool) -> EndpointId {
-        let senders: [Option<QpAddr>; modex::QPNS] = {
-            let mut each = endpoint.senders();
-            core::array::from_fn(|_| each.next())
-        };
+        let (node, qpns) = (endpoint.node, endpoint.qpns);
         let id = match self.free.pop().filter(|_| reuse) {
             Some(slot) => {
                 self.table[slot as usize] = Some(endpoint);
@@ -134,8 +131,8 @@ impl Endpoints {
                 EndpointId((self.table.len() - 1) as u32)
             }
         };
-        for qp in senders.into_iter().flatten() {
-            self.by_addr.insert(qp, id);
+        for qpn in qpns.into_iter().filter(|qpn| *qpn != 0) {
+            self.by_addr.insert(QpAddr { node, qpn }, id);
         }
         id
     }

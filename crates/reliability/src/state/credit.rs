@@ -129,11 +129,6 @@ impl Credit {
         self.promised = self.promised.saturating_sub(count);
     }
 
-    /// Buffers promised and not yet used.
-    pub(super) const fn promised(&self) -> usize {
-        self.promised
-    }
-
     /// Peers that sent data within the horizon.
     pub(super) fn active_peers(&self) -> usize {
         self.active.len()

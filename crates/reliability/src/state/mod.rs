@@ -273,12 +273,6 @@ impl<F: Clone, R> Reliability<F, R> {
         self.credit.active_peers()
     }
 
-    /// Receive buffers promised to peers and not yet used by their data
-    /// (see [`share_credit`](Self::share_credit)).
-    pub fn promised_buffers(&self) -> usize {
-        self.credit.promised()
-    }
-
     /// Size in bytes of one peer's state: constant, whatever the traffic.
     pub const fn peer_state_size() -> usize {
         size_of::<Peer>()
