@@ -120,7 +120,6 @@ impl Endpoints {
     /// Stores an endpoint, reusing a free slot when `reuse` allows, and
     /// indexes every queue pair it sends from.
     pub(super) fn insert(&mut self, endpoint: Endpoint, reuse: bool) -> EndpointId {
-        let (node, qpns) = (endpoint.node, endpoint.qpns);
         let id = match self.free.pop().filter(|_| reuse) {
             Some(slot) => {
                 self.table[slot as usize] = Some(endpoint);
@@ -131,8 +130,10 @@ impl Endpoints {
                 EndpointId((self.table.len() - 1) as u32)
             }
         };
-        for qpn in qpns.into_iter().filter(|qpn| *qpn != 0) {
-            self.by_addr.insert(QpAddr { node, qpn }, id);
+        if let Some(endpoint) = &self.table[id.0 as usize] {
+            for qp in endpoint.senders() {
+                self.by_addr.insert(qp, id);
+            }
         }
         id
     }

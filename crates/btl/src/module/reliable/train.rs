@@ -145,6 +145,12 @@ impl<C: Context> Engine<C> {
                 .accepts(peer)
                 .map_err(|err| unavailable(err.to_string()))?;
         }
+        // The cars' headers say what the head's does (`send`).
+        let Some(route) = self.endpoints.route(endpoint) else {
+            return Err(BtlError::BadEndpoint {
+                endpoint: endpoint.0,
+            });
+        };
         // The eager limit may have shrunk since the cars were taken (a peer
         // with smaller datagrams joined): take the ones missing.
         let needed = self.frags.get(head).map_or(0, |f| {
@@ -165,11 +171,6 @@ impl<C: Context> Engine<C> {
             }
         }
         let cars = self.lay_out_train(head)?;
-        let Some(route) = self.endpoints.route(endpoint) else {
-            return Err(BtlError::BadEndpoint {
-                endpoint: endpoint.0,
-            });
-        };
         let header = btl::Repr {
             tag: self.frags.get(head).map_or(0, |f| f.tag),
             job_key: route.header_job_key,
