@@ -57,14 +57,21 @@ pub(crate) fn udrun_exe() -> &'static str {
     static EXE: OnceLock<String> = OnceLock::new();
     EXE.get_or_init(|| match option_env!("CARGO_BIN_EXE_udrun") {
         Some(exe) => exe.to_owned(),
-        None => build_udrun(),
+        None => build("udbtl-tools", "--bin", "udrun"),
     })
 }
 
-/// `cargo build --bin udrun`, offline (tests fetch nothing), with the
-/// profile of this test binary, into its target folder; returns the
-/// executable cargo reports.
-fn build_udrun() -> String {
+/// The example program `name` of the `udbtl` crate (`crates/udbtl/examples`),
+/// built as [`udrun_exe`] builds udrun for other crates' tests: cargo builds
+/// examples for `cargo test`, but tells no test where.
+pub(crate) fn example_exe(name: &str) -> String {
+    build("udbtl", "--example", name)
+}
+
+/// `cargo build --package PACKAGE KIND NAME` (`--bin` or `--example`),
+/// offline (tests fetch nothing), with the profile of this test binary,
+/// into its target folder; returns the executable cargo reports.
+fn build(package: &str, kind: &str, name: &str) -> String {
     // target/<profile folder>/deps/<test binary>
     let test_exe = std::env::current_exe().expect("the test binary's path");
     let profile_dir = test_exe
@@ -79,8 +86,8 @@ fn build_udrun() -> String {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let started = Instant::now();
     let out = Command::new(cargo)
-        .args(["build", "--offline", "--package", "udbtl-tools"])
-        .args(["--bin", "udrun", "--profile", profile])
+        .args(["build", "--offline", "--package", package])
+        .args([kind, name, "--profile", profile])
         .args(["--message-format", "json-render-diagnostics"])
         .arg("--target-dir")
         .arg(&target_dir)
@@ -89,21 +96,22 @@ fn build_udrun() -> String {
         .expect("cargo runs");
     assert!(
         out.status.success(),
-        "cargo build --bin udrun failed:\n{}",
+        "cargo build {kind} {name} failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // One JSON object a line; udrun's artifact names its executable.
+    // One JSON object a line; the target's artifact names its executable.
     let stdout = String::from_utf8_lossy(&out.stdout);
+    let target_name = format!(r#""name":"{name}""#);
     let exe = stdout
         .lines()
         .filter(|line| line.contains(r#""reason":"compiler-artifact""#))
-        .filter(|line| line.contains(r#""name":"udrun""#))
+        .filter(|line| line.contains(&target_name))
         .find_map(|line| {
             let rest = &line[line.find(r#""executable":""#)? + r#""executable":""#.len()..];
             Some(rest[..rest.find('"')?].to_owned())
         })
-        .unwrap_or_else(|| panic!("cargo reported no udrun executable:\n{stdout}"));
-    eprintln!("udrun: {exe} (cargo build: {:?})", started.elapsed());
+        .unwrap_or_else(|| panic!("cargo reported no {name} executable:\n{stdout}"));
+    eprintln!("{name}: {exe} (cargo build: {:?})", started.elapsed());
     exe
 }
 

@@ -21,10 +21,10 @@ fn singleton_init_reaches_itself_and_finalizes() {
     type Inbox = Arc<Mutex<Vec<(Option<u32>, Vec<u8>)>>>;
     let got: Inbox = Arc::default();
     let sink = got.clone();
-    world.on_receive(Tag::USR, move |from, bytes| {
+    world.on_receive(Tag::new(0), move |from, bytes| {
         sink.lock().unwrap().push((from, bytes.to_vec()))
     });
-    world.send_bytes(0, Tag::USR, b"note to self").unwrap();
+    world.send_bytes(0, Tag::new(0), b"note to self").unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     while got.lock().unwrap().is_empty() && Instant::now() < deadline {
         world.progress();

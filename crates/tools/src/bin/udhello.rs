@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use udbtl::Tag;
 
-const HELLO: Tag = Tag(Tag::USR.0 + 1);
-const ACK: Tag = Tag(Tag::USR.0 + 2);
+const HELLO: Tag = Tag::new(1);
+const ACK: Tag = Tag::new(2);
 /// Greeting payload length: enough bytes for a corruption to show.
 const PAYLOAD: usize = 256;
 

@@ -33,8 +33,8 @@ use udbtl::Tag;
 mod size;
 use size::parse_size;
 
-const DATA: Tag = Tag(Tag::USR.0 + 10);
-const DONE: Tag = Tag(Tag::USR.0 + 11);
+const DATA: Tag = Tag::new(10);
+const DONE: Tag = Tag::new(11);
 
 #[derive(Debug, Parser)]
 #[command(
@@ -102,12 +102,6 @@ struct Checker {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// A send refused because its peer was lost is better told by what the
-/// transport reported: which rank was lost, and why.
-fn lost_or(world: &udbtl::World, err: udbtl::InitError) -> udbtl::InitError {
-    world.check().err().unwrap_or(err)
 }
 
 fn main() -> ExitCode {
@@ -233,9 +227,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             };
             payload(rank, seq, len, &mut buf);
             sent_crc.update(&buf);
-            world
-                .send_message(*peer, DATA, &buf)
-                .map_err(|err| lost_or(&world, err))?;
+            world.send(*peer, DATA, &buf)?;
             // Keep the receive side moving: acknowledgements flow both ways.
             world.progress();
             if Instant::now() > deadline {
@@ -251,9 +243,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         let mut done = (*count).min(rounds).to_be_bytes().to_vec();
         // For bulk, the receiver also compares the CRC of the whole stream.
         done.extend_from_slice(&sent_crc.to_be_bytes());
-        world
-            .send_message(*peer, DONE, &done)
-            .map_err(|err| lost_or(&world, err))?;
+        world.send(*peer, DONE, &done)?;
     }
     // Wait for every expected stream to end.
     let senders: Vec<u32> = match args.mode {

@@ -21,7 +21,7 @@ impl World {
         let mut round = 0u8;
         while distance < self.size {
             let to = (self.rank + distance) % self.size;
-            self.send_bytes(to, CONTROL, &barrier_message(barrier, round))?;
+            self.send_datagram(to, CONTROL, &barrier_message(barrier, round))?;
             let key = (barrier, round);
             loop {
                 let arrived = self

@@ -3,7 +3,7 @@
 use udbtl_btl::{BtlError, TransportError};
 use udbtl_pmi::PmiError;
 
-/// Starting the job failed.
+/// Starting or leaving the job failed, or connecting to a peer.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum InitError {
@@ -49,18 +49,91 @@ pub enum InitError {
     #[error(transparent)]
     Transport(#[from] TransportError),
     /// Messages were lost: a peer was declared lost, or sends to it failed.
-    /// The transport never drops a message silently; this is how a rank
-    /// hears of it (at the latest from `finalize`).
-    #[error("messages were lost: {0}")]
-    Lost(String),
-    /// A message did not fit, or no fragment became free in time.
+    #[error(transparent)]
+    Lost(#[from] Lost),
+    /// A send, within a call that sends for the program (a barrier).
+    #[error(transparent)]
+    Send(#[from] SendError),
+}
+
+/// Messages were lost: a peer was declared lost, or sends to it failed. The
+/// transport never drops a message silently; this is how a rank hears of
+/// it, from [`World::check`](super::World::check) or, at the latest, from
+/// [`World::finalize`](super::World::finalize).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("messages were lost: {report}")]
+pub struct Lost {
+    report: String,
+}
+
+impl Lost {
+    pub(super) const fn new(report: String) -> Self {
+        Self { report }
+    }
+
+    /// What was lost, naming this rank, the peers and the counts (for
+    /// example `rank 1: rank 3 lost (...); 12 sends to rank 3 failed`).
+    pub fn report(&self) -> &str {
+        &self.report
+    }
+}
+
+/// A send failed: nothing of the message will be delivered.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SendError {
+    /// The destination is not a rank of the job, or cannot be reached (its
+    /// address could not be fetched or is on no network of this process).
+    #[error(transparent)]
+    Connect(Box<InitError>),
+    /// The message does not fit the one datagram it must travel in.
+    #[error(
+        "cannot send {len} bytes to rank {rank}: one datagram carries at most {limit} \
+         (`World::send` cuts longer messages, when the transport is reliable: \
+         it is unless UDBTL_RELIABLE=0)"
+    )]
+    TooLong {
+        /// Destination.
+        rank: u32,
+        /// Message length.
+        len: usize,
+        /// The most one datagram carries (the eager limit).
+        limit: usize,
+    },
+    /// Messages to or from some peer were lost: the message was not sent.
+    #[error(transparent)]
+    Lost(#[from] Lost),
+    /// The transport refused the message.
     #[error("cannot send {len} bytes to rank {rank}: {reason}")]
-    Send {
+    Refused {
         /// Destination.
         rank: u32,
         /// Message length.
         len: usize,
         /// Why.
         reason: String,
+    },
+}
+
+impl From<InitError> for SendError {
+    fn from(err: InitError) -> Self {
+        Self::Connect(Box::new(err))
+    }
+}
+
+/// A blocking receive failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecvError {
+    /// Messages were lost (a peer was declared lost), so the one awaited
+    /// may never come.
+    #[error(transparent)]
+    Lost(#[from] Lost),
+    /// The tag has a callback ([`World::on_receive`](super::World::on_receive)),
+    /// which gets its messages: none would ever be queued for a receive.
+    #[error("{tag} has a receive callback, which takes its messages")]
+    HasCallback {
+        /// The tag.
+        tag: super::Tag,
     },
 }

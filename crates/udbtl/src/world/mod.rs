@@ -3,23 +3,27 @@
 mod barrier;
 mod error;
 mod failures;
+mod inbox;
+mod messaging;
 mod startup;
+mod tag;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use udbtl_btl::params::Source;
-use udbtl_btl::{
-    BtlConfig, DesFlags, ErrorEvent, NO_ORDER, Params, RecvEvent, SendEvent, Tag, Transport,
-};
+use udbtl_btl::{BtlConfig, ErrorEvent, Params, SendEvent, Tag as BtlTag, Transport};
 use udbtl_pmi::PmiClient;
 
 use barrier::parse_barrier_message;
-pub use error::InitError;
+pub use error::{InitError, Lost, RecvError, SendError};
 use failures::{FailureLog, Route, peer_name};
+use inbox::Inbox;
+pub use inbox::Message;
 pub use startup::log_to_stderr;
 use startup::{address_key, datagram_secret, dump_requested, job_key_from, job_layout};
+pub use tag::{Tag, TagError};
 
 /// How peers' addresses are fetched after the barrier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,8 +37,8 @@ pub enum ModexMode {
 /// How long `finalize` keeps acknowledging after the last barrier.
 const FINALIZE_LINGER: Duration = Duration::from_millis(20);
 /// The tag of udbtl's own messages (barriers): the last of the BTL range,
-/// which programs do not use.
-const CONTROL: Tag = Tag(Tag::PML.0 - 1);
+/// which no program [`Tag`] reaches.
+const CONTROL: BtlTag = BtlTag(BtlTag::PML.0 - 1);
 
 /// Jobs larger than this fetch addresses lazily unless `UDBTL_MODEX` says
 /// otherwise: most ranks of a large job talk to few peers.
@@ -62,6 +66,10 @@ pub struct World {
     arrivals: Arc<Mutex<HashSet<(u32, u8)>>>,
     /// Barriers this rank has entered.
     barriers: u32,
+    /// Messages on tags without a callback, kept for `recv`.
+    inbox: Arc<Inbox>,
+    /// The tags with a program callback, one bit each.
+    claimed: u128,
 }
 
 impl std::fmt::Debug for World {
@@ -153,8 +161,11 @@ impl World {
             failures: Arc::default(),
             arrivals: Arc::default(),
             barriers: 0,
+            inbox: Arc::default(),
+            claimed: 0,
         };
         world.install_callbacks();
+        world.keep_unclaimed();
         if modex == ModexMode::Bulk {
             world.connect_all()?;
         }
@@ -189,7 +200,7 @@ impl World {
             }));
         }
         let arrivals = self.arrivals.clone();
-        self.on_receive(CONTROL, move |_, payload| {
+        self.listen(CONTROL, move |_, payload| {
             if let Some((barrier, round)) = parse_barrier_message(payload) {
                 arrivals
                     .lock()
@@ -302,120 +313,6 @@ impl World {
         Ok(route)
     }
 
-    /// Installs a receive callback for `tag` on every module. The callback
-    /// gets the sender's rank when the sender is connected. Messages arrive
-    /// exactly once and in order per sender.
-    pub fn on_receive(
-        &mut self,
-        tag: Tag,
-        callback: impl FnMut(Option<u32>, &[u8]) + Send + Clone + 'static,
-    ) {
-        for module in self.btl.modules_mut() {
-            let mut callback = callback.clone();
-            module.register(
-                tag,
-                Box::new(move |ev: &RecvEvent<'_>| {
-                    let rank = ev.endpoint_context.and_then(|r| u32::try_from(r).ok());
-                    callback(rank, ev.payload);
-                }),
-            );
-        }
-    }
-
-    /// Sends `bytes` (at most the eager limit) to `rank` with `tag`, copying
-    /// them into a send fragment the BTL frees once the peer acknowledged
-    /// them. Waits, progressing, while no fragment is free.
-    ///
-    /// # Errors
-    /// An unknown or unreachable rank, a message over the eager limit, a
-    /// peer declared lost, or no fragment freed within the time it takes to
-    /// declare a peer lost (`peer_timeout` and a third, and a second).
-    pub fn send_bytes(&mut self, rank: u32, tag: Tag, bytes: &[u8]) -> Result<(), InitError> {
-        let Route { module, endpoint } = self.route(rank)?;
-        let fail = |reason: String| InitError::Send {
-            rank,
-            len: bytes.len(),
-            reason,
-        };
-        let mut refused = None;
-        let c = &mut self.btl;
-        let eager = c.modules()[module].limits().eager_limit;
-        if bytes.len() > eager {
-            return Err(fail(format!("over the eager limit of {eager}")));
-        }
-        // Fragments held by a peer that stopped acknowledging come back when
-        // it is declared lost (within peer_timeout and one retransmission
-        // timeout, at most a third of it): wait that long, so that the
-        // caller hears of the loss, not of a shortage.
-        let peer_timeout = Duration::from_millis(u64::from(c.params().peer_timeout));
-        let deadline = Instant::now() + peer_timeout + peer_timeout / 3 + Duration::from_secs(1);
-        let des = loop {
-            if let Some(des) =
-                c.modules_mut()[module].alloc(NO_ORDER, bytes.len(), DesFlags::BTL_OWNERSHIP)
-            {
-                break des;
-            }
-            if Instant::now() > deadline {
-                return Err(fail("no send fragment became free".into()));
-            }
-            c.progress();
-        };
-        let module = &mut c.modules_mut()[module];
-        let sent = module
-            .segment_mut(des)
-            .map(|mut segment| segment.copy_from_slice(bytes))
-            .and_then(|()| module.send(endpoint, des, tag));
-        if let Err(err) = sent {
-            // The descriptor is the caller's again: give it back.
-            if let Err(free) = module.free(des) {
-                tracing::error!(%free, "could not free a refused descriptor");
-            }
-            refused = Some(err.to_string());
-        }
-        match refused {
-            // A send refused because the peer was declared lost: the account
-            // of the loss says more than the refusal.
-            Some(reason) => Err(self.check().err().unwrap_or_else(|| fail(reason))),
-            None => Ok(()),
-        }
-    }
-
-    /// Sends a message of any length to `rank`: the transport cuts it into
-    /// datagrams and the receiver's callback gets it whole, once. Without
-    /// reliability (`reliable = false`) a message is one datagram, at most
-    /// the eager limit, as [`send_bytes`](Self::send_bytes) sends it.
-    ///
-    /// # Errors
-    /// An unknown, unreachable or lost rank; without reliability, a message
-    /// over the eager limit.
-    pub fn send_message(&mut self, rank: u32, tag: Tag, message: &[u8]) -> Result<(), InitError> {
-        if !self.reliable {
-            // Without reliability a message is one datagram, at most the
-            // eager limit; send_bytes says so for a longer one.
-            return self
-                .send_bytes(rank, tag, message)
-                .map_err(|err| match err {
-                    InitError::Send { rank, len, reason } => InitError::Send {
-                        rank,
-                        len,
-                        reason: format!(
-                            "{reason}; messages longer than one datagram need reliable delivery, \
-                         which UDBTL_RELIABLE=0 turned off"
-                        ),
-                    },
-                    other => other,
-                });
-        }
-        let Route { module, endpoint } = self.route(rank)?;
-        self.btl.modules_mut()[module]
-            .send_message(endpoint, tag, message)
-            .map_err(|e| InitError::Send {
-                rank,
-                len: message.len(),
-                reason: e.to_string(),
-            })
-    }
-
     /// Sends not yet acknowledged by their peers.
     pub fn unacknowledged(&self) -> usize {
         self.btl.modules().iter().map(|m| m.unacknowledged()).sum()
@@ -471,8 +368,8 @@ impl World {
     /// come. While nothing failed it costs one atomic load.
     ///
     /// # Errors
-    /// [`InitError::Lost`] once any message was lost.
-    pub fn check(&self) -> Result<(), InitError> {
+    /// [`Lost`] once any message was lost.
+    pub fn check(&self) -> Result<(), Lost> {
         if !self.failures.any() {
             return Ok(());
         }
@@ -493,7 +390,7 @@ impl World {
                 .map(|(ep, n)| format!("{n} sends to {} failed", rank_of(*ep))),
         );
         parts.extend(failures.other.iter().cloned());
-        Err(InitError::Lost(format!(
+        Err(Lost::new(format!(
             "rank {}: {}",
             self.rank,
             parts.join("; ")
@@ -509,7 +406,7 @@ impl World {
                 std::thread::yield_now();
             }
         }
-        self.check()
+        Ok(self.check()?)
     }
 
     /// Asks the launcher to end the whole job with `code`, then exits.
@@ -570,7 +467,8 @@ impl World {
         while Instant::now() < linger {
             self.progress();
         }
-        self.check()
+        self.warn_unread();
+        Ok(self.check()?)
     }
 }
 

@@ -58,7 +58,7 @@ mod stranger;
 use clap::{Parser, Subcommand};
 use udbtl::{Tag, World};
 
-const DATA: Tag = Tag(Tag::USR.0 + 30);
+const DATA: Tag = Tag::new(30);
 
 #[derive(Debug, Parser)]
 #[command(

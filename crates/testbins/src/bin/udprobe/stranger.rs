@@ -14,7 +14,7 @@ use udbtl::{Tag, World};
 use crate::{DATA, Failure, Inbox, await_messages, payload};
 
 /// Rank 0's last word: how many messages it sent.
-const STOP: Tag = Tag(DATA.0 + 1);
+const STOP: Tag = Tag::new(DATA.get() + 1);
 
 pub(crate) fn stranger(
     mut world: World,

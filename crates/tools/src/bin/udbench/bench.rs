@@ -12,11 +12,11 @@ use crate::report::{self, Out, Row};
 type Error = Box<dyn std::error::Error>;
 
 /// Payload messages: pings, pongs and windows.
-const PING: Tag = Tag(Tag::USR.0 + 20);
+const PING: Tag = Tag::new(20);
 /// A receiver's acknowledgement of a complete window.
-const ACK: Tag = Tag(Tag::USR.0 + 21);
+const ACK: Tag = Tag::new(21);
 /// A rank's measurement, sent to rank 0 to be combined.
-const RESULT: Tag = Tag(Tag::USR.0 + 22);
+const RESULT: Tag = Tag::new(22);
 /// Sizes above this are "large" (fewer iterations), as in OSU.
 const LARGE: usize = 8192;
 /// The acknowledgement's length, as in `osu_bw`.
@@ -382,7 +382,7 @@ impl Cx {
                     start = Instant::now();
                 }
                 for _ in 0..window {
-                    self.world.send_message(peer, PING, &self.buf[..len])?;
+                    self.world.send(peer, PING, &self.buf[..len])?;
                 }
                 self.pings.wait(&mut self.world, window, self.plan.stall)?;
             }
@@ -461,7 +461,7 @@ impl Cx {
                     start = Instant::now();
                 }
                 for _ in 0..window {
-                    self.world.send_message(peer, PING, &self.buf[..len])?;
+                    self.world.send(peer, PING, &self.buf[..len])?;
                 }
                 self.acks.wait(&mut self.world, 1, self.plan.stall)?;
             }
@@ -470,7 +470,7 @@ impl Cx {
             let peer = self.rank - pairs;
             for _ in 0..total {
                 self.pings.wait(&mut self.world, window, self.plan.stall)?;
-                self.world.send_message(peer, ACK, &ACK_BYTES)?;
+                self.world.send(peer, ACK, &ACK_BYTES)?;
             }
             Ok(None)
         } else {
@@ -482,7 +482,7 @@ impl Cx {
     /// others send theirs to it. Returns the sum on rank 0.
     fn gather(&mut self, senders: u32, value: f64) -> Result<Option<f64>, Error> {
         if self.rank != 0 {
-            self.world.send_message(0, RESULT, &value.to_le_bytes())?;
+            self.world.send(0, RESULT, &value.to_le_bytes())?;
             return Ok(None);
         }
         let others = usize::try_from(senders - 1)?;
@@ -504,7 +504,7 @@ impl Cx {
 
     /// One round trip from this rank.
     fn ping(&mut self, peer: u32, len: usize) -> Result<(), Error> {
-        self.world.send_message(peer, PING, &self.buf[..len])?;
+        self.world.send(peer, PING, &self.buf[..len])?;
         self.pings.wait(&mut self.world, 1, self.plan.stall)?;
         Ok(())
     }
@@ -512,7 +512,7 @@ impl Cx {
     /// Answers one ping.
     fn pong(&mut self, peer: u32, len: usize) -> Result<(), Error> {
         self.pings.wait(&mut self.world, 1, self.plan.stall)?;
-        self.world.send_message(peer, PING, &self.buf[..len])?;
+        self.world.send(peer, PING, &self.buf[..len])?;
         Ok(())
     }
 }
