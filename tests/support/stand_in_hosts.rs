@@ -1,4 +1,4 @@
-//! The two stand-in hosts of `shared/tools/twohosts` (network namespaces
+//! The two stand-in hosts of `scripts/standin/twohosts` (network namespaces
 //! udA and udB, 10.77.0.1 on vA and 10.77.0.2 on vB, joined by a veth pair
 //! with an MTU of 1500), for the tests of several crates that run a job
 //! across them: included with `#[path]`, since tests of different crates
@@ -87,7 +87,7 @@ fn shared_tools() -> Result<PathBuf, String> {
         return Err("the stand-in hosts need root (network namespaces)".into());
     }
     let tools = std::env::var_os("UDBTL_SHARED_TOOLS").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tools"),
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/standin"),
         PathBuf::from,
     );
     for tool in ["twohosts", "nsssh"] {

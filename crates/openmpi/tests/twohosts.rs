@@ -1,5 +1,5 @@
 //! Ranks on two stand-in hosts (the network namespaces of
-//! `shared/tools/twohosts`, joined by a veth pair with an MTU of 1500),
+//! `scripts/standin/twohosts`, joined by a veth pair with an MTU of 1500),
 //! every peer over udbtl, at Open MPI's defaults and with no interface
 //! setting at all (not even for Open MPI's own out-of-band channel): the
 //! component must find the network by itself, and first contact must work

@@ -1,5 +1,5 @@
 //! A host floods udrun's PMI port with idle connections while a remote
-//! rank joins: udrun runs in udA (`shared/tools/twohosts`), one rank on
+//! rank joins: udrun runs in udA (`scripts/standin/twohosts`), one rank on
 //! udB. Before udB's rank is launched (the launcher waits for the test),
 //! a flooder in udA holds 128 idle connections to udrun's port, opening a
 //! new one as each closes. The remote rank, from another address, must

@@ -1,4 +1,4 @@
-//! udrun jobs across the two stand-in hosts (`shared/tools/twohosts`: network
+//! udrun jobs across the two stand-in hosts (`scripts/standin/twohosts`: network
 //! namespaces udA and udB joined by a veth pair, MTU 1500), launched from udA
 //! with `nsssh` standing in for ssh, and with no interface setting at all:
 //! the ranks learn from PMI_process_mapping that the job spans hosts and

@@ -95,7 +95,7 @@ pub const OTHER_VARS: &[OtherVar] = &[
     OtherVar {
         name: "UDBTL_SHARED_TOOLS",
         used: VarUse::Test,
-        help: "Folder of the two-host test's helpers",
+        help: "Folder of twohosts and nsssh for the two-host tests (default scripts/standin)",
     },
 ];
 
