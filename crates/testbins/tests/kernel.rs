@@ -2,6 +2,11 @@
 //! or rewrites: nftables rules on loopback in a private network namespace.
 //! Every message still arrives exactly once and intact. (Moved from
 //! `probes.rs`, which holds the jobs where ranks misbehave.)
+//!
+//! Needs root, `nft`, `unshare` and `ip`: ignored otherwise (`SKIPPED:
+//! ...`). Whether this kernel lets a namespace be made, and takes the
+//! payload-rewriting rule, only running tells: a test that finds not says
+//! `SKIPPED: <reason>` and records it (see udbtl-prereq).
 
 #![allow(clippy::unwrap_used)]
 
@@ -26,27 +31,19 @@ fn serial() -> MutexGuard<'static, ()> {
 
 const PROBE: &str = env!("CARGO_BIN_EXE_udprobe");
 
-fn have(tool: &str, version_flag: &str) -> bool {
-    Command::new(tool)
-        .arg(version_flag)
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-/// Why the kernel tests cannot run here, if they cannot.
+/// Why the kernel tests cannot run here, if they cannot: the prerequisites
+/// the build probed, checked again, and whether a network namespace can be
+/// made.
 fn kernel_unavailable() -> Option<String> {
-    let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .find(|l| l.starts_with("Uid:"))
-            .is_some_and(|l| l.split_whitespace().nth(1) == Some("0"))
-    });
-    if !root {
-        return Some("needs root".into());
-    }
-    for (tool, flag) in [("nft", "--version"), ("unshare", "--version"), ("ip", "-V")] {
-        if !have(tool, flag) {
-            return Some(format!("needs {tool}"));
-        }
+    use udbtl_prereq::Prereq;
+    let needs = [
+        Prereq::Root,
+        Prereq::Program("nft"),
+        Prereq::Program("unshare"),
+        Prereq::Program("ip"),
+    ];
+    if let Some(reason) = udbtl_prereq::missing(&needs) {
+        return Some(reason);
     }
     let namespace = Command::new("unshare")
         .args(["-n", "true"])
@@ -115,10 +112,19 @@ fn rule_packets(all: &str) -> u64 {
 /// 30 % of UDP dropped by the kernel: rank 0 sends 4000 messages and
 /// finalizes at once; its finalize waits until rank 1 has them all.
 #[test]
+#[cfg_attr(
+    any(
+        udbtl_missing = "root",
+        udbtl_missing = "nft",
+        udbtl_missing = "unshare",
+        udbtl_missing = "ip"
+    ),
+    ignore = "SKIPPED: needs root, nft, unshare and ip (CI has them)"
+)]
 fn finalize_through_thirty_percent_kernel_loss() {
     let _serial = serial();
     if let Some(why) = kernel_unavailable() {
-        println!("SKIPPED: {why}");
+        udbtl_prereq::skipped!("{why}");
         return;
     }
     // One message per datagram: coalesced, 4000 small messages fit in a
@@ -167,7 +173,7 @@ const CORRUPT_BIT: usize = (8 + 16 + 40 + 4) * 8;
 fn corruption(checksum: Option<&str>) {
     let _serial = serial();
     if let Some(why) = kernel_unavailable() {
-        println!("SKIPPED: {why}");
+        udbtl_prereq::skipped!("{why}");
         return;
     }
     let rule = format!("numgen random mod 100 '<' 5 @th,{CORRUPT_BIT},8 set 0x55 counter");
@@ -192,7 +198,7 @@ fn corruption(checksum: Option<&str>) {
     );
     let all = text(&job.output);
     if job.output.status.code() == Some(RULE_REFUSED) {
-        println!("SKIPPED: the kernel refused the mangling rule ({rule}): {all}");
+        udbtl_prereq::skipped!("the kernel refused the mangling rule ({rule}): {all}");
         return;
     }
     println!(
@@ -221,12 +227,30 @@ fn corruption(checksum: Option<&str>) {
 /// rewritten, rank 1 got messages 37, 40, 56 and 62 wrong and nothing
 /// reported an error. The CRC is now on for every fabric but InfiniBand.)
 #[test]
+#[cfg_attr(
+    any(
+        udbtl_missing = "root",
+        udbtl_missing = "nft",
+        udbtl_missing = "unshare",
+        udbtl_missing = "ip"
+    ),
+    ignore = "SKIPPED: needs root, nft, unshare and ip (CI has them)"
+)]
 fn corrupted_payloads_are_caught_with_the_default_checksum_setting() {
     corruption(None);
 }
 
 /// Corruption with the transport's checksum forced on.
 #[test]
+#[cfg_attr(
+    any(
+        udbtl_missing = "root",
+        udbtl_missing = "nft",
+        udbtl_missing = "unshare",
+        udbtl_missing = "ip"
+    ),
+    ignore = "SKIPPED: needs root, nft, unshare and ip (CI has them)"
+)]
 fn corrupted_payloads_are_caught_with_the_checksum_on() {
     corruption(Some("on"));
 }
