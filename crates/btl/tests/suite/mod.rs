@@ -710,29 +710,12 @@ pub(crate) fn two_processes_child<P: Provider>(make: Make<'_, P>) {
 #[allow(unused_macros)]
 macro_rules! provider_suite {
     (@absent $reason:literal) => {
-        #[test]
-        #[ignore = $reason]
-        fn modex_and_add_procs() {}
-
-        #[test]
-        #[ignore = $reason]
-        fn tagged_sends_arrive_once_in_order() {}
-
-        #[test]
-        #[ignore = $reason]
-        fn zero_copy_sends_through_the_registration_cache() {}
-
-        #[test]
-        #[ignore = $reason]
-        fn del_procs_fails_pending_sends() {}
-
-        #[test]
-        #[ignore = $reason]
-        fn finalize_reports_leaked_descriptors() {}
-
-        #[test]
-        #[ignore = $reason]
-        fn two_processes() {}
+        $crate::suite::provider_suite!(@absent $reason, modex_and_add_procs
+            tagged_sends_arrive_once_in_order zero_copy_sends_through_the_registration_cache
+            del_procs_fails_pending_sends finalize_reports_leaked_descriptors two_processes);
+    };
+    (@absent $reason:literal, $($test:ident)*) => {
+        $(#[test] #[ignore = $reason] fn $test() {})*
     };
     ($make:expr $(, #[$attr:meta])* $(,)?) => {
         #[test]
