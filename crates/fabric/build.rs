@@ -1,8 +1,20 @@
 //! Builds the libibverbs shim of the `verbs` provider, only when the
 //! `verbs` feature is on. Without it the crate has no native dependency.
+//!
+//! Also probes what the crate's tests need from the machine (see
+//! udbtl-prereq): each one missing sets `udbtl_missing = "<name>"`, which
+//! marks the tests that need it ignored, with their reason.
+
+use udbtl_prereq::Prereq;
 
 fn main() {
-    println!("cargo:rerun-if-changed=build.rs");
+    // tests/udp_kernel.rs and tests/verbs_device.rs.
+    udbtl_prereq::emit(&[
+        Prereq::Root,
+        Prereq::Program("nft"),
+        Prereq::Program("unshare"),
+        Prereq::VerbsDevice,
+    ]);
     #[cfg(feature = "verbs")]
     verbs::build();
 }

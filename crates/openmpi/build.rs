@@ -6,10 +6,15 @@
 //! naming another wrapper). Without it the crate builds as an empty library
 //! and says so; the script then reruns at every build until the wrapper and
 //! headers appear, so installing Open MPI later needs no `cargo clean`.
+//!
+//! It also probes what the tests need (udbtl-prereq), so that a test that
+//! cannot run here is ignored with its reason.
 
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use udbtl_prereq::Prereq;
 
 /// The C side of the component (see `src/udbtl.h`).
 const C_FILES: &[&str] = &[
@@ -56,6 +61,19 @@ fn wrapper_watch(mpicc: &str) -> Vec<PathBuf> {
 }
 
 fn main() {
+    // What the crate's tests need from the machine (see udbtl-prereq): each
+    // one missing sets `udbtl_missing = "<name>"`, which marks the tests
+    // that need it ignored, with their reason.
+    udbtl_prereq::emit(&[
+        Prereq::OpenMpi,
+        // forged.rs, twohosts.rs, warnings.rs.
+        Prereq::Root,
+        Prereq::Program("runuser"),
+        Prereq::SharedTools,
+        // programs_threads.rs, rsmpi.rs.
+        Prereq::Mpi4py,
+        Prereq::Libclang,
+    ]);
     println!("cargo:rustc-check-cfg=cfg(udbtl_openmpi)");
     for file in C_FILES.iter().chain(&["src/udbtl.h"]) {
         println!("cargo:rerun-if-changed={file}");

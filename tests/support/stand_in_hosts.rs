@@ -4,10 +4,13 @@
 //! across them: included with `#[path]`, since tests of different crates
 //! share no module otherwise.
 //!
-//! Needs root and the shared tools; [`StandInHosts::up`] says `SKIPPED:
-//! <reason>` and gives `None` otherwise.
+//! Needs root and the stand-in host tools. The tests that use them are ignored
+//! where the build found either missing (`cfg_attr(any(udbtl_missing =
+//! "root", udbtl_missing = "shared_tools"), ignore = ...)`, see
+//! udbtl-prereq); where they are missing at run time [`StandInHosts::up`]
+//! says `SKIPPED: <reason>`, records it and gives `None`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -21,15 +24,15 @@ pub(crate) struct StandInHosts {
 }
 
 impl StandInHosts {
-    /// The hosts, or `None` after saying why the test is skipped.
+    /// The hosts, or `None` after saying why the test is skipped (and
+    /// recording it).
     pub(crate) fn up() -> Option<Self> {
-        let tools = match shared_tools() {
-            Ok(tools) => tools,
-            Err(reason) => {
-                eprintln!("SKIPPED: {reason}");
-                return None;
-            }
-        };
+        use udbtl_prereq::Prereq;
+        if let Some(reason) = udbtl_prereq::missing(&[Prereq::Root, Prereq::SharedTools]) {
+            udbtl_prereq::skipped!("{reason}");
+            return None;
+        }
+        let tools = udbtl_prereq::shared_tools_dir();
         static TURN: Mutex<()> = Mutex::new(());
         let turn = TURN.lock().unwrap_or_else(PoisonError::into_inner);
         // `twohosts up` first takes the hosts down, and they are usable only
@@ -76,33 +79,3 @@ impl StandInHosts {
 const BRING_UP_UNLESS_PRESENT: &str = "for h in udA udB; do \
      [ -e /run/netns/$h ] && [ -f /etc/netns/$h/hosts ] || exec \"$0\" up; \
      done";
-
-/// The folder of `twohosts` and `nsssh`, or why a test cannot use them.
-fn shared_tools() -> Result<PathBuf, String> {
-    let uid = Command::new("id")
-        .arg("-u")
-        .output()
-        .map_err(|e| format!("id -u: {e}"))?;
-    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-        return Err("the stand-in hosts need root (network namespaces)".into());
-    }
-    let tools = std::env::var_os("UDBTL_SHARED_TOOLS").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/standin"),
-        PathBuf::from,
-    );
-    for tool in ["twohosts", "nsssh"] {
-        if !tools.join(tool).is_file() {
-            return Err(format!(
-                "{} not found (set UDBTL_SHARED_TOOLS to the folder holding twohosts and nsssh)",
-                tools.join(tool).display()
-            ));
-        }
-    }
-    if Command::new("ip").arg("-V").output().is_err() {
-        return Err("ip (iproute2) is not installed".into());
-    }
-    if Command::new("flock").arg("-V").output().is_err() {
-        return Err("flock (util-linux) is not installed".into());
-    }
-    Ok(tools)
-}

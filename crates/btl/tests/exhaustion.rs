@@ -7,7 +7,8 @@
 //!   cache limit of one entry (the limit is soft: only unreferenced entries
 //!   are evicted), and are evicted down to it once released.
 //! * A full socket send buffer: in a network namespace this test creates
-//!   (`unshare -n`, root and `tc` needed; elsewhere it says it was skipped),
+//!   (`unshare -n`, root and `tc` needed; elsewhere it is ignored,
+//!   `SKIPPED: ...`),
 //!   a slow token bucket on loopback keeps datagrams, and the memory they
 //!   charge to the sender's socket, queued; with `SO_SNDBUF` at its minimum
 //!   `sendmsg` then fails with EAGAIN. Without reliability each refusal is
@@ -24,7 +25,8 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
-use common::host::{have, is_root, run, run_in_new_netns};
+use common::host::{run, run_in_new_netns};
+use udbtl_prereq::Prereq;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -97,12 +99,25 @@ fn user_fragments_run_out_as_back_pressure_and_the_cache_limit_is_soft() {
     }
 }
 
+/// Runs `full_send_buffer_in_namespace` in a new network namespace:
+/// ignored where the build found root, `tc` or `unshare` missing, and
+/// skipped (said and recorded, see udbtl-prereq) where one is missing when
+/// it runs.
 #[test]
+#[cfg_attr(
+    any(
+        udbtl_missing = "root",
+        udbtl_missing = "tc",
+        udbtl_missing = "unshare"
+    ),
+    ignore = "SKIPPED: needs root, tc and unshare (CI has them)"
+)]
 fn a_full_socket_send_buffer_is_a_counted_loss_that_reliability_repairs() {
-    if !(is_root() && have("tc", "-V") && have("unshare", "--version")) {
-        eprintln!("SKIPPED: needs root, tc and unshare");
-        return;
-    }
+    udbtl_prereq::require!(
+        Prereq::Root,
+        Prereq::Program("tc"),
+        Prereq::Program("unshare")
+    );
     run_in_new_netns("full_send_buffer_in_namespace");
 }
 

@@ -3,14 +3,17 @@
 //! UDP at random (`numgen random mod 100 < 5 drop`), and two reliable BTL
 //! modules on real UDP sockets exchange 20 000 checked messages.
 //!
-//! Needs root, `unshare` and `nft`; CI has them. Elsewhere it says it was
-//! skipped. Drops are on INPUT, never OUTPUT: there `sendmsg` fails with
-//! EPERM instead of the datagram being lost.
+//! Needs root, `unshare` and `nft`; CI has them. Elsewhere it is ignored
+//! (`SKIPPED: ...`), or, when one went missing since the build, says it
+//! is skipped and records it (see udbtl-prereq). Drops are on INPUT, never
+//! OUTPUT: there `sendmsg` fails with EPERM instead of the datagram being
+//! lost.
 
 #![allow(clippy::unwrap_used)]
 
 mod common;
-use common::host::{have, is_root, run, run_in_new_netns};
+use common::host::{run, run_in_new_netns};
+use udbtl_prereq::Prereq;
 
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -20,11 +23,20 @@ use udbtl_btl::*;
 use udbtl_fabric::udp::UdpProvider;
 
 #[test]
+#[cfg_attr(
+    any(
+        udbtl_missing = "root",
+        udbtl_missing = "nft",
+        udbtl_missing = "unshare"
+    ),
+    ignore = "SKIPPED: needs root, nft and unshare (CI has them)"
+)]
 fn reliable_delivery_through_nftables_drops() {
-    if !(is_root() && have("nft", "--version") && have("unshare", "--version")) {
-        eprintln!("SKIPPED: needs root, nft and unshare (CI has them)");
-        return;
-    }
+    udbtl_prereq::require!(
+        Prereq::Root,
+        Prereq::Program("nft"),
+        Prereq::Program("unshare")
+    );
     run_in_new_netns("in_namespace");
 }
 

@@ -1,8 +1,9 @@
 //! The provider-generic BTL suite (`suite/mod.rs`) on every real provider:
 //! on `udp` always, and on `verbs` when the build has the `verbs` feature
 //! and `UDBTL_TEST_VERBS_DEVICE` names an RDMA device (`dev` or
-//! `dev:port`, e.g. `mlx5_0` or `rxe0:1`); otherwise each `verbs` test says
-//! it was skipped and passes. On a device:
+//! `dev:port`, e.g. `mlx5_0` or `rxe0:1`) when the tests are built;
+//! otherwise each `verbs` test is ignored, `SKIPPED: needs an RDMA device
+//! ...`. On a device:
 //!
 //! ```text
 //! UDBTL_TEST_VERBS_DEVICE=mlx5_0 cargo test -p udbtl-btl --features verbs --test providers
@@ -39,15 +40,16 @@ mod verbs {
     use crate::suite::{params, provider_suite};
 
     /// Components on the device (and port) `UDBTL_TEST_VERBS_DEVICE` names,
-    /// selected through `if_include` as a job would; `None`, with a skip
-    /// line, when it names none.
+    /// selected through `if_include` as a job would; `None`, the test said
+    /// skipped and recorded (see udbtl-prereq), when it names none at run
+    /// time though it did at build time.
     fn verbs() -> Option<impl Fn(BtlConfig) -> Component<VerbsProvider>> {
         let device = match std::env::var("UDBTL_TEST_VERBS_DEVICE") {
             Ok(name) if !name.trim().is_empty() => name.trim().to_owned(),
             _ => {
-                println!(
-                    "skipped: UDBTL_TEST_VERBS_DEVICE not set (no RDMA device); \
-                     set it to a device such as mlx5_0 or mlx5_0:1 to run this test on verbs"
+                udbtl_prereq::skipped!(
+                    "UDBTL_TEST_VERBS_DEVICE is not set (no RDMA device); set it to a device \
+                     such as mlx5_0 or mlx5_0:1 to run this test on verbs"
                 );
                 return None;
             }
@@ -64,11 +66,30 @@ mod verbs {
         })
     }
 
-    provider_suite!(verbs());
+    provider_suite!(
+        verbs(),
+        #[cfg_attr(
+            udbtl_missing = "verbs_device",
+            ignore = "SKIPPED: needs an RDMA device (build and run with \
+                      UDBTL_TEST_VERBS_DEVICE=<device>[:port])"
+        )]
+    );
 }
 
-/// Without the `verbs` feature the `verbs` variants are not built: say so,
-/// and refuse a run that names a device but could not use it.
+/// Without the `verbs` feature the `verbs` variants cannot be built: they
+/// are listed, ignored, so that the summary counts them.
+#[cfg(not(feature = "verbs"))]
+mod verbs {
+    use crate::suite::provider_suite;
+
+    provider_suite!(
+        @absent
+        "SKIPPED: needs an RDMA device (UDBTL_TEST_VERBS_DEVICE=<device>[:port]) and --features verbs"
+    );
+}
+
+/// Without the `verbs` feature, a run that names a device could not use
+/// it: refuse it rather than leave the device untested unnoticed.
 #[cfg(not(feature = "verbs"))]
 #[test]
 fn verbs_variants_need_the_verbs_feature() {
@@ -77,9 +98,5 @@ fn verbs_variants_need_the_verbs_feature() {
         device.trim().is_empty(),
         "UDBTL_TEST_VERBS_DEVICE={device} is set but this build lacks the `verbs` feature: \
          run with `--features verbs`"
-    );
-    println!(
-        "skipped: the verbs variants of this suite need `--features verbs` and \
-         UDBTL_TEST_VERBS_DEVICE=<device>[:port]"
     );
 }

@@ -1,6 +1,6 @@
 //! Kernel-level drops against the `udp` provider, in a network namespace the
-//! test creates with `unshare -n` (root and nftables required; the test says
-//! so and passes vacuously elsewhere, and CI runs it as root).
+//! test creates with `unshare -n` (root, `nft` and `unshare` required:
+//! elsewhere the test is ignored, `SKIPPED: ...`; CI runs it as root).
 //!
 //! * An nftables drop on the OUTPUT hook makes `sendmsg` fail with EPERM: the
 //!   provider must turn that into a lost, counted datagram, and the send must
@@ -18,24 +18,7 @@ use std::time::Duration;
 use common::*;
 use udbtl_fabric::udp::{UdpConfig, UdpContext, UdpProvider};
 use udbtl_fabric::*;
-
-fn have(tool: &str) -> bool {
-    Command::new(tool)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
-}
+use udbtl_prereq::Prereq;
 
 fn run(cmd: &str) {
     let status = Command::new("sh").args(["-c", cmd]).status().unwrap();
@@ -48,12 +31,24 @@ fn open() -> UdpContext {
     provider.open(&name).unwrap()
 }
 
+/// Runs [`netns_child`] in a new network namespace. Needs root, `nft` and
+/// `unshare`: ignored where the build found one missing, and skipped (said
+/// and recorded, see udbtl-prereq) where one is missing when it runs.
 #[test]
+#[cfg_attr(
+    any(
+        udbtl_missing = "root",
+        udbtl_missing = "nft",
+        udbtl_missing = "unshare"
+    ),
+    ignore = "SKIPPED: needs root, nft and unshare (CI has them)"
+)]
 fn kernel_drops_are_counted_losses() {
-    if !(is_root() && have("nft") && have("unshare")) {
-        eprintln!("SKIPPED: needs root, nft and unshare (CI has them)");
-        return;
-    }
+    udbtl_prereq::require!(
+        Prereq::Root,
+        Prereq::Program("nft"),
+        Prereq::Program("unshare")
+    );
     let exe = std::env::current_exe().unwrap();
     let status = Command::new("unshare")
         .arg("-n")

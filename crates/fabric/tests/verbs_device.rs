@@ -1,7 +1,8 @@
 //! Device tests of the `verbs` provider. They need an RDMA device, named by
-//! `UDBTL_TEST_VERBS_DEVICE` (e.g. `mlx5_0`, or `rxe0` for Soft-RoCE); without
-//! it each test says it was skipped and passes. Run with
-//! `cargo test -p udbtl-fabric --features verbs --test verbs_device -- --test-threads=1`.
+//! `UDBTL_TEST_VERBS_DEVICE` (e.g. `mlx5_0`, or `rxe0` for Soft-RoCE) when
+//! the tests are built; without it each is ignored, `SKIPPED: needs an RDMA
+//! device ...`. Run with
+//! `UDBTL_TEST_VERBS_DEVICE=mlx5_0 cargo test -p udbtl-fabric --features verbs --test verbs_device -- --test-threads=1`.
 #![cfg(feature = "verbs")]
 
 use udbtl_fabric::ibv::{VerbsConfig, VerbsProvider};
@@ -12,11 +13,14 @@ use udbtl_fabric::{
 
 const QKEY: u32 = 0x0133_0133;
 
+/// The device `UDBTL_TEST_VERBS_DEVICE` names, or `None` after saying the
+/// test is skipped (and recording it: see udbtl-prereq) when the variable
+/// was set for the build but not for this run.
 fn device() -> Option<String> {
     match std::env::var("UDBTL_TEST_VERBS_DEVICE") {
         Ok(name) if !name.is_empty() => Some(name),
         _ => {
-            println!("skipped: UDBTL_TEST_VERBS_DEVICE not set (no RDMA device)");
+            udbtl_prereq::skipped!("UDBTL_TEST_VERBS_DEVICE is not set (no RDMA device)");
             None
         }
     }
@@ -48,6 +52,10 @@ fn device_list_loads_without_a_device() {
 /// Two UD queue pairs on one port exchange a datagram each way; the
 /// receive keeps the GRH in front of the payload and names its source.
 #[test]
+#[cfg_attr(
+    udbtl_missing = "verbs_device",
+    ignore = "SKIPPED: needs an RDMA device (build and run with UDBTL_TEST_VERBS_DEVICE=<device>)"
+)]
 fn round_trip_between_two_queue_pairs() {
     let Some(name) = device() else { return };
     let provider = VerbsProvider::new(VerbsConfig::default());

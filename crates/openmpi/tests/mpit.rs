@@ -6,6 +6,10 @@ mod common;
 use common::{Run, run_ok};
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn an_mpi_t_program_reads_the_counters() {
     require_openmpi!();
     let out = run_ok("mpit", &Run::udbtl(3), &[]);

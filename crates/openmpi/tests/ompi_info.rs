@@ -16,6 +16,10 @@ fn ompi_info(args: &[&str]) -> String {
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn ompi_info_lists_the_component_and_its_parameters() {
     require_openmpi!();
     let components = ompi_info(&[]);
@@ -85,6 +89,10 @@ fn ompi_info_lists_the_component_and_its_parameters() {
 /// at random), and then Open MPI must find the component through what it
 /// printed.
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn the_component_script_succeeds_fifty_times_in_a_row() {
     require_openmpi!();
     // The first run builds (or finds the build fresh); every run checks the
@@ -127,6 +135,10 @@ fn the_component_script_succeeds_fifty_times_in_a_row() {
 
 /// A failure prints nothing to eval and exits non-zero, saying why.
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn the_component_script_fails_loudly_with_nothing_to_eval() {
     require_openmpi!();
     let out = common::ompi_component_script()

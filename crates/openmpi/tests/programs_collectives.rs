@@ -8,30 +8,50 @@ mod common;
 use common::{Run, run_ok};
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn collectives_1_rank() {
     require_openmpi!();
     run_ok("collectives", &Run::udbtl(1), &[]);
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn collectives_2_ranks() {
     require_openmpi!();
     run_ok("collectives", &Run::udbtl(2), &[]);
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn collectives_3_ranks() {
     require_openmpi!();
     run_ok("collectives", &Run::udbtl(3), &[]);
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn collectives_4_ranks() {
     require_openmpi!();
     run_ok("collectives", &Run::udbtl(4), &[]);
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn collectives_8_ranks() {
     require_openmpi!();
     run_ok("collectives", &Run::udbtl(8), &[]);

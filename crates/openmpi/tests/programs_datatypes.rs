@@ -7,30 +7,50 @@ mod common;
 use common::{Run, run_ok};
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn datatypes_1_rank() {
     require_openmpi!();
     run_ok("datatypes", &Run::udbtl(1), &[]);
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn datatypes_2_ranks() {
     require_openmpi!();
     run_ok("datatypes", &Run::udbtl(2), &[]);
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn datatypes_3_ranks() {
     require_openmpi!();
     run_ok("datatypes", &Run::udbtl(3), &[]);
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn datatypes_4_ranks() {
     require_openmpi!();
     run_ok("datatypes", &Run::udbtl(4), &[]);
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn datatypes_8_ranks() {
     require_openmpi!();
     run_ok("datatypes", &Run::udbtl(8), &[]);

@@ -8,6 +8,10 @@ mod common;
 use common::{Run, assert_said_ok};
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn spawned_children_talk_to_their_parents_over_udbtl() {
     require_openmpi!();
     let exe = common::program("spawn");

@@ -71,54 +71,90 @@ fn p2p(faults: Faults) {
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn p2p_with_drops() {
     require_openmpi!();
     p2p(Faults::Drop);
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn p2p_with_duplicates_and_reordering() {
     require_openmpi!();
     p2p(Faults::DuplicateReorder);
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn matching_with_drops() {
     require_openmpi!();
     run_faulty("matching", 3, Faults::Drop, 12, &[]);
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn matching_with_duplicates_and_reordering() {
     require_openmpi!();
     run_faulty("matching", 3, Faults::DuplicateReorder, 12, &[]);
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn datatypes_with_drops() {
     require_openmpi!();
     run_faulty("datatypes", 3, Faults::Drop, 13, &[]);
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn datatypes_with_duplicates_and_reordering() {
     require_openmpi!();
     run_faulty("datatypes", 3, Faults::DuplicateReorder, 13, &[]);
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn collectives_with_drops() {
     require_openmpi!();
     run_faulty("collectives", 4, Faults::Drop, 14, &[]);
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn collectives_with_duplicates_and_reordering() {
     require_openmpi!();
     run_faulty("collectives", 4, Faults::DuplicateReorder, 14, &[]);
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn connectivity_with_drops() {
     require_openmpi!();
     run_faulty("connectivity", 8, Faults::Drop, 15, &[]);

@@ -10,6 +10,10 @@ mod common;
 use common::{Run, run_ok};
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn a_flood_of_isends_completes_with_few_fragments() {
     require_openmpi!();
     run_ok(
@@ -20,6 +24,10 @@ fn a_flood_of_isends_completes_with_few_fragments() {
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn a_flood_of_isends_completes_at_the_defaults() {
     require_openmpi!();
     run_ok("isend_flood", &Run::udbtl(4), &["64"]);

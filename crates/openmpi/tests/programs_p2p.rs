@@ -14,6 +14,10 @@ fn p2p(np: u32, max: &str) {
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn p2p_1_rank() {
     require_openmpi!();
     p2p(1, "67108864");
@@ -22,24 +26,40 @@ fn p2p_1_rank() {
 /// The only run up to 64 MiB between processes: large sizes are what take
 /// the time.
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn p2p_2_ranks() {
     require_openmpi!();
     p2p(2, "67108864");
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn p2p_3_ranks() {
     require_openmpi!();
     p2p(3, "4194304");
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn p2p_4_ranks() {
     require_openmpi!();
     p2p(4, "4194304");
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn p2p_8_ranks() {
     require_openmpi!();
     p2p(8, "4194304");
@@ -50,6 +70,10 @@ fn p2p_8_ranks() {
 /// through ob1's protocols arrives checked on 2 ranks, every rank says it
 /// sealed, and nothing was refused.
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn p2p_2_ranks_sealed() {
     require_openmpi!();
     for (auth, word) in [("1", "sealed"), ("encrypt", "encrypted")] {
@@ -71,30 +95,50 @@ fn p2p_2_ranks_sealed() {
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn matching_1_rank() {
     require_openmpi!();
     run_ok("matching", &Run::udbtl(1), &[]);
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn matching_2_ranks() {
     require_openmpi!();
     run_ok("matching", &Run::udbtl(2), &[]);
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn matching_3_ranks() {
     require_openmpi!();
     run_ok("matching", &Run::udbtl(3), &[]);
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn matching_4_ranks() {
     require_openmpi!();
     run_ok("matching", &Run::udbtl(4), &[]);
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn matching_8_ranks() {
     require_openmpi!();
     run_ok("matching", &Run::udbtl(8), &[]);

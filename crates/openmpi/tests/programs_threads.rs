@@ -2,6 +2,9 @@
 //! MPI_THREAD_MULTIPLE), and a C program with four threads per rank doing
 //! point-to-point of every size class and collectives at once, each on its
 //! own duplicate of MPI_COMM_WORLD, over a clean and a lossy fabric.
+//!
+//! The mpi4py tests need a Python with mpi4py: ignored where the build
+//! found none (`SKIPPED: ...`).
 
 mod common;
 
@@ -11,7 +14,7 @@ fn mpi4py(np: u32) {
     let python = match common::python_with_mpi4py() {
         Ok(python) => python,
         Err(reason) => {
-            eprintln!("SKIPPED: {reason}");
+            udbtl_prereq::skipped!("{reason}");
             return;
         }
     };
@@ -34,30 +37,50 @@ fn mpi4py(np: u32) {
 }
 
 #[test]
+#[cfg_attr(
+    any(udbtl_missing = "openmpi", udbtl_missing = "mpi4py"),
+    ignore = "SKIPPED: needs Open MPI and mpi4py (apt-get install python3-mpi4py)"
+)]
 fn mpi4py_at_its_defaults_2_ranks() {
     require_openmpi!();
     mpi4py(2);
 }
 
 #[test]
+#[cfg_attr(
+    any(udbtl_missing = "openmpi", udbtl_missing = "mpi4py"),
+    ignore = "SKIPPED: needs Open MPI and mpi4py (apt-get install python3-mpi4py)"
+)]
 fn mpi4py_at_its_defaults_3_ranks() {
     require_openmpi!();
     mpi4py(3);
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn four_threads_per_rank_2_ranks() {
     require_openmpi!();
     run_ok("threads", &Run::udbtl(2), &[]);
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn four_threads_per_rank_3_ranks() {
     require_openmpi!();
     run_ok("threads", &Run::udbtl(3), &[]);
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn four_threads_per_rank_with_drops() {
     require_openmpi!();
     let out = run_ok(

@@ -16,6 +16,10 @@ fn text(out: &std::process::Output) -> String {
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
 fn a_bad_parameter_value_is_named_and_the_job_fails() {
     require_openmpi!();
     let _turn = common::serial();

@@ -5,8 +5,9 @@
 //! The program is its own Cargo project (rsmpi's build runs bindgen, which
 //! needs libclang, and links libmpi: the workspace should need neither), built
 //! here against Open MPI, offline; MPICH is installed beside it and must not
-//! be picked. Without libclang, or without its crates in cargo's cache, the
-//! tests say SKIPPED.
+//! be picked. Without libclang the tests are ignored (`SKIPPED: ...`);
+//! without its crates in cargo's cache, which only building it tells, they
+//! say `SKIPPED: <reason>` and record it (see udbtl-prereq).
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -19,12 +20,20 @@ use std::time::Instant;
 use common::Run;
 
 #[test]
+#[cfg_attr(
+    any(udbtl_missing = "openmpi", udbtl_missing = "libclang"),
+    ignore = "SKIPPED: needs Open MPI and libclang (apt-get install libclang-dev)"
+)]
 fn rsmpi_two_ranks() {
     require_openmpi!();
     check(2);
 }
 
 #[test]
+#[cfg_attr(
+    any(udbtl_missing = "openmpi", udbtl_missing = "libclang"),
+    ignore = "SKIPPED: needs Open MPI and libclang (apt-get install libclang-dev)"
+)]
 fn rsmpi_three_ranks() {
     require_openmpi!();
     check(3);
@@ -34,7 +43,7 @@ fn check(np: u32) {
     let exe = match program() {
         Ok(exe) => exe,
         Err(reason) => {
-            eprintln!("SKIPPED: {reason}");
+            udbtl_prereq::skipped!("{reason}");
             return;
         }
     };

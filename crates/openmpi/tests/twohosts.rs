@@ -12,7 +12,7 @@
 //! and a ring checked byte by byte, and point-to-point encrypted. The
 //! counters show the traffic crossed the veth.
 //!
-//! Needs root and the shared tools; prints `SKIPPED: <reason>` otherwise.
+//! Needs root and the stand-in host tools: ignored otherwise (`SKIPPED: ...`).
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -103,31 +103,79 @@ fn first_contact(np: u32, direction: &str) {
 }
 
 #[test]
+#[cfg_attr(
+    any(
+        udbtl_missing = "openmpi",
+        udbtl_missing = "root",
+        udbtl_missing = "shared_tools"
+    ),
+    ignore = "SKIPPED: needs Open MPI, root and the stand-in host tools (twohosts, nsssh)"
+)]
 fn first_contact_downward_2_ranks() {
     first_contact(2, "down");
 }
 
 #[test]
+#[cfg_attr(
+    any(
+        udbtl_missing = "openmpi",
+        udbtl_missing = "root",
+        udbtl_missing = "shared_tools"
+    ),
+    ignore = "SKIPPED: needs Open MPI, root and the stand-in host tools (twohosts, nsssh)"
+)]
 fn first_contact_upward_2_ranks() {
     first_contact(2, "up");
 }
 
 #[test]
+#[cfg_attr(
+    any(
+        udbtl_missing = "openmpi",
+        udbtl_missing = "root",
+        udbtl_missing = "shared_tools"
+    ),
+    ignore = "SKIPPED: needs Open MPI, root and the stand-in host tools (twohosts, nsssh)"
+)]
 fn first_contact_downward_3_ranks() {
     first_contact(3, "down");
 }
 
 #[test]
+#[cfg_attr(
+    any(
+        udbtl_missing = "openmpi",
+        udbtl_missing = "root",
+        udbtl_missing = "shared_tools"
+    ),
+    ignore = "SKIPPED: needs Open MPI, root and the stand-in host tools (twohosts, nsssh)"
+)]
 fn first_contact_upward_3_ranks() {
     first_contact(3, "up");
 }
 
 #[test]
+#[cfg_attr(
+    any(
+        udbtl_missing = "openmpi",
+        udbtl_missing = "root",
+        udbtl_missing = "shared_tools"
+    ),
+    ignore = "SKIPPED: needs Open MPI, root and the stand-in host tools (twohosts, nsssh)"
+)]
 fn first_contact_downward_4_ranks() {
     first_contact(4, "down");
 }
 
 #[test]
+#[cfg_attr(
+    any(
+        udbtl_missing = "openmpi",
+        udbtl_missing = "root",
+        udbtl_missing = "shared_tools"
+    ),
+    ignore = "SKIPPED: needs Open MPI, root and the stand-in host tools (twohosts, nsssh)"
+)]
 fn first_contact_upward_4_ranks() {
     first_contact(4, "up");
 }
@@ -149,16 +197,40 @@ fn programs(np: u32) {
 }
 
 #[test]
+#[cfg_attr(
+    any(
+        udbtl_missing = "openmpi",
+        udbtl_missing = "root",
+        udbtl_missing = "shared_tools"
+    ),
+    ignore = "SKIPPED: needs Open MPI, root and the stand-in host tools (twohosts, nsssh)"
+)]
 fn p2p_and_collectives_2_ranks() {
     programs(2);
 }
 
 #[test]
+#[cfg_attr(
+    any(
+        udbtl_missing = "openmpi",
+        udbtl_missing = "root",
+        udbtl_missing = "shared_tools"
+    ),
+    ignore = "SKIPPED: needs Open MPI, root and the stand-in host tools (twohosts, nsssh)"
+)]
 fn p2p_and_collectives_3_ranks() {
     programs(3);
 }
 
 #[test]
+#[cfg_attr(
+    any(
+        udbtl_missing = "openmpi",
+        udbtl_missing = "root",
+        udbtl_missing = "shared_tools"
+    ),
+    ignore = "SKIPPED: needs Open MPI, root and the stand-in host tools (twohosts, nsssh)"
+)]
 fn p2p_and_collectives_4_ranks() {
     programs(4);
 }
@@ -167,6 +239,14 @@ fn p2p_and_collectives_4_ranks() {
 /// as a user turns encryption on: the parameter reaches the remote rank,
 /// every rank seals (`integrity=encrypted`), and nothing is refused.
 #[test]
+#[cfg_attr(
+    any(
+        udbtl_missing = "openmpi",
+        udbtl_missing = "root",
+        udbtl_missing = "shared_tools"
+    ),
+    ignore = "SKIPPED: needs Open MPI, root and the stand-in host tools (twohosts, nsssh)"
+)]
 fn p2p_encrypted_3_ranks() {
     require_openmpi!();
     let Some(hosts) = StandInHosts::up() else {
@@ -191,6 +271,14 @@ fn p2p_encrypted_3_ranks() {
 }
 
 #[test]
+#[cfg_attr(
+    any(
+        udbtl_missing = "openmpi",
+        udbtl_missing = "root",
+        udbtl_missing = "shared_tools"
+    ),
+    ignore = "SKIPPED: needs Open MPI, root and the stand-in host tools (twohosts, nsssh)"
+)]
 fn ring_and_collectives_checked_byte_by_byte() {
     require_openmpi!();
     let Some(hosts) = StandInHosts::up() else {
@@ -224,6 +312,14 @@ fn ring_and_collectives_checked_byte_by_byte() {
 /// the job stops at start-up instead of timing out, and udbtl names the
 /// peer's address, its own interface and the setting to change.
 #[test]
+#[cfg_attr(
+    any(
+        udbtl_missing = "openmpi",
+        udbtl_missing = "root",
+        udbtl_missing = "shared_tools"
+    ),
+    ignore = "SKIPPED: needs Open MPI, root and the stand-in host tools (twohosts, nsssh)"
+)]
 fn unreachable_peers_are_named_with_both_addresses() {
     require_openmpi!();
     let Some(hosts) = StandInHosts::up() else {

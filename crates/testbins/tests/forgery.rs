@@ -3,7 +3,9 @@
 //! key (read from a rank's environment, as its owner or root can), from
 //! each rank's own address and port to the other's, at the sequence numbers
 //! every stream used to start from. Sending from another process's address
-//! takes a raw socket: as root only, SKIPPED otherwise.
+//! takes a raw socket: as root only, ignored otherwise (`SKIPPED: ...`; one
+//! that finds no such socket when it runs says so and records it, see
+//! udbtl-prereq).
 //!
 //! At the defaults every forgery dies in the fabric: the stranger cannot
 //! know the Q_Key each module drew. With the seed's fixed Q_Key (and so no
@@ -54,13 +56,13 @@ fn bad_qkey(all: &str) -> u64 {
 }
 
 /// Runs a stranger job with `env` while forging resets and
-/// acknowledgements to it; returns what it printed, or `None` (SKIPPED)
-/// without a raw socket.
+/// acknowledgements to it; returns what it printed, or `None` (skipped, and
+/// recorded) without a raw socket.
 fn forge_into_job(name: &str, env: &[(&str, &str)]) -> Option<String> {
     let spoofer = match forger::Spoofer::open() {
         Ok(spoofer) => spoofer,
         Err(reason) => {
-            eprintln!("SKIPPED: {reason}");
+            udbtl_prereq::skipped!("{reason}");
             return None;
         }
     };
@@ -88,6 +90,7 @@ fn forge_into_job(name: &str, env: &[(&str, &str)]) -> Option<String> {
 }
 
 #[test]
+#[cfg_attr(udbtl_missing = "root", ignore = "SKIPPED: needs root (a raw socket)")]
 fn forged_resets_and_acknowledgements_are_counted_and_dropped_under_udrun() {
     let Some(all) = forge_into_job("forgery", &[forger::FIXED_QKEY]) else {
         return;
@@ -99,6 +102,7 @@ fn forged_resets_and_acknowledgements_are_counted_and_dropped_under_udrun() {
 }
 
 #[test]
+#[cfg_attr(udbtl_missing = "root", ignore = "SKIPPED: needs root (a raw socket)")]
 fn at_the_defaults_forged_datagrams_die_in_the_fabric_under_udrun() {
     let Some(all) = forge_into_job("forgery-defaults", &[]) else {
         return;
@@ -114,11 +118,15 @@ fn at_the_defaults_forged_datagrams_die_in_the_fabric_under_udrun() {
 /// address. Rank 0 must still declare rank 2 lost and name it, not wait
 /// for ever (before, each copy restarted its failure clock).
 #[test]
+#[cfg_attr(
+    udbtl_missing = "root",
+    ignore = "SKIPPED: needs root (a raw socket and a packet socket)"
+)]
 fn a_replayed_acknowledgement_does_not_hide_a_killed_rank_under_authentication() {
     let (spoofer, sniffer) = match forger::spoofer_and_sniffer() {
         Ok(both) => both,
         Err(reason) => {
-            eprintln!("SKIPPED: {reason}");
+            udbtl_prereq::skipped!("{reason}");
             return;
         }
     };

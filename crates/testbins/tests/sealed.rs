@@ -5,7 +5,9 @@
 //! `UDBTL_AUTH=encrypt` no payload shows, and every datagram says it is
 //! encrypted. Only the job's own datagrams count (by its job key, which
 //! rank 0 writes out): other tests may run at the same time. Reading the
-//! wire takes a packet socket: as root only, SKIPPED otherwise.
+//! wire takes a packet socket: as root only, ignored otherwise (`SKIPPED:
+//! ...`; one that finds no such socket when it runs says so and records it,
+//! see udbtl-prereq).
 
 #![allow(clippy::unwrap_used)]
 
@@ -128,11 +130,15 @@ fn observe(auth: &str, sniffer: forger::Sniffer) -> Observed {
 }
 
 #[test]
+#[cfg_attr(
+    udbtl_missing = "root",
+    ignore = "SKIPPED: needs root (a packet socket)"
+)]
 fn an_observer_reads_authenticated_payloads_and_not_encrypted_ones() {
     let open = || match forger::Sniffer::open() {
         Ok(sniffer) => Some(sniffer),
         Err(reason) => {
-            eprintln!("SKIPPED: {reason}");
+            udbtl_prereq::skipped!("{reason}");
             None
         }
     };
@@ -173,11 +179,15 @@ const GONE_BY: usize = 2048;
 /// dump), none is delivered twice (udprobe checks every message), and the
 /// job completes. Needs a packet socket and a raw one: root only.
 #[test]
+#[cfg_attr(
+    udbtl_missing = "root",
+    ignore = "SKIPPED: needs root (a raw socket and a packet socket)"
+)]
 fn genuine_datagrams_replayed_from_their_senders_address_are_refused() {
     let (spoofer, sniffer) = match forger::spoofer_and_sniffer() {
         Ok(both) => both,
         Err(reason) => {
-            eprintln!("SKIPPED: {reason}");
+            udbtl_prereq::skipped!("{reason}");
             return;
         }
     };

@@ -6,7 +6,7 @@
 //! addresses exchanged in bulk and lazily; each rank's transport state
 //! shows its traffic went over the veth (vA in udA, vB in udB).
 //!
-//! Needs root and the shared tools; prints `SKIPPED: <reason>` otherwise.
+//! Needs root and the stand-in host tools: ignored otherwise (`SKIPPED: ...`).
 #![allow(clippy::unwrap_used)]
 
 #[path = "../../../tests/support/udrun_jobs.rs"]
@@ -136,27 +136,47 @@ fn alltoall(np: u32, modex: &str) {
 }
 
 #[test]
+#[cfg_attr(
+    any(udbtl_missing = "root", udbtl_missing = "shared_tools"),
+    ignore = "SKIPPED: needs root and the stand-in host tools (twohosts, nsssh)"
+)]
 fn alltoall_2_ranks_bulk() {
     alltoall(2, "bulk");
 }
 
 #[test]
+#[cfg_attr(
+    any(udbtl_missing = "root", udbtl_missing = "shared_tools"),
+    ignore = "SKIPPED: needs root and the stand-in host tools (twohosts, nsssh)"
+)]
 fn alltoall_3_ranks_bulk() {
     alltoall(3, "bulk");
 }
 
 #[test]
+#[cfg_attr(
+    any(udbtl_missing = "root", udbtl_missing = "shared_tools"),
+    ignore = "SKIPPED: needs root and the stand-in host tools (twohosts, nsssh)"
+)]
 fn alltoall_3_ranks_lazy() {
     alltoall(3, "lazy");
 }
 
 #[test]
+#[cfg_attr(
+    any(udbtl_missing = "root", udbtl_missing = "shared_tools"),
+    ignore = "SKIPPED: needs root and the stand-in host tools (twohosts, nsssh)"
+)]
 fn alltoall_4_ranks_lazy() {
     alltoall(4, "lazy");
 }
 
 /// The README's main job, across hosts: latency and bandwidth up to 64 KiB.
 #[test]
+#[cfg_attr(
+    any(udbtl_missing = "root", udbtl_missing = "shared_tools"),
+    ignore = "SKIPPED: needs root and the stand-in host tools (twohosts, nsssh)"
+)]
 fn udbench_between_hosts() {
     let Some(hosts) = StandInHosts::up() else {
         return;
@@ -188,6 +208,10 @@ fn udbench_between_hosts() {
 /// job fails at once, each rank naming the peer's address and its own
 /// interface, and the setting to change (no wait for a timeout).
 #[test]
+#[cfg_attr(
+    any(udbtl_missing = "root", udbtl_missing = "shared_tools"),
+    ignore = "SKIPPED: needs root and the stand-in host tools (twohosts, nsssh)"
+)]
 fn unreachable_peers_are_named_with_both_addresses() {
     let Some(hosts) = StandInHosts::up() else {
         return;

@@ -697,13 +697,29 @@ pub(crate) fn two_processes_child<P: Provider>(make: Make<'_, P>) {
 }
 
 /// Writes the suite's `#[test]`s for one provider into the calling module.
-/// `$make` is an expression giving `Option<impl Fn(BtlConfig) ->
-/// Component<P>>`: `None` skips every test (it has said why).
+///
+/// * `provider_suite!(make $(, #[attr])*)`: `make` is an expression giving
+///   `Option<impl Fn(BtlConfig) -> Component<P>>`; `None` skips every test
+///   at run time (it has said why, see udbtl-prereq's `skipped!`). Each
+///   attribute goes on every test, e.g. a `cfg_attr(..., ignore = ...)`
+///   for a provider that needs a device.
+/// * `provider_suite!(@absent "SKIPPED: <reason>")`: the same tests,
+///   ignored with that reason, for a provider this build lacks, so that the
+///   summary counts them.
 // Not every test crate that uses this module writes a suite.
 #[allow(unused_macros)]
 macro_rules! provider_suite {
-    ($make:expr) => {
+    (@absent $reason:literal) => {
+        $crate::suite::provider_suite!(@absent $reason, modex_and_add_procs
+            tagged_sends_arrive_once_in_order zero_copy_sends_through_the_registration_cache
+            del_procs_fails_pending_sends finalize_reports_leaked_descriptors two_processes);
+    };
+    (@absent $reason:literal, $($test:ident)*) => {
+        $(#[test] #[ignore = $reason] fn $test() {})*
+    };
+    ($make:expr $(, #[$attr:meta])* $(,)?) => {
         #[test]
+        $(#[$attr])*
         fn modex_and_add_procs() {
             if let Some(make) = $make {
                 $crate::suite::modex_and_add_procs(&make);
@@ -711,6 +727,7 @@ macro_rules! provider_suite {
         }
 
         #[test]
+        $(#[$attr])*
         fn tagged_sends_arrive_once_in_order() {
             if let Some(make) = $make {
                 $crate::suite::tagged_sends_arrive_once_in_order(&make);
@@ -718,6 +735,7 @@ macro_rules! provider_suite {
         }
 
         #[test]
+        $(#[$attr])*
         fn zero_copy_sends_through_the_registration_cache() {
             if let Some(make) = $make {
                 $crate::suite::zero_copy_sends_through_the_registration_cache(&make);
@@ -725,6 +743,7 @@ macro_rules! provider_suite {
         }
 
         #[test]
+        $(#[$attr])*
         fn del_procs_fails_pending_sends() {
             if let Some(make) = $make {
                 $crate::suite::del_procs_fails_pending_sends(&make);
@@ -732,6 +751,7 @@ macro_rules! provider_suite {
         }
 
         #[test]
+        $(#[$attr])*
         fn finalize_reports_leaked_descriptors() {
             if let Some(make) = $make {
                 $crate::suite::finalize_reports_leaked_descriptors(&make);
@@ -739,6 +759,7 @@ macro_rules! provider_suite {
         }
 
         #[test]
+        $(#[$attr])*
         fn two_processes() {
             if let Some(make) = $make {
                 // The child's test name, without the crate's own.

@@ -7,32 +7,23 @@ use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
-/// `mpirun` of Open MPI (Debian installs it beside MPICH's).
+/// `mpirun` of Open MPI (Debian installs it beside MPICH's). udbtl-prereq's
+/// `Prereq::OpenMpi` looks for the same two names.
 pub const MPIRUN: &str = "mpirun.openmpi";
 /// Open MPI's C compiler wrapper.
 pub const MPICC: &str = "mpicc.openmpi";
 
-/// Why Open MPI cannot be used here, or `None` when it can. Tests print
-/// `SKIPPED: <reason>` and return; CI installs Open MPI, so there they run.
-pub fn unavailable() -> Option<String> {
-    for tool in [MPIRUN, MPICC] {
-        if Command::new(tool).arg("--version").output().is_err() {
-            return Some(format!(
-                "{tool} not found (apt-get install openmpi-bin libopenmpi-dev)"
-            ));
-        }
-    }
-    None
-}
-
-/// Returns early from a test, saying SKIPPED, when Open MPI is missing.
+/// Returns early from a test when Open MPI is missing at run time, saying
+/// `SKIPPED: <reason>` and recording it (see udbtl-prereq's `require!`).
+///
+/// Every test that uses it also carries `#[cfg_attr(udbtl_missing =
+/// "openmpi", ignore = "SKIPPED: ...")]`: where the build found Open MPI
+/// missing, it is ignored and this never runs. CI installs Open MPI, so
+/// there they run.
 #[macro_export]
 macro_rules! require_openmpi {
     () => {
-        if let Some(reason) = common::unavailable() {
-            eprintln!("SKIPPED: {reason}");
-            return;
-        }
+        udbtl_prereq::require!(udbtl_prereq::Prereq::OpenMpi);
     };
 }
 
@@ -495,19 +486,13 @@ pub fn threshold_args() -> &'static [String] {
 
 /// A Python that has mpi4py built against this Open MPI (Debian's
 /// `python3-mpi4py` is for `/usr/bin/python3`, which may not be the first
-/// `python3` on the PATH), or why there is none.
+/// `python3` on the PATH), or why there is none: the one udbtl-prereq's
+/// `Prereq::Mpi4py` found.
 pub fn python_with_mpi4py() -> Result<&'static str, String> {
     static FOUND: OnceLock<Result<&'static str, String>> = OnceLock::new();
     FOUND
         .get_or_init(|| {
-            ["/usr/bin/python3", "python3"]
-                .into_iter()
-                .find(|python| {
-                    Command::new(python)
-                        .args(["-c", "import mpi4py"])
-                        .output()
-                        .is_ok_and(|out| out.status.success())
-                })
+            udbtl_prereq::python_with_mpi4py()
                 .ok_or_else(|| "no python3 with mpi4py (apt-get install python3-mpi4py)".into())
         })
         .clone()
