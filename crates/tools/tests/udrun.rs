@@ -886,7 +886,10 @@ fn more_ranks_than_slots_needs_oversubscribe() {
         &run,
         1,
         &[
-            &format!("{over} ranks but {cpus} CPUs here"),
+            &format!(
+                "{over} ranks but {cpus} CPU{} here",
+                if cpus == 1 { "" } else { "s" }
+            ),
             "--oversubscribe",
         ],
     );

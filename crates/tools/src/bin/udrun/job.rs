@@ -383,10 +383,16 @@ fn check_exports(cli: &Cli) -> Result<(), Error> {
 /// of the host list, or without one the CPUs udrun may use.
 fn check_slots(ranks: u32, hosts: &[hosts::HostSpec], cpus: usize) -> Result<(), Error> {
     let (slots, what) = if hosts.is_empty() {
-        (cpus as u64, format!("{cpus} CPUs here"))
+        (
+            cpus as u64,
+            format!("{cpus} CPU{} here", plural(cpus as u64)),
+        )
     } else {
         let slots = hosts::total_slots(hosts);
-        (slots, format!("{slots} slots in the host list"))
+        (
+            slots,
+            format!("{slots} slot{} in the host list", plural(slots)),
+        )
     };
     if u64::from(ranks) <= slots {
         return Ok(());
@@ -399,4 +405,9 @@ fn check_slots(ranks: u32, hosts: &[hosts::HostSpec], cpus: usize) -> Result<(),
             ""
         }
     )))
+}
+
+/// "s" unless `n` is 1.
+fn plural(n: u64) -> &'static str {
+    if n == 1 { "" } else { "s" }
 }

@@ -11,7 +11,10 @@
 //! `udbtl-pmi`; see [`udbtl_pmi::server`]), forwards their output, and ends
 //! the job when a rank fails. `--` is needed only when PROGRAM or its first
 //! argument could be taken for one of udrun's options: everything from
-//! PROGRAM on is the rank's command line. mpirun's `-np N` is `-n N`.
+//! PROGRAM on is the rank's command line. mpirun's `-np N` is `-n N`, and
+//! its `-host`, `-hostfile` and the like are udrun's options; its options
+//! udrun lacks (`--map-by`, `--mca`, ...) are refused with what to do
+//! instead (see [`mpirun`]).
 //!
 //! # What a rank gets
 //!
@@ -118,6 +121,7 @@ mod cli;
 mod events;
 mod hosts;
 mod job;
+mod mpirun;
 mod output;
 mod rank;
 mod remote;
@@ -174,7 +178,14 @@ impl Error {
 }
 
 fn main() -> ExitCode {
-    let cli = match cli::Cli::try_parse_from(cli::mpirun_args(std::env::args_os())) {
+    let args = match mpirun::args(std::env::args_os()) {
+        Ok(args) => args,
+        Err(message) => {
+            say(format_args!("{message}"));
+            return ExitCode::from(2);
+        }
+    };
+    let cli = match cli::Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(err) => return cli::usage(&err),
     };
