@@ -18,7 +18,8 @@ use udbtl_pmi::{JobSecret, Server};
 use crate::cli::{BindTo, Cli};
 use crate::events::{self, Event};
 use crate::hosts::{self, Placement};
-use crate::output::{self, Errors, Sink};
+use crate::merge::Errors;
+use crate::output::{self, Sink};
 use crate::spawn::{self, Binder, JobSpec, PortMode};
 use crate::supervise::Job;
 use crate::{Error, remote, say};
@@ -47,7 +48,7 @@ pub(crate) fn run(cli: &Cli) -> Result<u8, Error> {
     // Best effort: without it, what a dying rank leaves behind goes to init.
     let _ = rustix::process::set_child_subreaper(Some(getpid()));
     let reaper = events::start_reaper(tx.clone())?;
-    let mut job = Job::new(cli, cli.report_startup.then(Instant::now));
+    let mut job = Job::new(cli, cli.report_startup.then(Instant::now), errors.clone());
     let launch = Launch {
         cli,
         pmi: &pmi,
@@ -336,7 +337,7 @@ impl Launch<'_> {
                 tx.clone(),
             );
             match forwarded {
-                Ok(()) => job.output_opened(),
+                Ok(()) => job.output_opened(rank),
                 Err(e) => job.fail(
                     1,
                     &format!(
