@@ -49,12 +49,18 @@ fn udbench_fails(ranks: u32, args: &[&str]) -> String {
 }
 
 /// The rows of the table under `header`: the lines after it up to the next
-/// comment line or the end.
+/// table's title or the end, without the warnings of noisy rows (`#
+/// warning: ...`, which a busy host may cause).
 fn rows<'a>(stdout: &'a str, header: &str) -> Vec<Vec<&'a str>> {
     let mut lines = stdout.lines().skip_while(|l| *l != header);
     assert_eq!(lines.next(), Some(header), "no {header:?} in\n{stdout}");
     lines
-        .take_while(|l| !l.starts_with('#'))
+        .take_while(|l| !l.starts_with("# udbench "))
+        .filter(|l| {
+            let warning = l.starts_with("# warning: ") && l.contains(" B is noisy: ");
+            assert!(warning || !l.starts_with('#'), "{l:?} in\n{stdout}");
+            !warning
+        })
         .map(|l| l.split_whitespace().collect())
         .collect()
 }
@@ -74,7 +80,8 @@ fn check_rows(rows: &[Vec<&str>], sizes: &[u64], columns: usize) {
     }
 }
 
-const LATENCY: &str = "# Size          Latency (us)          P50 (us)        P99 (us)";
+const LATENCY: &str =
+    "# Size          Latency (us)          P50 (us)        P99 (us)        Max (us)";
 const BANDWIDTH: &str = "# Size      Bandwidth (MB/s)";
 const MBW_MR: &str = "# Size                  MB/s        Messages/s";
 const MULTI_LAT: &str = "# Size          Latency (us)";
@@ -88,14 +95,14 @@ fn without_a_subcommand_latency_then_bandwidth() {
     let latency = stdout.find(LATENCY).expect("latency header");
     let bandwidth = stdout.find(BANDWIDTH).expect("bandwidth header");
     assert!(latency < bandwidth, "{stdout}");
-    check_rows(&rows(&stdout, LATENCY), &ALL_SIZES, 3);
+    check_rows(&rows(&stdout, LATENCY), &ALL_SIZES, 4);
     check_rows(&rows(&stdout, BANDWIDTH), &ALL_SIZES, 1);
 
     let (stdout, stderr) = udbench_with_stderr(
         2,
         &["--max-size", "8", "--iterations", "50", "--no-bandwidth"],
     );
-    check_rows(&rows(&stdout, LATENCY), &[1, 2, 4, 8], 3);
+    check_rows(&rows(&stdout, LATENCY), &[1, 2, 4, 8], 4);
     assert!(!stdout.contains(BANDWIDTH), "{stdout}");
     // Quiet on a stderr that is not a terminal, unless asked.
     assert!(!stderr.contains("udbench:"), "{stderr}");
@@ -125,7 +132,7 @@ fn each_subcommand_prints_its_header_and_a_row_per_size() {
     ];
     let sizes = [256, 512, 1024, 2048, 4096];
     for (bench, header, columns) in [
-        ("latency", LATENCY, 3),
+        ("latency", LATENCY, 4),
         ("bw", BANDWIDTH, 1),
         ("bibw", BANDWIDTH, 1),
         ("mbw_mr", MBW_MR, 2),
@@ -219,14 +226,30 @@ fn json_lines_follow_the_schema() {
                 "max_us",
                 "p50_us",
                 "p99_us",
+                "noisy",
             ][..],
         ),
-        ("bw", 2, &["window", "iterations", "mb_per_s"][..]),
-        ("bibw", 2, &["window", "iterations", "mb_per_s"][..]),
+        (
+            "bw",
+            2,
+            &["window", "iterations", "mb_per_s", "spread", "noisy"][..],
+        ),
+        (
+            "bibw",
+            2,
+            &["window", "iterations", "mb_per_s", "spread", "noisy"][..],
+        ),
         (
             "mbw_mr",
             2,
-            &["pairs", "window", "mb_per_s", "messages_per_s"][..],
+            &[
+                "pairs",
+                "window",
+                "mb_per_s",
+                "messages_per_s",
+                "spread",
+                "noisy",
+            ][..],
         ),
         ("multi_lat", 2, &["pairs", "avg_us"][..]),
     ] {
@@ -245,6 +268,10 @@ fn json_lines_follow_the_schema() {
             assert_eq!(object[1].1, format!("\"{bench}\""), "{line}");
             assert_eq!(object[2].1, size, "{line}");
             for (key, value) in &object[3..] {
+                if key == "noisy" {
+                    assert!(value == "true" || value == "false", "{line}");
+                    continue;
+                }
                 let x: f64 = value
                     .parse()
                     .unwrap_or_else(|_| panic!("{key} is not a number: {line}"));
@@ -366,7 +393,7 @@ fn few_iterations_give_finite_rows() {
         } else {
             BANDWIDTH
         };
-        let columns = if args[0] == "latency" { 3 } else { 1 };
+        let columns = if args[0] == "latency" { 4 } else { 1 };
         check_rows(&rows(&stdout, header), &[1, 2], columns);
     }
 }

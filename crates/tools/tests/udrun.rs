@@ -753,7 +753,8 @@ fn what_a_rank_leaves_behind_is_killed_and_reaped() {
 
 #[test]
 fn a_closed_stdout_stops_the_ranks_as_in_a_pipeline() {
-    // `udrun -n 1 yes | head -c 10`: the rank gets SIGPIPE.
+    // `udrun -n 1 yes | head -c 10`: the rank gets SIGPIPE, and the job
+    // ends quietly with the status a pipeline's writer gets.
     let mut udrun = Udrun::start(udrun(&["-n", "1", "yes"]));
     let mut stdout = udrun.child.stdout.take().unwrap();
     let mut head = [0; 10];
@@ -763,7 +764,7 @@ fn a_closed_stdout_stops_the_ranks_as_in_a_pipeline() {
     let (code, elapsed) = udrun.wait();
     let stderr = stderr.join().unwrap();
     assert_eq!(code, Some(141), "{stderr}");
-    assert!(stderr.contains("killed by signal 13 (SIGPIPE)"), "{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
     assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
 }
 
@@ -886,7 +887,10 @@ fn more_ranks_than_slots_needs_oversubscribe() {
         &run,
         1,
         &[
-            &format!("{over} ranks but {cpus} CPUs here"),
+            &format!(
+                "{over} ranks but {cpus} CPU{} here",
+                if cpus == 1 { "" } else { "s" }
+            ),
             "--oversubscribe",
         ],
     );
@@ -1017,10 +1021,12 @@ fn a_launcher_failure_names_the_launcher_used() {
 #[test]
 fn an_error_every_rank_prints_is_printed_once() {
     // After the barrier (so at about the same time), every rank prints the
-    // same error and one of its own, then fails.
+    // same error and, as another message (after a pause: udrun merges
+    // whole messages, what a rank writes in one burst), one of its own,
+    // then fails.
     let script = pmi_rank(
         "",
-        r#"echo "error: bad input" >&2; echo "rank $rank only" >&2; sleep 0.5; exit 3"#,
+        r#"echo "error: bad input" >&2; sleep 0.3; echo "rank $rank only" >&2; sleep 0.5; exit 3"#,
     );
     let run = run_script(&["-n", "4"], &script);
     assert_eq!(run.code, Some(3), "{run:#?}");

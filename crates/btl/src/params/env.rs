@@ -1,7 +1,8 @@
 //! Every `UDBTL_*` environment variable udbtl knows: the parameters'
 //! (`UDBTL_<NAME>`), and the others the library, its builds and its tests
 //! read. A variable that is none of them is most likely a misspelling, which
-//! [`unknown_vars`] finds, with the closest real name.
+//! [`unknown_vars`] finds, with the closest real name; [`param_named`] finds
+//! a parameter by any of its names, or the closest to a misspelt one.
 
 use udbtl_fabric::faulty;
 
@@ -152,12 +153,7 @@ where
             {
                 return None;
             }
-            let closest = known
-                .iter()
-                .map(|k| (edit_distance(&upper, k), k))
-                .min()
-                .filter(|(distance, _)| *distance <= (name.len() / 3).max(2))
-                .map(|(_, k)| k.clone());
+            let closest = nearest(&upper, known.iter().map(String::as_str)).map(str::to_owned);
             Some(UnknownVar {
                 name: name.to_owned(),
                 closest,
@@ -172,6 +168,98 @@ where
 /// not read (see [`unknown_vars`]).
 pub fn unknown_env_vars() -> Vec<UnknownVar> {
     unknown_vars(std::env::vars_os().filter_map(|(name, _)| name.to_str().map(str::to_owned)))
+}
+
+/// A name given for a parameter that names none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownParam {
+    /// The name as given.
+    pub name: String,
+    /// The parameter nearest to it in spelling, written the way it was
+    /// given (`btl_udbtl_sd_num` for `btl_udbtl_sd_nmu`), if one is near.
+    pub closest: Option<String>,
+}
+
+impl std::fmt::Display for UnknownParam {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "no parameter is named {:?}", self.name)?;
+        match &self.closest {
+            Some(closest) => write!(f, "; did you mean {closest}?"),
+            None => f.write_str(" (udinfo lists the parameters)"),
+        }
+    }
+}
+
+impl std::error::Error for UnknownParam {}
+
+/// The prefixes a parameter's name is met with, longest first, lower case:
+/// Open MPI's environment form of the component's MCA variable, the MCA
+/// variable (`btl_udbtl_<name>`), the seed's (`btl_ofud_<name>`) and the
+/// environment variable (`UDBTL_<NAME>`).
+const NAME_PREFIXES: [&str; 4] = ["ompi_mca_btl_udbtl_", "btl_udbtl_", "btl_ofud_", "udbtl_"];
+
+/// The parameter `text` names, in any spelling a user meets: the bare name
+/// (`sd_num`), its environment variable (`UDBTL_SD_NUM`), the Open MPI
+/// component's MCA variable (`btl_udbtl_sd_num`, or
+/// `OMPI_MCA_btl_udbtl_sd_num`), the seed's (`btl_ofud_sd_num`), or the
+/// old variable of a renamed parameter (`UDBTL_UDP_IF`). Case and
+/// surrounding whitespace do not matter.
+///
+/// # Errors
+/// [`UnknownParam`] when it names no parameter, with the nearest one (by
+/// the rule of [`unknown_vars`], on the name without its prefix) written
+/// with the prefix given.
+pub fn param_named(text: &str) -> Result<&'static str, UnknownParam> {
+    let text = text.trim();
+    let names: Vec<&'static str> = Params::default()
+        .describe()
+        .into_iter()
+        .map(|info| info.name)
+        .collect();
+    if let Some(renamed) = super::alias::RENAMED
+        .iter()
+        .find(|r| r.old.eq_ignore_ascii_case(text))
+    {
+        return Ok(renamed.now);
+    }
+    let lower = text.to_ascii_lowercase();
+    // Prefixes are ASCII, so the bare name starts at the same byte in
+    // `text` as in `lower`.
+    let prefix_len = NAME_PREFIXES
+        .iter()
+        .find(|prefix| lower.starts_with(*prefix))
+        .map_or(0, |prefix| prefix.len());
+    let bare = &lower[prefix_len..];
+    if let Some(name) = names.iter().find(|name| **name == bare) {
+        return Ok(name);
+    }
+    let closest = nearest(bare, names.iter().copied()).map(|name| {
+        let (prefix, given) = text.split_at(prefix_len);
+        let upper = given.bytes().any(|b| b.is_ascii_uppercase())
+            && !given.bytes().any(|b| b.is_ascii_lowercase());
+        let name = if upper {
+            name.to_ascii_uppercase()
+        } else {
+            name.to_owned()
+        };
+        format!("{prefix}{name}")
+    });
+    Err(UnknownParam {
+        name: text.to_owned(),
+        closest,
+    })
+}
+
+/// The entry of `known` nearest to `name` in edits, if it is within a
+/// third of `name`'s length (at least 2): nearer ones are likely
+/// misspellings, farther ones a different name.
+fn nearest<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    known
+        .into_iter()
+        .map(|k| (edit_distance(name, k), k))
+        .min()
+        .filter(|(distance, _)| *distance <= (name.len() / 3).max(2))
+        .map(|(_, k)| k)
 }
 
 /// The Levenshtein distance between `a` and `b`, in bytes.
@@ -227,6 +315,40 @@ mod tests {
             ]
         );
         assert!(unknown[0].to_string().contains("did you mean UDBTL_DUMP?"));
+    }
+
+    #[test]
+    fn a_parameter_is_found_by_any_of_its_names() {
+        for text in [
+            "sd_num",
+            "SD_NUM",
+            " sd_num ",
+            "UDBTL_SD_NUM",
+            "udbtl_sd_num",
+            "btl_udbtl_sd_num",
+            "OMPI_MCA_btl_udbtl_sd_num",
+            "btl_ofud_sd_num",
+        ] {
+            assert_eq!(param_named(text), Ok("sd_num"), "{text}");
+        }
+        assert_eq!(param_named("UDBTL_UDP_IF"), Ok("if_include"));
+    }
+
+    #[test]
+    fn a_misspelt_parameter_names_the_closest_in_the_spelling_given() {
+        let closest = |text: &str| param_named(text).unwrap_err().closest;
+        assert_eq!(closest("sd_nmu").as_deref(), Some("sd_num"));
+        assert_eq!(closest("UDBTL_SD_NMU").as_deref(), Some("UDBTL_SD_NUM"));
+        assert_eq!(
+            closest("btl_udbtl_sd_nmu").as_deref(),
+            Some("btl_udbtl_sd_num")
+        );
+        assert_eq!(closest("zzzzzzzzzzzz"), None);
+        let err = param_named("sd_nmu").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "no parameter is named \"sd_nmu\"; did you mean sd_num?"
+        );
     }
 
     #[test]

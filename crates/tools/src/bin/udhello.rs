@@ -158,10 +158,14 @@ fn run(args: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     }
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     println!(
-        "udhello: rank {rank} of {size} on {}: greeted and acknowledged by all {size} ranks (init {:.1} ms, modex {:?})",
+        "udhello: rank {rank} of {size} on {}: greeted and acknowledged by all {size} ranks (init {:.1} ms, modex {})",
         host.trim(),
         init_time.as_secs_f64() * 1e3,
-        world.modex_mode()
+        // As UDBTL_MODEX spells it.
+        match world.modex_mode() {
+            udbtl::ModexMode::Bulk => "bulk",
+            udbtl::ModexMode::Lazy => "lazy",
+        }
     );
     if args.hang {
         loop {

@@ -344,13 +344,14 @@ impl Cx {
             out.progress("bw", len, index, sizes.len());
             self.world.barrier()?;
             let elapsed = self.stream(1, len, window, loops)?;
-            if let (0, Some(elapsed)) = (self.rank, elapsed) {
+            if let (0, Some((elapsed, spread))) = (self.rank, elapsed) {
                 out.row(&Row::Bandwidth {
                     bench: "bw",
                     size: len,
                     window,
                     iterations: loops.iters,
                     mb_per_s: mb_per_s(len, window * loops.iters, elapsed),
+                    spread,
                 });
             }
         }
@@ -377,6 +378,7 @@ impl Cx {
             }
             let peer = 1 - self.rank;
             let mut start = Instant::now();
+            let mut laps = report::Laps::new(loops.warmup, loops.iters);
             for i in 0..loops.warmup + loops.iters {
                 if i == loops.warmup {
                     start = Instant::now();
@@ -385,6 +387,7 @@ impl Cx {
                     self.world.send(peer, PING, &self.buf[..len])?;
                 }
                 self.pings.wait(&mut self.world, window, self.plan.stall)?;
+                laps.done(i);
             }
             if self.rank == 0 {
                 out.row(&Row::Bandwidth {
@@ -393,6 +396,7 @@ impl Cx {
                     window,
                     iterations: loops.iters,
                     mb_per_s: mb_per_s(len, 2 * window * loops.iters, start.elapsed()),
+                    spread: laps.spread(),
                 });
             }
         }
@@ -424,7 +428,7 @@ impl Cx {
             let loops = self.plan.loops(Kind::Bandwidth, len);
             out.progress("mbw_mr", len, index, sizes.len());
             self.world.barrier()?;
-            let Some(elapsed) = self.stream(pairs, len, window, loops)? else {
+            let Some((elapsed, spread)) = self.stream(pairs, len, window, loops)? else {
                 continue;
             };
             if let Some(sum) = self.gather(pairs, elapsed.as_secs_f64())? {
@@ -436,6 +440,7 @@ impl Cx {
                     window,
                     mb_per_s: messages * len as f64 / secs / 1e6,
                     messages_per_s: messages / secs,
+                    spread,
                 });
             }
         }
@@ -444,18 +449,20 @@ impl Cx {
 
     /// The `osu_bw` pattern for `pairs` pairs: ranks below `pairs` send
     /// `window` messages of `len` bytes to rank + `pairs`, which
-    /// acknowledges each complete window. Returns a sender's timed span.
+    /// acknowledges each complete window. Returns a sender's timed span
+    /// and the spread of its batches.
     fn stream(
         &mut self,
         pairs: u32,
         len: usize,
         window: u64,
         loops: Loops,
-    ) -> Result<Option<Duration>, Error> {
+    ) -> Result<Option<(Duration, report::Spread)>, Error> {
         let total = loops.warmup + loops.iters;
         if self.rank < pairs {
             let peer = self.rank + pairs;
             let mut start = Instant::now();
+            let mut laps = report::Laps::new(loops.warmup, loops.iters);
             for i in 0..total {
                 if i == loops.warmup {
                     start = Instant::now();
@@ -464,8 +471,9 @@ impl Cx {
                     self.world.send(peer, PING, &self.buf[..len])?;
                 }
                 self.acks.wait(&mut self.world, 1, self.plan.stall)?;
+                laps.done(i);
             }
-            Ok(Some(start.elapsed()))
+            Ok(Some((start.elapsed(), laps.spread())))
         } else if self.rank < 2 * pairs {
             let peer = self.rank - pairs;
             for _ in 0..total {

@@ -14,8 +14,8 @@
 //!
 //! * `latency`: ranks 0 and 1 ping-pong; the main column is half the round
 //!   trip in microseconds averaged over the timed loop (`# Size
-//!   Latency (us)`), followed by the median and 99th percentile of the
-//!   per-iteration half round trips. 10 000 timed iterations after 100 of
+//!   Latency (us)`), followed by the median, 99th percentile and maximum
+//!   of the per-iteration half round trips. 10 000 timed iterations after 100 of
 //!   warm-up up to 8 KiB, 1 000 after 10 above.
 //! * `bw`: rank 0 sends a window of messages (64 by default) to rank 1,
 //!   which answers each complete window with a 4-byte acknowledgement;
@@ -37,7 +37,9 @@
 //! for bandwidth) and the warm-up is OSU's proportion of the timed loop
 //! (1 % for latency, 10 % for bandwidth, at least one) unless `--warmup`
 //! sets it. `--json` prints one JSON object per size and benchmark instead
-//! of the table.
+//! of the table. A row too noisy to trust (a mean far above the median, or
+//! batches of windows far apart) is followed by a warning; a closed stdout
+//! ends rank 0 quietly, by SIGPIPE (see [`report`]).
 //!
 //! Every rank busy-polls the transport, as MPI does. Delivery is reliable
 //! and in order, so counting arrivals per tag is enough to pace the loops.
@@ -45,7 +47,7 @@
 //! after `--stall-timeout` seconds (60) with the transport's state: a run
 //! fails loudly, never hangs silently.
 
-use std::io::IsTerminal;
+use std::io::{self, IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -159,35 +161,71 @@ fn parse_message_size(text: &str) -> Result<u64, String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::try_parse().unwrap_or_else(|err| usage(&err));
     // Checked before the job starts, so every rank stops with the same
     // usage error instead of some of them waiting in a barrier.
     if cli.common.min_size > cli.common.max_size {
-        Cli::command()
-            .error(
-                ErrorKind::ValueValidation,
-                format!(
-                    "--min-size {} is larger than --max-size {}",
-                    cli.common.min_size, cli.common.max_size
-                ),
-            )
-            .exit();
+        usage(&Cli::command().error(
+            ErrorKind::ValueValidation,
+            format!(
+                "--min-size {} is larger than --max-size {}",
+                cli.common.min_size, cli.common.max_size
+            ),
+        ));
     }
     if cli.no_bandwidth && cli.bench.is_some() {
-        Cli::command()
-            .error(
-                ErrorKind::ArgumentConflict,
-                "--no-bandwidth applies only without a subcommand",
-            )
-            .exit();
+        usage(&Cli::command().error(
+            ErrorKind::ArgumentConflict,
+            "--no-bandwidth applies only without a subcommand",
+        ));
     }
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("udbench: {err}");
+            // Nowhere left to report a stderr that fails.
+            let _ = writeln!(io::stderr(), "udbench: {err}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Prints clap's message (a usage error, or the help or version) and exits
+/// with clap's status (2, or 0). The message goes out in one write: clap
+/// writes it in pieces, and udrun, which prints the same message from
+/// several ranks once, must see each rank's message whole to merge it
+/// (a message under 4 KiB reaches a pipe in one piece).
+fn usage(err: &clap::Error) -> ! {
+    let text = err.render();
+    let written = if err.use_stderr() {
+        let text = if io::stderr().is_terminal() {
+            text.ansi().to_string()
+        } else {
+            text.to_string()
+        };
+        io::stderr().lock().write_all(text.as_bytes())
+    } else {
+        let text = if io::stdout().is_terminal() {
+            text.ansi().to_string()
+        } else {
+            text.to_string()
+        };
+        let mut out = io::stdout().lock();
+        out.write_all(text.as_bytes()).and_then(|()| out.flush())
+    };
+    if written.is_err_and(|e| e.kind() == io::ErrorKind::BrokenPipe) && !err.use_stderr() {
+        closed_pipe();
+    }
+    std::process::exit(err.exit_code())
+}
+
+/// Ends the process as the default action of SIGPIPE does, which Rust
+/// programs ignore so that a write to a closed pipe fails instead: what a C
+/// program, such as OSU's, does when its reader goes away (`| head`). The
+/// shell's status is 141, and it prints nothing about it.
+pub(crate) fn closed_pipe() -> ! {
+    // Falls through only if the signal could not be raised.
+    let _ = signal_hook::low_level::emulate_default_handler(signal_hook::consts::SIGPIPE);
+    std::process::exit(128 + signal_hook::consts::SIGPIPE)
 }
 
 fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
@@ -197,7 +235,7 @@ fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
     let out = report::Out {
         rank0: world.rank() == 0,
         json: common.json,
-        progress: common.progress || std::io::stderr().is_terminal(),
+        progress: common.progress || io::stderr().is_terminal(),
     };
     let plan = bench::Plan {
         sizes: sizes(common.min_size, common.max_size),

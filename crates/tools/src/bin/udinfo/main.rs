@@ -21,7 +21,9 @@
 //!    built, the reason goes to stderr, the listing is still printed, and
 //!    udinfo exits 1.
 //!
-//! `--param NAME` prints that parameter only, with its value in force;
+//! `--param NAME` prints that parameter only, with its value in force (NAME
+//! as `sd_num`, `UDBTL_SD_NUM`, Open MPI's `btl_udbtl_sd_num` or the seed's
+//! `btl_ofud_sd_num`; a misspelt one gets the closest name);
 //! `--dump` adds each module's state (`btl_dump`). A `UDBTL_*` variable udbtl
 //! does not read is reported on stderr with the closest real name. Log
 //! output (`RUST_LOG`, default `warn`) goes to stderr.
@@ -80,10 +82,10 @@ use crate::params::{in_force, other_variables, parameters};
                   e.g. UDBTL_SD_NUM=256. RUST_LOG sets the log level (default warn)."
 )]
 struct Cli {
-    /// Show only parameter NAME (sd_num, UDBTL_SD_NUM or btl_ofud_sd_num).
-    /// May be repeated.
-    #[arg(long, value_name = "NAME", value_parser = parameter_name)]
-    param: Vec<&'static str>,
+    /// Show only parameter NAME (sd_num, UDBTL_SD_NUM, Open MPI's
+    /// btl_udbtl_sd_num or the seed's btl_ofud_sd_num). May be repeated.
+    #[arg(long, value_name = "NAME")]
+    param: Vec<String>,
 
     /// Print machine-readable section:key:field:value lines.
     #[arg(long)]
@@ -122,10 +124,24 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(err) => return usage(&err),
     };
+    // Looked up here rather than by clap, whose message would bury the
+    // suggestion behind "invalid value ... for '--param <NAME>'".
+    let selected = match cli
+        .param
+        .iter()
+        .map(|name| env::param_named(name))
+        .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(selected) => selected,
+        Err(err) => {
+            complain(format_args!("--param: {err}"));
+            return ExitCode::from(2);
+        }
+    };
     // Warnings at least (a port skipped while building modules), or what
     // RUST_LOG asks for.
     udbtl::log_to_stderr();
-    match run(&cli) {
+    match run(&cli, &selected) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Param(err)) => {
             complain(format_args!("{err}"));
@@ -141,7 +157,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: &Cli) -> Result<(), Failure> {
+/// Prints the listing, or only the parameters `selected` when there are
+/// any.
+fn run(cli: &Cli, selected: &[&str]) -> Result<(), Failure> {
     let params = Params::load(&BtlConfig::default())?;
     for unknown in env::unknown_env_vars() {
         complain(format_args!("warning: {unknown}"));
@@ -162,7 +180,7 @@ fn run(cli: &Cli) -> Result<(), Failure> {
             .unwrap_or_default(),
         Err(_) => Vec::new(),
     };
-    if cli.param.is_empty() {
+    if selected.is_empty() {
         providers(&mut out, &params)?;
         devices(&mut out, &udp, &params)?;
         rdma_devices(&mut out, &params)?;
@@ -175,7 +193,7 @@ fn run(cli: &Cli) -> Result<(), Failure> {
         let selected: Vec<ParamInfo> = params
             .describe()
             .into_iter()
-            .filter(|info| cli.param.contains(&info.name))
+            .filter(|info| selected.contains(&info.name))
             .collect();
         parameters(&mut out, &selected, &in_force)?;
         out.flush()?;
@@ -189,22 +207,6 @@ fn run(cli: &Cli) -> Result<(), Failure> {
 }
 
 // ----- command line and logging --------------------------------------------------
-
-/// Accepts a parameter's name, its environment variable or the seed's MCA
-/// name, in any case, and returns the name.
-fn parameter_name(text: &str) -> Result<&'static str, String> {
-    let lower = text.trim().to_ascii_lowercase();
-    let bare = ["udbtl_", "btl_ofud_"]
-        .iter()
-        .find_map(|prefix| lower.strip_prefix(prefix))
-        .unwrap_or(&lower);
-    Params::default()
-        .describe()
-        .into_iter()
-        .map(|info| info.name)
-        .find(|name| *name == bare)
-        .ok_or_else(|| "no such parameter; udinfo without --param lists them".to_owned())
-}
 
 /// Reports a command-line error on one line and returns exit status 2;
 /// `--help` and `--version` print to stdout and succeed.

@@ -152,67 +152,6 @@ fn parse_timeout(text: &str) -> Result<Duration, String> {
     }
 }
 
-/// Options that take a value, as [`mpirun_args`] must know them to tell
-/// where PROGRAM starts.
-const VALUE_OPTIONS: [&str; 10] = [
-    "-n",
-    "-np",
-    "-H",
-    "--host",
-    "--hostfile",
-    "--bind-to",
-    "-x",
-    "--launcher-exec",
-    "--timeout",
-    "--startup-timeout",
-];
-
-/// Rewrites mpirun's `-np N` (and `-npN`) to `-n N` among udrun's own
-/// options, before PROGRAM: clap's short options are one letter.
-pub(crate) fn mpirun_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
-    let mut out = Vec::new();
-    let mut args = args.into_iter();
-    // The program name.
-    out.extend(args.next());
-    let mut expect_value = false;
-    let mut in_options = true;
-    for arg in args {
-        if !in_options {
-            out.push(arg);
-            continue;
-        }
-        if expect_value {
-            expect_value = false;
-            out.push(arg);
-            continue;
-        }
-        let text = arg.to_string_lossy();
-        if text == "--" || !text.starts_with('-') || text == "-" {
-            in_options = false;
-            out.push(arg);
-            continue;
-        }
-        if let Some(rest) = text.strip_prefix("-np") {
-            if rest.is_empty() {
-                expect_value = true;
-                out.push("-n".into());
-                continue;
-            }
-            if let Some(count) = rest
-                .strip_prefix('=')
-                .or(Some(rest))
-                .filter(|r| !r.is_empty() && r.chars().all(|c| c.is_ascii_digit()))
-            {
-                out.push(format!("-n{count}").into());
-                continue;
-            }
-        }
-        expect_value = VALUE_OPTIONS.contains(&text.as_ref());
-        out.push(arg);
-    }
-    out
-}
-
 /// Reports a command-line error on one line and returns exit status 2;
 /// `--help` and `--version` print as usual and return 0.
 pub(crate) fn usage(err: &clap::Error) -> ExitCode {
@@ -266,26 +205,6 @@ mod tests {
         assert!(Export::parse("1A").is_err());
         assert!(Export::parse("=x").is_err());
         assert!(Export::parse("A-B").is_err());
-    }
-
-    fn os(words: &[&str]) -> Vec<OsString> {
-        words.iter().map(OsString::from).collect()
-    }
-
-    #[test]
-    fn np_becomes_n_before_the_program_only() {
-        let args = mpirun_args(os(&["udrun", "-np", "4", "-x", "-np", "prog", "-np", "3"]));
-        assert_eq!(
-            args,
-            os(&["udrun", "-n", "4", "-x", "-np", "prog", "-np", "3"])
-        );
-        let args = mpirun_args(os(&["udrun", "-np4", "--", "-np", "2"]));
-        assert_eq!(args, os(&["udrun", "-n4", "--", "-np", "2"]));
-        let args = mpirun_args(os(&["udrun", "--tag-output", "-np=2", "-H", "a", "p"]));
-        assert_eq!(args, os(&["udrun", "--tag-output", "-n2", "-H", "a", "p"]));
-        let cli =
-            Cli::try_parse_from(mpirun_args(os(&["udrun", "-np", "3", "-H", "a,b", "p"]))).unwrap();
-        assert_eq!((cli.ranks, cli.host.len()), (3, 2));
     }
 
     #[test]

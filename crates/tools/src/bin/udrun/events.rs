@@ -29,8 +29,12 @@ pub(crate) enum Event {
     Exited { rank: u32, status: Status },
     /// udrun received this signal.
     Signal(i32),
-    /// One forwarded output pipe reached its end.
-    OutputClosed,
+    /// One forwarded output pipe of `rank` reached its end (or its
+    /// forwarding stopped).
+    OutputClosed { rank: u32 },
+    /// udrun's stdout or stderr was closed by its reader: sent before the
+    /// rank's pipe is closed, so before the rank can fail for it.
+    OutputGone,
     /// udrun has no child left at all.
     NoChildren,
 }

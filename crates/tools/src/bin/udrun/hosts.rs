@@ -64,7 +64,7 @@ fn parse_slots(text: &str) -> Result<u32, String> {
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum HostfileError {
     /// The file cannot be read.
-    #[error("cannot read hostfile {}: {source}", path.display())]
+    #[error("cannot read hostfile {}: {}", path.display(), crate::os_message(source))]
     Read {
         path: PathBuf,
         #[source]

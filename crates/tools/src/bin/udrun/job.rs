@@ -18,7 +18,8 @@ use udbtl_pmi::{JobSecret, Server};
 use crate::cli::{BindTo, Cli};
 use crate::events::{self, Event};
 use crate::hosts::{self, Placement};
-use crate::output::{self, Errors, Sink};
+use crate::merge::Errors;
+use crate::output::{self, Sink};
 use crate::spawn::{self, Binder, JobSpec, PortMode};
 use crate::supervise::Job;
 use crate::{Error, remote, say};
@@ -47,7 +48,7 @@ pub(crate) fn run(cli: &Cli) -> Result<u8, Error> {
     // Best effort: without it, what a dying rank leaves behind goes to init.
     let _ = rustix::process::set_child_subreaper(Some(getpid()));
     let reaper = events::start_reaper(tx.clone())?;
-    let mut job = Job::new(cli, cli.report_startup.then(Instant::now));
+    let mut job = Job::new(cli, cli.report_startup.then(Instant::now), errors.clone());
     let launch = Launch {
         cli,
         pmi: &pmi,
@@ -336,7 +337,7 @@ impl Launch<'_> {
                 tx.clone(),
             );
             match forwarded {
-                Ok(()) => job.output_opened(),
+                Ok(()) => job.output_opened(rank),
                 Err(e) => job.fail(
                     1,
                     &format!(
@@ -383,10 +384,16 @@ fn check_exports(cli: &Cli) -> Result<(), Error> {
 /// of the host list, or without one the CPUs udrun may use.
 fn check_slots(ranks: u32, hosts: &[hosts::HostSpec], cpus: usize) -> Result<(), Error> {
     let (slots, what) = if hosts.is_empty() {
-        (cpus as u64, format!("{cpus} CPUs here"))
+        (
+            cpus as u64,
+            format!("{cpus} CPU{} here", plural(cpus as u64)),
+        )
     } else {
         let slots = hosts::total_slots(hosts);
-        (slots, format!("{slots} slots in the host list"))
+        (
+            slots,
+            format!("{slots} slot{} in the host list", plural(slots)),
+        )
     };
     if u64::from(ranks) <= slots {
         return Ok(());
@@ -399,4 +406,9 @@ fn check_slots(ranks: u32, hosts: &[hosts::HostSpec], cpus: usize) -> Result<(),
             ""
         }
     )))
+}
+
+/// "s" unless `n` is 1.
+fn plural(n: u64) -> &'static str {
+    if n == 1 { "" } else { "s" }
 }

@@ -11,7 +11,10 @@
 //! `udbtl-pmi`; see [`udbtl_pmi::server`]), forwards their output, and ends
 //! the job when a rank fails. `--` is needed only when PROGRAM or its first
 //! argument could be taken for one of udrun's options: everything from
-//! PROGRAM on is the rank's command line. mpirun's `-np N` is `-n N`.
+//! PROGRAM on is the rank's command line. mpirun's `-np N` is `-n N`, and
+//! its `-host`, `-hostfile` and the like are udrun's options; its options
+//! udrun lacks (`--map-by`, `--mca`, ...) are refused with what to do
+//! instead (see [`mpirun`]).
 //!
 //! # What a rank gets
 //!
@@ -27,9 +30,10 @@
 //! udrun's stdin goes to rank 0 when it runs here (not when udrun's stdin
 //! is a terminal udrun does not own); the other ranks read `/dev/null`.
 //! stdout and stderr go to udrun's, whole lines at a time, prefixed with
-//! `[RANK] ` under `--tag-output`; without it, the same stderr line from
-//! several ranks within 250 ms is written once as `[ranks 0-3] LINE`
-//! (see [`output`]). The PMI key-value space is named
+//! `[RANK] ` under `--tag-output`; without it, the same stderr message
+//! (what a rank wrote in one burst, one or more lines) from several ranks
+//! within 250 ms is written once, each line as `[ranks 0-3] LINE` (see
+//! [`output`] and [`merge`]). The PMI key-value space is named
 //! `udrun-<udrun's pid>-<job key in hex>`.
 //!
 //! # Ending a job (fail-fast)
@@ -55,9 +59,11 @@
 //! | PROGRAM cannot be started | `cannot start <prog>: No such file or directory` | 127 (126 if not executable) |
 //! | a rank cannot be started (out of processes, descriptors, memory) | `cannot start rank 3 (<prog>): Too many open files` | 1 |
 //! | udrun gets SIGINT, SIGTERM, SIGHUP or SIGQUIT | `interrupted by SIGINT; job killed` (once the ranks are gone) | 128 + signal |
+//! | udrun's stdout (or stderr) is closed by its reader (`udrun ... \| head`) | none: the job ends quietly, as a pipeline's writer does | 141 (128 + SIGPIPE) |
 //!
 //! Only the first failure counts: ranks killed because of it are not
-//! reported. A second signal skips the grace period. A program that never
+//! reported. A failed rank's line comes after everything that rank wrote
+//! (see [`supervise`]). A second signal skips the grace period. A program that never
 //! touches its PMI socket (`udrun -n 2 hostname`), in a job where no rank
 //! does, is judged by its exit status alone. When the last rank has ended, whatever is still running
 //! in the ranks' process groups is killed (as at the end of a Slurm job
@@ -118,6 +124,8 @@ mod cli;
 mod events;
 mod hosts;
 mod job;
+mod merge;
+mod mpirun;
 mod output;
 mod rank;
 mod remote;
@@ -174,7 +182,14 @@ impl Error {
 }
 
 fn main() -> ExitCode {
-    let cli = match cli::Cli::try_parse_from(cli::mpirun_args(std::env::args_os())) {
+    let args = match mpirun::args(std::env::args_os()) {
+        Ok(args) => args,
+        Err(message) => {
+            say(format_args!("{message}"));
+            return ExitCode::from(2);
+        }
+    };
+    let cli = match cli::Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(err) => return cli::usage(&err),
     };

@@ -5,28 +5,36 @@
 //! lines of different ranks never mix. A partial line waits for its end (or
 //! the end of the pipe). A line longer than [`MAX_LINE`] is passed on in
 //! pieces: unchanged without `--tag-output`, each piece ended by a newline
-//! and tagged with it. Once udrun's stream fails (`udrun ... | head`
-//! closed it), the forwarding stops and the pipe is closed, so the rank gets
-//! SIGPIPE (or EPIPE) as if it had written to the closed pipe itself.
+//! and tagged with it.
 //!
-//! # One line for the same error from many ranks
+//! Without `--tag-output`, stderr goes through [`Errors`], which writes the
+//! same message from several ranks once (see [`crate::merge`]). A message
+//! there is a burst: what the rank wrote without a pause of
+//! [`BURST_GAP`] (one `write` always, and the pieces a program writes a
+//! message in, as clap and Rust's `eprintln!` do), up to [`MAX_LINE`]
+//! bytes and [`BURST_MAX`]. Under `--tag-output` every line is written,
+//! with its rank, at once; stdout is never delayed.
 //!
-//! Without `--tag-output`, the ranks' stderr lines go through [`Errors`]:
-//! each waits [`DEDUP_WINDOW`] before it is written, and the same line from
-//! other ranks within that time is written with it, once, prefixed with
-//! the ranks that wrote it: `[ranks 0-3] error: no such file`. A line only
-//! one rank wrote is written unchanged. Each rank's lines keep their order;
-//! stdout is not delayed. Under `--tag-output` every line is written, with
-//! its rank, at once.
+//! # A closed output
+//!
+//! Once udrun's stream fails (`udrun ... | head` closed it), the forwarding
+//! stops and the pipe is closed, so the rank gets SIGPIPE (or EPIPE) as if
+//! it had written to the closed pipe itself. If the stream was closed by
+//! its reader (EPIPE), the job is told first ([`Event::OutputGone`]), and
+//! ends quietly.
 
-use std::collections::{HashMap, VecDeque};
+use std::fs::File;
 use std::io::{self, Read, Write};
+use std::sync::Arc;
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::io::Errno;
+
 use crate::events::Event;
+use crate::merge::Errors;
 
 /// The longest line kept whole; longer ones are cut.
 pub(crate) const MAX_LINE: usize = 64 * 1024;
@@ -38,28 +46,25 @@ pub(crate) enum Sink {
     Stderr,
 }
 
-/// How long a rank's stderr line waits for the same line from other ranks
-/// (without `--tag-output`).
-pub(crate) const DEDUP_WINDOW: Duration = Duration::from_millis(250);
-/// How many bytes of stderr may wait; beyond, they are written at once by
-/// the rank's own thread (which holds the rank back, as a full pipe would).
-const PENDING_LIMIT: usize = 1 << 20;
+/// The longest pause within one burst of a rank's stderr: see the
+/// [module docs](self).
+const BURST_GAP: Duration = Duration::from_millis(10);
+/// The longest a burst is gathered, however steadily the rank writes.
+const BURST_MAX: Duration = Duration::from_millis(100);
 
 /// Starts a thread that copies `source` to `sink` line by line, each line
 /// prefixed with `[rank] ` when `tag` is set (else, for stderr, through
 /// `errors` when given), and sends [`Event::OutputClosed`] once `source`
-/// ends.
-pub(crate) fn forward<R>(
-    source: R,
+/// ends, preceded by [`Event::OutputGone`] if udrun's stream was closed by
+/// its reader.
+pub(crate) fn forward(
+    mut source: File,
     sink: Sink,
     rank: u32,
     tag: bool,
     errors: Option<Arc<Errors>>,
     done: Sender<Event>,
-) -> io::Result<()>
-where
-    R: Read + Send + 'static,
-{
+) -> io::Result<()> {
     let name = match sink {
         Sink::Stdout => format!("out-{rank}"),
         Sink::Stderr => format!("err-{rank}"),
@@ -68,210 +73,33 @@ where
         .name(name)
         .stack_size(128 * 1024)
         .spawn(move || {
-            match errors.filter(|_| sink == Sink::Stderr && !tag) {
-                Some(errors) => pump(source, &mut ToErrors { errors, rank }, None),
+            let pumped = match errors.filter(|_| sink == Sink::Stderr && !tag) {
+                Some(errors) => pump(&mut source, &mut ToErrors { errors, rank }, None, true),
                 None => {
                     let tag = tag.then(|| format!("[{rank}] ").into_bytes());
-                    pump(source, &mut Writer::new(sink), tag.as_deref());
+                    pump(&mut source, &mut Writer::new(sink), tag.as_deref(), false)
                 }
+            };
+            // Told before the pipe closes, hence before the rank can fail
+            // writing to it: its end is then no failure of its own.
+            if pumped.is_err_and(|e| e.kind() == io::ErrorKind::BrokenPipe) {
+                let _ = done.send(Event::OutputGone);
             }
-            let _ = done.send(Event::OutputClosed);
+            drop(source);
+            let _ = done.send(Event::OutputClosed { rank });
         })
         .map(drop)
 }
 
-/// The ranks' stderr lines waiting to be written: see the
-/// [module docs](self).
-#[derive(Debug, Default)]
-pub(crate) struct Errors {
-    pending: Mutex<Pending>,
-    /// Signalled when a line is added or the flushing must end.
-    changed: Condvar,
-}
-
-#[derive(Debug, Default)]
-struct Pending {
-    /// In the order of their first line; their due times increase.
-    entries: VecDeque<Entry>,
-    /// The sequence number of `entries[0]`.
-    first: u64,
-    /// For each line text, the sequence number of its newest entry.
-    newest: HashMap<Vec<u8>, u64>,
-    /// For each rank, the sequence number of its last entry.
-    last: HashMap<u32, u64>,
-    bytes: usize,
-    /// udrun's stderr failed: nothing more is written.
-    failed: bool,
-    closed: bool,
-}
-
-#[derive(Debug)]
-struct Entry {
-    line: Vec<u8>,
-    ranks: Vec<u32>,
-    due: Instant,
-}
-
-impl Errors {
-    /// Starts the thread that writes lines once they are due.
-    pub(crate) fn start() -> io::Result<Arc<Self>> {
-        let errors = Arc::new(Self::default());
-        let flusher = Arc::clone(&errors);
-        thread::Builder::new()
-            .name("stderr".into())
-            .stack_size(128 * 1024)
-            .spawn(move || flusher.run())?;
-        Ok(errors)
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Pending> {
-        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Adds one line (ending in a newline, unless it is a rank's last
-    /// words). False once udrun's stderr has failed.
-    fn add(&self, rank: u32, line: &[u8]) -> bool {
-        let mut p = self.lock();
-        if p.failed {
-            return false;
-        }
-        let last = p.last.get(&rank).copied();
-        let merge = p
-            .newest
-            .get(line)
-            .copied()
-            .filter(|&seq| seq >= p.first && last.is_none_or(|l| l < seq));
-        let seq = match merge {
-            Some(seq) => {
-                let at = usize::try_from(seq - p.first).unwrap_or(usize::MAX);
-                if let Some(entry) = p.entries.get_mut(at) {
-                    entry.ranks.push(rank);
-                }
-                seq
-            }
-            None => {
-                let seq = p.first + p.entries.len() as u64;
-                p.entries.push_back(Entry {
-                    line: line.to_vec(),
-                    ranks: vec![rank],
-                    due: Instant::now() + DEDUP_WINDOW,
-                });
-                p.newest.insert(line.to_vec(), seq);
-                p.bytes += line.len();
-                seq
-            }
-        };
-        p.last.insert(rank, seq);
-        if p.bytes > PENDING_LIMIT || p.closed {
-            Self::write_due(&mut p, None);
-        } else {
-            self.changed.notify_one();
-        }
-        !p.failed
-    }
-
-    /// Writes the entries due by `now` (all of them with `None`).
-    fn write_due(p: &mut Pending, now: Option<Instant>) {
-        let mut out = Vec::new();
-        while let Some(entry) = p.entries.front() {
-            if now.is_some_and(|now| entry.due > now) {
-                break;
-            }
-            let Some(entry) = p.entries.pop_front() else {
-                break;
-            };
-            let seq = p.first;
-            p.first += 1;
-            p.bytes -= entry.line.len();
-            if p.newest.get(&entry.line) == Some(&seq) {
-                p.newest.remove(&entry.line);
-            }
-            if entry.ranks.len() > 1 {
-                out.extend_from_slice(format!("[ranks {}] ", rank_list(&entry.ranks)).as_bytes());
-                out.extend_from_slice(&entry.line);
-                if !entry.line.ends_with(b"\n") {
-                    out.push(b'\n');
-                }
-            } else {
-                out.extend_from_slice(&entry.line);
-            }
-        }
-        if p.entries.is_empty() {
-            p.last.clear();
-        }
-        if !out.is_empty() && !p.failed && !Writer::new(Sink::Stderr).emit(&out) {
-            p.failed = true;
-        }
-    }
-
-    fn run(&self) {
-        let mut p = self.lock();
-        loop {
-            let now = Instant::now();
-            Self::write_due(&mut p, Some(now));
-            if p.closed {
-                return;
-            }
-            p = match p.entries.front().map(|e| e.due) {
-                Some(due) => {
-                    let wait = due.saturating_duration_since(now);
-                    self.changed
-                        .wait_timeout(p, wait)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0
-                }
-                None => self.changed.wait(p).unwrap_or_else(PoisonError::into_inner),
-            };
-        }
-    }
-
-    /// Writes every waiting line now and stops the writing thread (lines
-    /// added later are written at once).
-    pub(crate) fn flush(&self) {
-        let mut p = self.lock();
-        Self::write_due(&mut p, None);
-        p.closed = true;
-        self.changed.notify_all();
-    }
-}
-
-/// "0-3,5,7-8" for ranks 0, 1, 2, 3, 5, 7, 8 (in any order).
-fn rank_list(ranks: &[u32]) -> String {
-    let mut ranks = ranks.to_vec();
-    ranks.sort_unstable();
-    ranks.dedup();
-    let mut parts: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < ranks.len() {
-        let start = ranks[i];
-        let mut end = start;
-        while i + 1 < ranks.len() && ranks[i + 1] == end + 1 {
-            i += 1;
-            end = ranks[i];
-        }
-        parts.push(if start == end {
-            start.to_string()
-        } else {
-            format!("{start}-{end}")
-        });
-        i += 1;
-    }
-    parts.join(",")
-}
-
-/// Passes a rank's stderr lines to [`Errors`].
+/// Passes a rank's stderr bursts to [`Errors`], each one message.
 struct ToErrors {
     errors: Arc<Errors>,
     rank: u32,
 }
 
 impl Lines for ToErrors {
-    fn emit(&mut self, batch: &[u8]) -> bool {
-        let mut ok = true;
-        for line in batch.split_inclusive(|&b| b == b'\n') {
-            ok &= self.errors.add(self.rank, line);
-        }
-        ok
+    fn emit(&mut self, batch: &[u8]) -> io::Result<()> {
+        self.errors.add(self.rank, batch)
     }
 }
 
@@ -279,8 +107,33 @@ impl Lines for ToErrors {
 /// buffer.
 trait Lines {
     /// Writes `batch`, which holds whole lines only (or a piece of an
-    /// overlong one), in one go. False when nothing more can be written.
-    fn emit(&mut self, batch: &[u8]) -> bool;
+    /// overlong one), in one go.
+    ///
+    /// # Errors
+    /// Nothing more can be written, for this reason.
+    fn emit(&mut self, batch: &[u8]) -> io::Result<()>;
+}
+
+/// A rank's pipe, as [`pump`] reads it.
+trait Source: Read {
+    /// Whether more can be read (bytes, or the end) within `wait`.
+    fn ready_within(&mut self, wait: Duration) -> bool;
+}
+
+impl Source for File {
+    fn ready_within(&mut self, wait: Duration) -> bool {
+        let Ok(timeout) = Timespec::try_from(wait) else {
+            return false;
+        };
+        let mut fds = [PollFd::new(&*self, PollFlags::IN)];
+        loop {
+            match rustix::event::poll(&mut fds, Some(&timeout)) {
+                Ok(ready) => return ready > 0,
+                Err(Errno::INTR) => {}
+                Err(_) => return false,
+            }
+        }
+    }
 }
 
 /// Writes to udrun's stdout or stderr under its lock.
@@ -295,30 +148,40 @@ impl Writer {
 }
 
 impl Lines for Writer {
-    fn emit(&mut self, batch: &[u8]) -> bool {
+    fn emit(&mut self, batch: &[u8]) -> io::Result<()> {
         if batch.is_empty() {
-            return true;
+            return Ok(());
         }
-        let written = match self.sink {
+        match self.sink {
             Sink::Stdout => {
                 let mut out = io::stdout().lock();
                 out.write_all(batch).and_then(|()| out.flush())
             }
             Sink::Stderr => io::stderr().lock().write_all(batch),
-        };
-        written.is_ok()
+        }
     }
 }
 
-/// Copies `source` to `out` until either ends (or fails): see the
-/// [module docs](self).
-fn pump<R: Read, L: Lines>(mut source: R, out: &mut L, tag: Option<&[u8]>) {
+/// Copies `source` to `out` until either ends (or fails), in batches of
+/// whole lines: what one read brings, or with `bursts` what the rank wrote
+/// in one burst (see the [module docs](self)).
+///
+/// # Errors
+/// `out` failed: the forwarding stops.
+fn pump<S: Source, L: Lines>(
+    source: &mut S,
+    out: &mut L,
+    tag: Option<&[u8]>,
+    bursts: bool,
+) -> io::Result<()> {
     let tag = tag.unwrap_or_default();
     let mut chunk = vec![0; MAX_LINE];
     // The line being read, not yet ended.
     let mut line: Vec<u8> = Vec::new();
     // Whole lines to write at once.
     let mut batch: Vec<u8> = Vec::new();
+    // When the burst being gathered began.
+    let mut began: Option<Instant> = None;
     loop {
         let n = match source.read(&mut chunk) {
             Ok(0) => break,
@@ -341,10 +204,17 @@ fn pump<R: Read, L: Lines>(mut source: R, out: &mut L, tag: Option<&[u8]>) {
                 batch.push(b'\n');
             }
         }
-        if !out.emit(&batch) {
-            return;
+        let began_at = *began.get_or_insert_with(Instant::now);
+        if bursts
+            && batch.len() < MAX_LINE
+            && began_at.elapsed() < BURST_MAX
+            && source.ready_within(BURST_GAP)
+        {
+            continue;
         }
+        out.emit(&batch)?;
         batch.clear();
+        began = None;
     }
     if !line.is_empty() {
         batch.extend_from_slice(tag);
@@ -352,8 +222,8 @@ fn pump<R: Read, L: Lines>(mut source: R, out: &mut L, tag: Option<&[u8]>) {
         if !tag.is_empty() {
             batch.push(b'\n');
         }
-        out.emit(&batch);
     }
+    out.emit(&batch)
 }
 
 #[cfg(test)]
@@ -365,35 +235,51 @@ mod tests {
     struct Record(Vec<Vec<u8>>);
 
     impl Lines for Record {
-        fn emit(&mut self, batch: &[u8]) -> bool {
+        fn emit(&mut self, batch: &[u8]) -> io::Result<()> {
             if !batch.is_empty() {
                 self.0.push(batch.to_vec());
             }
-            true
+            Ok(())
         }
     }
 
-    /// Reads its pieces one `read` at a time.
-    struct Pieces(Vec<&'static [u8]>);
+    /// Reads its pieces one `read` at a time; `None` is a pause longer
+    /// than a burst's gap.
+    struct Pieces(Vec<Option<&'static [u8]>>);
 
     impl Read for Pieces {
         fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            while self.0.first() == Some(&None) {
+                self.0.remove(0);
+            }
             if self.0.is_empty() {
                 return Ok(0);
             }
-            let piece = self.0.remove(0);
+            let piece = self.0.remove(0).unwrap_or_default();
             buf[..piece.len()].copy_from_slice(piece);
             Ok(piece.len())
         }
     }
 
-    fn run(pieces: Vec<&'static [u8]>, tag: Option<&[u8]>) -> Vec<String> {
+    impl Source for Pieces {
+        fn ready_within(&mut self, _: Duration) -> bool {
+            self.0.first().is_some_and(Option::is_some)
+        }
+    }
+
+    fn pumped(pieces: Vec<Option<&'static [u8]>>, tag: Option<&[u8]>, bursts: bool) -> Vec<String> {
         let mut out = Record::default();
-        pump(Pieces(pieces), &mut out, tag);
+        pump(&mut Pieces(pieces), &mut out, tag, bursts).unwrap();
         out.0
             .into_iter()
             .map(|b| String::from_utf8(b).unwrap())
             .collect()
+    }
+
+    /// Each piece read apart from the next.
+    fn run(pieces: Vec<&'static [u8]>, tag: Option<&[u8]>) -> Vec<String> {
+        let paused = pieces.into_iter().flat_map(|p| [Some(p), None]).collect();
+        pumped(paused, tag, false)
     }
 
     #[test]
@@ -407,34 +293,19 @@ mod tests {
     }
 
     #[test]
-    fn rank_lists() {
-        assert_eq!(rank_list(&[3, 0, 1, 2, 5, 8, 7]), "0-3,5,7-8");
-        assert_eq!(rank_list(&[4]), "4");
-    }
-
-    #[test]
-    fn identical_lines_of_several_ranks_merge_in_order() {
-        let errors = Errors::default();
-        assert!(errors.add(0, b"same\n"));
-        assert!(errors.add(0, b"mine\n"));
-        assert!(errors.add(1, b"same\n"));
-        assert!(errors.add(2, b"same\n"));
-        // Rank 0 again: a new entry, after "mine".
-        assert!(errors.add(0, b"same\n"));
-        let p = errors.lock();
-        let got: Vec<(&[u8], &[u32])> = p
-            .entries
-            .iter()
-            .map(|e| (e.line.as_slice(), e.ranks.as_slice()))
-            .collect();
-        assert_eq!(
-            got,
-            [
-                (&b"same\n"[..], &[0, 1, 2][..]),
-                (b"mine\n", &[0]),
-                (b"same\n", &[0])
-            ]
-        );
+    fn a_burst_is_one_batch_and_a_pause_ends_it() {
+        let pieces = vec![
+            Some(&b"error:"[..]),
+            Some(b" no\n\n"),
+            Some(b"Usage: x\n"),
+            None,
+            Some(b"later\n"),
+        ];
+        let got = pumped(pieces.clone(), None, true);
+        assert_eq!(got, ["error: no\n\nUsage: x\n", "later\n"]);
+        // Without bursts, one batch a read.
+        let got = pumped(pieces, None, false);
+        assert_eq!(got, ["error: no\n\n", "Usage: x\n", "later\n"]);
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub(crate) struct Rank {
     pub(crate) disconnected: bool,
     /// Its exit waits for the end of its PMI connection before it is judged.
     pub(crate) judging: bool,
+    /// Its output pipes still forwarded (not yet at their end).
+    pub(crate) outputs: u8,
 }
 
 impl Rank {

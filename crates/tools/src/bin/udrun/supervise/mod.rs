@@ -25,6 +25,15 @@
 //! once it is empty, the signal can only reach another process if that
 //! number was reused by a process that leads a group of its own, the risk
 //! every launcher that signals process groups accepts.
+//!
+//! # Last words before the verdict
+//!
+//! A failed rank's line (`rank 0 (pid 5) exited with code 1`) is printed
+//! once everything the rank wrote is out: udrun waits for the end of its
+//! output pipes (at most [`VERDICT_WAIT`], for pipes something it started
+//! keeps open), then queues the line behind the stderr messages still
+//! waiting to be merged (see [`crate::merge`]). The other ranks are killed
+//! at once all the same.
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
@@ -35,13 +44,16 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use rustix::process::Signal;
-use udbtl_pmi::{ServerEvent, ServerStats};
+use udbtl_pmi::ServerStats;
 
 use crate::cli::Cli;
-use crate::events::{Event, Status, abort_exit_code, exit_code_for_signal, signal_name};
+use crate::events::{Event, Status, exit_code_for_signal, signal_name};
 use crate::hosts::Placement;
+use crate::merge::Errors;
 use crate::rank::Rank;
 use crate::say;
+
+mod pmi;
 
 /// udrun's exit status when `--timeout` ends the job (as timeout(1)).
 const TIMEOUT_EXIT: u8 = 124;
@@ -58,6 +70,12 @@ const DRAIN: Duration = Duration::from_secs(1);
 /// How many refused PMI_PORT connections are named one by one; the rest
 /// are counted in the summary at the end.
 const REFUSALS_SHOWN: u64 = 3;
+/// The longest a failed rank's verdict waits for the end of that rank's
+/// output: its pipes stay open while something it started holds them, which
+/// the SIGKILL at the end of the grace period ends.
+const VERDICT_WAIT: Duration = Duration::from_secs(3);
+/// SIGPIPE, whose 128 + N is udrun's status when its output is closed.
+const SIGPIPE: i32 = 13;
 
 /// Why the job is ending.
 #[derive(Debug, Clone, Copy)]
@@ -67,6 +85,19 @@ enum Ending {
     Failed(u8),
     /// udrun received this signal.
     Interrupted(i32),
+    /// udrun's stdout (or stderr) was closed by its reader (`udrun ... |
+    /// head`): like a writer in a shell pipeline, the job ends quietly,
+    /// with the status of a death by SIGPIPE.
+    OutputGone,
+}
+
+/// A failed rank's line, held back until that rank's output is all out.
+#[derive(Debug)]
+struct Verdict {
+    rank: u32,
+    line: String,
+    /// When it is printed even if the output has not ended.
+    by: Instant,
 }
 
 /// The main loop's state. See the [module docs](self).
@@ -101,10 +132,17 @@ pub(crate) struct Job {
     refused: u64,
     /// `--launcher-exec`.
     launcher: OsString,
+    /// The ranks' stderr messages waiting to be merged (none under
+    /// `--tag-output`): a verdict is queued behind them.
+    errors: Option<Arc<Errors>>,
+    /// A failed rank's line, waiting for the end of its output.
+    verdict: Option<Verdict>,
 }
 
 impl Job {
-    pub(crate) fn new(cli: &Cli, startup: Option<Instant>) -> Self {
+    /// A job as `cli` asks; `startup` is when the first spawn starts, with
+    /// `--report-startup`; `errors` merges the ranks' stderr.
+    pub(crate) fn new(cli: &Cli, startup: Option<Instant>, errors: Option<Arc<Errors>>) -> Self {
         let size = cli.ranks;
         Self {
             size,
@@ -124,6 +162,8 @@ impl Job {
             startup_check: Some((Instant::now() + cli.startup_timeout, cli.startup_timeout)),
             refused: 0,
             launcher: cli.launcher_exec.clone(),
+            errors,
+            verdict: None,
         }
     }
 
@@ -146,14 +186,18 @@ impl Job {
             finalized: false,
             disconnected: false,
             judging: false,
+            outputs: 0,
         });
         self.live += 1;
     }
 
-    /// Runs until every rank has ended and its output is drained.
-    /// One more output pipe is forwarded; the job waits for its end.
-    pub(crate) fn output_opened(&mut self) {
+    /// One more output pipe of rank `r` is forwarded; the job waits for
+    /// its end, and so does a verdict on the rank.
+    pub(crate) fn output_opened(&mut self, r: u32) {
         self.outputs_open += 1;
+        if let Some(rank) = self.ranks.get_mut(r as usize) {
+            rank.outputs += 1;
+        }
     }
 
     /// Whether the job is ending (a rank failed, a signal came).
@@ -161,6 +205,7 @@ impl Job {
         self.ending.is_some()
     }
 
+    /// Runs until every rank has ended and its output is drained.
     pub(crate) fn watch(&mut self, rx: &Receiver<Event>) {
         while self.live > 0 || self.judging > 0 {
             if !self.step(rx, None) {
@@ -168,6 +213,7 @@ impl Job {
             }
         }
         if self.ranks.is_empty() {
+            self.say_verdict();
             return;
         }
         // Whatever is left in the ranks' process groups goes now, as at the
@@ -179,6 +225,7 @@ impl Job {
                 break;
             }
         }
+        self.say_verdict();
     }
 
     /// Handles the next event or deadline, waiting at most until `until`.
@@ -194,6 +241,7 @@ impl Job {
             self.startup_check
                 .map(|(at, _)| at)
                 .filter(|&at| self.ending.is_none() && at > Instant::now()),
+            self.verdict.as_ref().map(|v| v.by),
             until,
         ]
         .into_iter()
@@ -218,7 +266,8 @@ impl Job {
             Event::Pmi(event) => self.pmi(event),
             Event::Spoke { rank } => self.joined_pmi(rank),
             Event::Signal(signal) => self.signal(signal),
-            Event::OutputClosed => self.outputs_open = self.outputs_open.saturating_sub(1),
+            Event::OutputClosed { rank } => self.output_closed(rank),
+            Event::OutputGone => self.output_gone(),
             Event::NoChildren => self.no_children = true,
         }
     }
@@ -288,118 +337,26 @@ impl Job {
         }
     }
 
-    fn pmi(&mut self, event: ServerEvent) {
-        // A rank whose spawn failed was served too: its events do not count.
-        let spawned = self.ranks.len();
-        let rank_of = |rank: u32| ((rank as usize) < spawned).then_some(rank);
-        match event {
-            ServerEvent::Connected { rank } => {
-                if let Some(r) = rank_of(rank) {
-                    self.ranks[r as usize].connected = true;
-                    self.joined_pmi(r);
-                }
-            }
-            ServerEvent::Finalized { rank } => {
-                if let Some(r) = rank_of(rank) {
-                    self.joined_pmi(r);
-                    self.ranks[r as usize].finalized = true;
-                    self.pmi_closed(r);
-                }
-            }
-            ServerEvent::Aborted {
-                rank,
-                code,
-                message,
-            } => {
-                if let Some(r) = rank_of(rank) {
-                    let what = if message.is_empty() {
-                        format!("called abort with code {code}")
-                    } else {
-                        format!("called abort with code {code}: {message}")
-                    };
-                    // The message ends the line: no "; killing the job".
-                    self.fail_rank_quietly(r, abort_exit_code(code), &what);
-                    self.pmi_closed(r);
-                }
-            }
-            ServerEvent::Disconnected { rank, .. } => {
-                if let Some(r) = rank_of(rank) {
-                    if self.ranks[r as usize].spoke() {
-                        self.joined_pmi(r);
-                    }
-                    self.ranks[r as usize].disconnected = true;
-                    self.pmi_closed(r);
-                    let rank = &self.ranks[r as usize];
-                    if rank.exit.is_none() && rank.spoke() {
-                        self.waits.push_back((Instant::now() + PMI_WAIT, r));
-                    }
-                }
-            }
-            ServerEvent::ProtocolError {
-                rank: Some(rank),
-                detail,
-            } => {
-                if let Some(r) = rank_of(rank) {
-                    let prefix = format!("rank {r}: ");
-                    let detail = detail.strip_prefix(&prefix).unwrap_or(&detail);
-                    self.fail_rank(r, 1, &format!("broke the PMI protocol ({detail})"));
-                    self.pmi_closed(r);
-                }
-            }
-            ServerEvent::ProtocolError { rank: None, detail } => {
-                // Anyone who can reach the port can cause these: name a
-                // few, count the rest (see finish).
-                self.refused += 1;
-                if self.refused <= REFUSALS_SHOWN {
-                    say(format_args!("ignored a PMI_PORT connection: {detail}"));
-                }
-            }
-            ServerEvent::BarrierReleased { epoch: 1 } => {
-                if let Some(start) = self.startup {
-                    self.reported = true;
-                    say(format_args!(
-                        "{} ranks, first barrier after {:.1} ms",
-                        self.size,
-                        start.elapsed().as_secs_f64() * 1e3
-                    ));
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// Rank `r` is known to use PMI. The first time a rank is, the ranks
-    /// that already ended with status 0 without finalize are judged again
-    /// (at once, or once their PMI connection has ended).
-    fn joined_pmi(&mut self, r: u32) {
-        if self.joined.is_some() {
+    /// One output pipe of rank `r` reached its end: its verdict, if it
+    /// waits for that, follows now.
+    fn output_closed(&mut self, r: u32) {
+        self.outputs_open = self.outputs_open.saturating_sub(1);
+        let Some(rank) = self.ranks.get_mut(r as usize) else {
             return;
-        }
-        self.joined = Some(r);
-        let now = Instant::now();
-        let mut again = Vec::new();
-        for (i, rank) in (0..).zip(&mut self.ranks) {
-            if rank.exit == Some(Status::Code(0)) && !rank.finalized && !rank.judging {
-                rank.judging = true;
-                self.judging += 1;
-                if rank.pmi_open || rank.spoke.is_none() {
-                    self.waits.push_back((now + PMI_WAIT, i));
-                } else {
-                    again.push(i);
-                }
-            }
-        }
-        for i in again {
-            self.judge(i);
+        };
+        rank.outputs = rank.outputs.saturating_sub(1);
+        if rank.outputs == 0 && self.verdict.as_ref().is_some_and(|v| v.rank == r) {
+            self.say_verdict();
         }
     }
 
-    /// Rank `r`'s PMI connection has ended: judge its exit if it waits.
-    fn pmi_closed(&mut self, r: u32) {
-        let rank = &mut self.ranks[r as usize];
-        rank.pmi_open = false;
-        if rank.judging {
-            self.judge(r);
+    /// udrun's output was closed by its reader: the job ends quietly (see
+    /// [`Ending::OutputGone`]). The ranks' deaths that follow are its
+    /// consequence, not failures to report.
+    fn output_gone(&mut self) {
+        if self.ending.is_none() {
+            self.ending = Some(Ending::OutputGone);
+            self.terminate();
         }
     }
 
@@ -417,6 +374,9 @@ impl Job {
     fn tick(&mut self, now: Instant) {
         if self.kill_at.is_some_and(|at| at <= now) && !self.killed {
             self.kill_now();
+        }
+        if self.verdict.as_ref().is_some_and(|v| v.by <= now) {
+            self.say_verdict();
         }
         if let Some((at, limit)) = self.deadline {
             if at <= now && self.ending.is_none() {
@@ -480,33 +440,65 @@ impl Job {
     /// Fails the job because of rank `r` (unless it already ends).
     fn fail_rank(&mut self, r: u32, code: u8, what: &str) {
         let who = self.ranks[r as usize].who();
-        self.fail(code, &format!("rank {r} ({who}) {what}"));
+        let line = format!("rank {r} ({who}) {what}{}", self.killing());
+        self.end(code, Some(r), line);
     }
 
     /// As [`fail_rank`](Self::fail_rank), but the line ends with `what`.
     fn fail_rank_quietly(&mut self, r: u32, code: u8, what: &str) {
-        if self.ending.is_none() {
-            let who = self.ranks[r as usize].who();
-            say(format_args!("rank {r} ({who}) {what}"));
-            self.ending = Some(Ending::Failed(code));
-            self.terminate();
-        }
+        let who = self.ranks[r as usize].who();
+        self.end(code, Some(r), format!("rank {r} ({who}) {what}"));
     }
 
     /// Fails the job with exit status `code` (unless it already ends):
     /// prints `message`, then kills the ranks still running.
     pub(crate) fn fail(&mut self, code: u8, message: &str) {
-        if self.ending.is_some() {
-            return;
-        }
-        let killing = if self.live > 0 {
+        let line = format!("{message}{}", self.killing());
+        self.end(code, None, line);
+    }
+
+    /// How a failure's line ends while ranks still run.
+    fn killing(&self) -> &'static str {
+        if self.live > 0 {
             "; killing the job"
         } else {
             ""
-        };
-        say(format_args!("{message}{killing}"));
+        }
+    }
+
+    /// Ends the job with exit status `code` (unless it already ends): kills
+    /// the ranks still running, and prints `line`, once the output of rank
+    /// `after` (the one that failed) is all out, so that its own last words
+    /// come before udrun's verdict on it.
+    fn end(&mut self, code: u8, after: Option<u32>, line: String) {
+        if self.ending.is_some() {
+            return;
+        }
         self.ending = Some(Ending::Failed(code));
+        match after.filter(|&r| self.ranks[r as usize].outputs > 0) {
+            Some(rank) => {
+                let by = Instant::now() + VERDICT_WAIT;
+                self.verdict = Some(Verdict { rank, line, by });
+            }
+            None => self.announce(&line),
+        }
         self.terminate();
+    }
+
+    /// Prints the verdict that waits, if any.
+    fn say_verdict(&mut self) {
+        if let Some(verdict) = self.verdict.take() {
+            self.announce(&verdict.line);
+        }
+    }
+
+    /// Prints one of udrun's lines after the ranks' stderr that waits to be
+    /// merged, or at once under `--tag-output`.
+    fn announce(&self, line: &str) {
+        match &self.errors {
+            Some(errors) => errors.say(line),
+            None => say(format_args!("{line}")),
+        }
     }
 
     /// SIGTERM to every rank now, SIGKILL after [`KILL_GRACE`].
@@ -532,7 +524,7 @@ impl Job {
     /// Prints the last words and returns udrun's exit status; `stats` are
     /// the PMI server's, for the count of refused connections.
     pub(crate) fn finish(&self, stats: &ServerStats) -> u8 {
-        if let Some(line) = refusals_summary(stats, self.refused) {
+        if let Some(line) = pmi::refusals_summary(stats, self.refused) {
             say(format_args!("{line}"));
         }
         if self.startup.is_some() && !self.reported {
@@ -548,39 +540,7 @@ impl Job {
                 ));
                 exit_code_for_signal(signal)
             }
+            Some(Ending::OutputGone) => exit_code_for_signal(SIGPIPE),
         }
     }
-}
-
-/// The summary of refused PMI_PORT connections, if there were any: the
-/// server's counts, and how many of them `shown` named one by one.
-fn refusals_summary(stats: &ServerStats, seen: u64) -> Option<String> {
-    let parts = [
-        (stats.handshake_failures, "failed the handshake"),
-        (stats.claims_refused, "claimed a rank already connected"),
-        (
-            stats.connections_refused_over_cap,
-            "came over the cap of handshakes at once",
-        ),
-    ];
-    let total: u64 = parts.iter().map(|p| p.0).sum();
-    if total == 0 {
-        return None;
-    }
-    let detail: Vec<String> = parts
-        .iter()
-        .filter(|p| p.0 > 0)
-        .map(|(n, what)| format!("{n} {what}"))
-        .collect();
-    let shown = seen.min(REFUSALS_SHOWN);
-    let not_shown = if total > shown {
-        format!("; {} not shown above", total - shown)
-    } else {
-        String::new()
-    };
-    Some(format!(
-        "refused {total} PMI_PORT connection{}: {}{not_shown}",
-        if total == 1 { "" } else { "s" },
-        detail.join(", ")
-    ))
 }
