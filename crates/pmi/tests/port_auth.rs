@@ -352,7 +352,9 @@ fn handshake_bounds_time_and_line_length() {
     let mut silent = raw(&addr);
     line(&mut silent);
     assert_eq!(rest(&mut silent), "");
-    assert!(start.elapsed() < Duration::from_secs(3));
+    // Closed by the 400 ms deadline (the refusal says so), not left open:
+    // a bound far above any machine's delay, not a speed test.
+    assert!(start.elapsed() < Duration::from_secs(30));
     assert!(refusal(&events).contains("not done within"));
 
     // Dribbling a byte every 100 ms: cut off at the deadline all the same.

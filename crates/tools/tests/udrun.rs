@@ -17,8 +17,9 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process};
 
-/// No run may take longer than this.
-const LIMIT: Duration = Duration::from_secs(20);
+/// No run may take longer than this: it keeps a hung run from hanging the
+/// suite, far above what the slowest machine takes for any of these runs.
+const LIMIT: Duration = Duration::from_secs(120);
 
 /// The `udrun` command, with an environment free of PMI, udbtl and udrun
 /// variables (the tests may themselves run under a launcher).
@@ -321,6 +322,13 @@ fn eventually(what: &str, check: impl Fn() -> bool) {
     }
 }
 
+/// How long a job that must not wait for its ranks may take at most: the
+/// ranks it must kill sleep for 1000 s, or hang, or wait in a barrier for
+/// a peer that is gone, so only a udrun that waits them out (or for the
+/// watchdog) takes this long. Far above any machine's slowness: these
+/// tests check what ends a job, never how fast.
+const NOT_WAITED_OUT: Duration = Duration::from_secs(60);
+
 #[test]
 fn ranks_exchange_values_through_pmi() {
     let script = pmi_rank("", "");
@@ -329,7 +337,6 @@ fn ranks_exchange_values_through_pmi() {
         assert_eq!(run.code, Some(0), "{run:#?}");
         assert_all_saw(&run, n);
         assert!(run.stderr.is_empty(), "{run:#?}");
-        assert!(run.elapsed < Duration::from_secs(5), "{run:#?}");
     }
 }
 
@@ -342,7 +349,7 @@ fn a_non_zero_exit_ends_the_job_with_that_code() {
         3,
         &["rank 2 (pid ", "exited with code 3", "killing the job"],
     );
-    assert!(run.elapsed < Duration::from_secs(5), "{run:#?}");
+    assert!(run.elapsed < NOT_WAITED_OUT, "{run:#?}");
 }
 
 #[test]
@@ -354,18 +361,18 @@ fn a_death_by_signal_ends_the_job_with_128_plus_the_signal() {
         139,
         &["rank 1 (pid ", "killed by signal 11 (SIGSEGV)"],
     );
-    assert!(run.elapsed < Duration::from_secs(5), "{run:#?}");
+    assert!(run.elapsed < NOT_WAITED_OUT, "{run:#?}");
 
     let kill = pmi_rank(r#"[ "$rank" = 0 ] && kill -KILL $$"#, "");
     let run = run_script(&["-n", "2"], &kill);
     assert_fails(&run, 137, &["rank 0 (pid ", "killed by signal 9 (SIGKILL)"]);
-    assert!(run.elapsed < Duration::from_secs(5), "{run:#?}");
+    assert!(run.elapsed < NOT_WAITED_OUT, "{run:#?}");
 }
 
 #[test]
 fn pmi_abort_ends_the_job_with_its_code() {
     let script = pmi_rank(
-        r#"[ "$rank" = 1 ] && { echo "cmd=abort exitcode=7 message=it_broke" >&$fd; sleep 5; }"#,
+        r#"[ "$rank" = 1 ] && { echo "cmd=abort exitcode=7 message=it_broke" >&$fd; sleep 1000; }"#,
         "",
     );
     let run = run_script(&["-n", "3"], &script);
@@ -374,7 +381,7 @@ fn pmi_abort_ends_the_job_with_its_code() {
         7,
         &["rank 1 (pid ", "called abort with code 7: it_broke"],
     );
-    assert!(run.elapsed < Duration::from_secs(5), "{run:#?}");
+    assert!(run.elapsed < NOT_WAITED_OUT, "{run:#?}");
 }
 
 #[test]
@@ -384,10 +391,10 @@ fn leaving_pmi_without_finalize_fails_the_job() {
     let run = run_script(&["-n", "2"], &script);
     assert_fails(&run, 1, &["rank 1 (pid ", "without calling PMI finalize"]);
     // Closing the connection and living on.
-    let script = pmi_rank(r#"[ "$rank" = 0 ] && { exec {fd}>&-; sleep 30; }"#, "");
+    let script = pmi_rank(r#"[ "$rank" = 0 ] && { exec {fd}>&-; sleep 1000; }"#, "");
     let run = run_script(&["-n", "2"], &script);
     assert_fails(&run, 1, &["rank 0 (pid ", "closed its PMI connection"]);
-    assert!(run.elapsed < Duration::from_secs(5), "{run:#?}");
+    assert!(run.elapsed < NOT_WAITED_OUT, "{run:#?}");
     // A program that never uses PMI is judged by its exit status only.
     let run = launch(&["-n", "2", "true"]);
     assert_eq!(run.code, Some(0), "{run:#?}");
@@ -435,7 +442,7 @@ fn sigint_kills_a_hung_job_and_leaves_nothing_behind() {
     let stderr = stderr.join().unwrap();
     assert_eq!(code, Some(130), "{stderr}");
     assert_eq!(stderr, "udrun: interrupted by SIGINT; job killed\n");
-    assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+    assert!(elapsed < NOT_WAITED_OUT, "{elapsed:?}");
     // Ranks and their children are gone and reaped (udrun is a subreaper).
     eventually(&format!("processes left: {pids:?}"), || {
         pids.iter().all(|&pid| gone(pid))
@@ -485,7 +492,7 @@ fn a_program_that_cannot_start_gets_127() {
 fn an_unreachable_host_fails_fast() {
     let run = launch(&["-n", "2", "--host", "no-such-host.invalid", "true"]);
     assert_fails(&run, 1, &["cannot reach host no-such-host.invalid: "]);
-    assert!(run.elapsed < Duration::from_secs(10), "{run:#?}");
+    assert!(run.elapsed < NOT_WAITED_OUT, "{run:#?}");
     // Without ssh.
     let run = launch(&[
         "-n",
@@ -743,7 +750,7 @@ fn zombie(pid: u32) -> bool {
 fn what_a_rank_leaves_behind_is_killed_and_reaped() {
     let run = launch(&["-n", "2", "sh", "-c", "sleep 1000 & echo $!"]);
     assert_eq!(run.code, Some(0), "{run:#?}");
-    assert!(run.elapsed < Duration::from_secs(5), "{run:#?}");
+    assert!(run.elapsed < NOT_WAITED_OUT, "{run:#?}");
     let pids: Vec<u32> = run.stdout.lines().map(|l| l.parse().unwrap()).collect();
     assert_eq!(pids.len(), 2, "{run:#?}");
     eventually(&format!("left behind: {pids:?}"), || {
@@ -765,7 +772,7 @@ fn a_closed_stdout_stops_the_ranks_as_in_a_pipeline() {
     let stderr = stderr.join().unwrap();
     assert_eq!(code, Some(141), "{stderr}");
     assert!(stderr.is_empty(), "{stderr}");
-    assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+    assert!(elapsed < NOT_WAITED_OUT, "{elapsed:?}");
 }
 
 #[test]
@@ -786,7 +793,7 @@ fn a_rank_that_never_joins_pmi_ends_the_job() {
                 "exited without calling PMI init, which rank 0 did",
             ],
         );
-        assert!(run.elapsed < Duration::from_secs(10), "{run:#?}");
+        assert!(run.elapsed < NOT_WAITED_OUT, "{run:#?}");
     }
 }
 
@@ -810,7 +817,7 @@ fn timeout_ends_a_long_job_with_124() {
         stderr,
         "udrun: the job ran longer than --timeout 1 s; killing the job\n"
     );
-    assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
+    assert!(elapsed < NOT_WAITED_OUT, "{elapsed:?}");
     let pids: Vec<u32> = stdout.lines().map(|l| l.parse().unwrap()).collect();
     assert_eq!(pids.len(), 2, "{stdout}");
     eventually(&format!("ranks left: {pids:?}"), || {
@@ -1403,7 +1410,7 @@ fn a_remote_rank_that_never_connects_ends_the_job_at_the_startup_timeout() {
     let dir = scratch("startup");
     let ssh = script_file(&dir, "fake-ssh", FAKE_SSH);
     let script = format!(
-        "[ -n \"${{PMI_PORT:-}}\" ] && exec sleep 100\n{}",
+        "[ -n \"${{PMI_PORT:-}}\" ] && exec sleep 1000\n{}",
         pmi_rank("", "")
     );
     let run = run_script(&remote_args(&ssh, &["--startup-timeout", "1"]), &script);
@@ -1416,7 +1423,7 @@ fn a_remote_rank_that_never_connects_ends_the_job_at_the_startup_timeout() {
              killing the job",
         ],
     );
-    assert!(run.elapsed < Duration::from_secs(6), "{run:#?}");
+    assert!(run.elapsed < NOT_WAITED_OUT, "{run:#?}");
     std::fs::remove_dir_all(dir).unwrap();
 }
 
