@@ -17,7 +17,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Btl, Inbox, Stop, drive, errors, inbox, mesh, node, peer_timeout_default};
+use common::{Btl, Inbox, Stop, drive, errors, inbox, mesh, node, peer_timeout_default, rto_max};
 
 use udbtl_btl::*;
 use udbtl_fabric::sim::{LinkConfig, SimNetStats, SimNetwork};
@@ -501,7 +501,8 @@ fn sends_to_a_lost_peer_fail_at_once_and_leak_nothing() {
 /// the clock moves only when told; what moves it here is `a`'s own receive
 /// callback: a datagram `c` sent beforehand waits unread at `a`, and the
 /// first progress call of the wait delivers it, whose callback moves the
-/// clock to exactly `peer_timeout` later. The wait then ends with
+/// clock to exactly the end of the wait (`peer_timeout`, `rto_max` and a
+/// quarter of `peer_timeout`) later. The wait then ends with
 /// `NoFragment` before any progress call has seen that time, so `a` has
 /// not declared `b` lost (its loss check would fire at the same deadline),
 /// and the spare fragment goes out as the abort marker behind the 7 pieces.
@@ -562,14 +563,17 @@ fn a_message_cut_short_is_dropped_whole_by_its_receiver() {
         .send_message(c_to_a, Tag::PML, b"tick")
         .unwrap();
     let started = net.now();
-    *jump_to.lock().unwrap() = Some(started + peer_timeout);
+    // How long send_message waits for a fragment: as long as declaring a
+    // peer lost takes, and a quarter of peer_timeout more.
+    let wait = peer_timeout + rto_max(peer_timeout) + peer_timeout / 4;
+    *jump_to.lock().unwrap() = Some(started + wait);
     let result = nodes[0].modules_mut()[0].send_message(a_to_b, Tag::USR, &cut);
     assert!(
-        matches!(result, Err(BtlError::NoFragment { waited }) if waited == peer_timeout),
+        matches!(result, Err(BtlError::NoFragment { waited }) if waited == wait),
         "{result:?}"
     );
     assert_eq!(*ticks.lock().unwrap(), 1, "the clock hand ran");
-    assert_eq!(net.now(), started + peer_timeout);
+    assert_eq!(net.now(), started + wait);
     assert_eq!(
         nodes[0].modules()[0].unacknowledged(),
         8,

@@ -117,7 +117,9 @@ impl<C: Context> Module<C> {
     /// datagrams that the receiver reassembles and delivers to the `tag`
     /// callback once, whole. Requires a reliable module (reassembly relies
     /// on in-order, exactly-once delivery). Waits, progressing, for free
-    /// fragments, at most `peer_timeout` on the fabric's clock for each.
+    /// fragments, for each at most the time it takes to declare a peer lost
+    /// (`peer_timeout` and `rto_max`) and a quarter of `peer_timeout`, on
+    /// the fabric's clock.
     ///
     /// If the message cannot be finished (no fragment became free, or the
     /// peer was lost), the fragments taken are released and, when part of
@@ -133,12 +135,15 @@ impl<C: Context> Module<C> {
         tag: Tag,
         message: &[u8],
     ) -> Result<(), BtlError> {
-        let Some(wait) = self
-            .lock()
-            .path
-            .reliable()
-            .map(|r| r.core.config().peer_timeout)
-        else {
+        // Fragments held by a peer that stopped acknowledging come back once
+        // it is declared lost: peer_timeout after it was last heard, plus at
+        // most one retransmission timeout. Wait that long and a quarter
+        // more, so that the caller hears of the loss, not of a shortage (a
+        // wait of peer_timeout alone gave up first under load).
+        let Some(wait) = self.lock().path.reliable().map(|r| {
+            let config = r.core.config();
+            config.peer_timeout + config.rto_max + config.peer_timeout / 4
+        }) else {
             return Err(BtlError::PeerUnavailable {
                 endpoint: endpoint.0,
                 reason: "multi-datagram messages need reliable = true".into(),
