@@ -36,7 +36,7 @@
 //!   within a job) drew overlapping runs of packet numbers. Sealing never
 //!   reuses a nonce.
 //! * **Replay.** The receiver keeps a [`ReplayWindow`] per sender: a packet
-//!   number seen before, or older than the 64 before the highest, is
+//!   number seen before, or older than the 2048 before the highest, is
 //!   refused, whatever its sequence numbers say. Acknowledgements carry
 //!   packet numbers too.
 //! * **What the tag covers.** The two headers (packet number included), the
@@ -372,19 +372,38 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// The packet numbers a receiver took from one sender: the highest, and
 /// which of the [`ReplayWindow::SPAN`] before it. A datagram is taken once:
 /// [`check`](Self::check) before opening it, [`take`](Self::take) after.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplayWindow {
     /// The highest packet number taken; 0 before the first (0 is never
     /// sent).
     highest: u64,
-    /// Bit `i`: `highest - 1 - i` was taken.
-    below: u64,
+    /// Bit `pn % RING_BITS` is set once `pn` was taken, for the packet
+    /// numbers from `highest - SPAN` to `highest`; the ring is a word longer
+    /// than the span, so no two of those share a bit.
+    taken: [u64; RING_WORDS],
+}
+
+/// Words of [`ReplayWindow`]'s ring: the span and one more.
+const RING_WORDS: usize = (ReplayWindow::SPAN / 64) as usize + 1;
+/// Bits of the ring.
+const RING_BITS: u64 = RING_WORDS as u64 * 64;
+
+impl Default for ReplayWindow {
+    fn default() -> Self {
+        Self {
+            highest: 0,
+            taken: [0; RING_WORDS],
+        }
+    }
 }
 
 impl ReplayWindow {
     /// How far below the highest packet number taken a datagram may still
-    /// arrive, for reordering.
-    pub const SPAN: u64 = 64;
+    /// arrive, for reordering: twice the largest reliability window, since
+    /// data and acknowledgements share one sender's packet numbers and a
+    /// receiver reads its sockets in turn. (At 64, a loaded receiver
+    /// refused late but genuine datagrams as replays.)
+    pub const SPAN: u64 = 2048;
 
     /// `true` if packet number `pn` may still be taken: above the highest,
     /// or within [`SPAN`](Self::SPAN) below it and not taken yet. Packet
@@ -395,7 +414,7 @@ impl ReplayWindow {
             return true;
         }
         let behind = self.highest - pn;
-        behind != 0 && behind <= Self::SPAN && self.below & (1 << (behind - 1)) == 0
+        behind != 0 && behind <= Self::SPAN && !self.is_set(pn)
     }
 
     /// Takes packet number `pn`, which [`check`](Self::check) allowed and
@@ -406,20 +425,34 @@ impl ReplayWindow {
             return false;
         }
         if pn > self.highest {
-            let shift = pn - self.highest;
-            // The old highest becomes bit `shift - 1`; a first packet
-            // number has none below it.
-            self.below = match shift {
-                _ if self.highest == 0 => 0,
-                1..64 => (self.below << shift) | (1 << (shift - 1)),
-                64 => 1 << 63,
-                _ => 0,
-            };
+            // The numbers skipped on the way up were not taken: clear their
+            // bits, which older numbers used.
+            if pn - self.highest >= RING_BITS {
+                self.taken = [0; RING_WORDS];
+            } else {
+                for skipped in self.highest + 1..pn {
+                    self.set(skipped, false);
+                }
+            }
             self.highest = pn;
-        } else {
-            self.below |= 1 << (self.highest - pn - 1);
         }
+        self.set(pn, true);
         true
+    }
+
+    const fn is_set(&self, pn: u64) -> bool {
+        let bit = pn % RING_BITS;
+        self.taken[(bit / 64) as usize] & (1 << (bit % 64)) != 0
+    }
+
+    fn set(&mut self, pn: u64, taken: bool) {
+        let bit = pn % RING_BITS;
+        let word = &mut self.taken[(bit / 64) as usize];
+        if taken {
+            *word |= 1 << (bit % 64);
+        } else {
+            *word &= !(1 << (bit % 64));
+        }
     }
 }
 

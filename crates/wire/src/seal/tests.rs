@@ -203,20 +203,26 @@ fn keys_differ_by_phase_and_stay_out_of_debug_output() {
 
 #[test]
 fn the_replay_window_takes_each_packet_number_once() {
+    const SPAN: u64 = ReplayWindow::SPAN;
     let mut window = ReplayWindow::default();
     assert!(!window.check(0), "0 is never sent");
     assert!(window.take(100));
     assert!(!window.take(100));
     assert!(window.take(99));
     assert!(!window.take(99));
-    assert!(window.take(110));
-    assert!(window.take(100 - 54), "within the span below 110");
-    assert!(!window.check(110 - 65), "older than the span");
-    assert!(window.take(110 + 64));
-    assert!(window.check(110 + 1), "just inside the span");
-    assert!(!window.check(110), "the old highest is still taken");
-    assert!(window.take(10_000));
-    assert!(!window.check(110 + 64), "far below after a jump");
+    let high = 100 + SPAN;
+    assert!(window.take(high));
+    assert!(window.take(high - SPAN + 1), "within the span below {high}");
+    assert!(!window.check(high - SPAN), "taken before");
+    assert!(!window.check(high - SPAN - 1), "older than the span");
+    assert!(window.take(high + SPAN));
+    assert!(window.check(high + 1), "just inside the span");
+    assert!(!window.check(high), "the old highest is still taken");
+    assert!(window.take(high + SPAN + 5), "a jump of a few");
+    assert!(window.check(high + SPAN + 1), "skipped on the way up");
+    assert!(window.take(100_000));
+    assert!(!window.check(high + SPAN), "far below after a jump");
+    assert!(window.check(100_000 - 1), "skipped in the jump");
 }
 
 proptest! {
@@ -275,7 +281,7 @@ proptest! {
     /// window never takes one twice, and takes every new one within its
     /// span of the highest.
     #[test]
-    fn the_replay_window_matches_a_model(pns in proptest::collection::vec(1u64..300, 1..200)) {
+    fn the_replay_window_matches_a_model(pns in proptest::collection::vec(1u64..6000, 1..400)) {
         let mut window = ReplayWindow::default();
         let mut taken = std::collections::BTreeSet::new();
         for pn in pns {
