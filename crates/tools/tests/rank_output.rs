@@ -87,6 +87,29 @@ sleep 30"#;
     }
 }
 
+#[test]
+fn a_rank_that_dies_mid_line_does_not_run_into_the_verdict() {
+    // The rank's last words have no newline, as when it is killed between
+    // the pieces of a message (`setsid: ` then the reason).
+    let script = r#"if [ "$PMI_RANK" = 0 ]; then printf 'half a line' >&2; exit 3; fi
+sleep 30"#;
+    for tag in [false, true] {
+        let mut args = vec!["-n", "2", "sh", "-c", script];
+        if tag {
+            args.insert(2, "--tag-output");
+        }
+        let (code, stderr) = udrun(&args, &[]);
+        assert_eq!(code, Some(3), "{stderr}");
+        let verdict = verdict(&stderr);
+        let half = stderr
+            .lines()
+            .position(|l| l.ends_with("half a line"))
+            .unwrap_or_else(|| panic!("tag {tag}: the rank's words are missing:\n{stderr}"));
+        assert!(half < verdict, "tag {tag}:\n{stderr}");
+        assert!(stderr.ends_with('\n'), "tag {tag}:\n{stderr}");
+    }
+}
+
 /// Checks that `stderr`, udrun's lines aside, is whole copies of `block`,
 /// each either unchanged or with every line prefixed `[ranks ...]`; returns
 /// how many ranks each copy stands for.

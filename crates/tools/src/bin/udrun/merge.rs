@@ -81,8 +81,7 @@ impl Errors {
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Adds one message of `rank`: whole lines, ending in a newline unless
-    /// they are the rank's last words.
+    /// Adds one message of `rank`: whole lines, each ending in a newline.
     ///
     /// # Errors
     /// udrun's stderr has failed (with this error's kind): nothing more

@@ -5,7 +5,9 @@
 //! lines of different ranks never mix. A partial line waits for its end (or
 //! the end of the pipe). A line longer than [`MAX_LINE`] is passed on in
 //! pieces: unchanged without `--tag-output`, each piece ended by a newline
-//! and tagged with it.
+//! and tagged with it. On stderr, where udrun's own lines go, a rank's
+//! unfinished last line is ended with a newline, so that a verdict never
+//! runs on from it.
 //!
 //! Without `--tag-output`, stderr goes through [`Errors`], which writes the
 //! same message from several ranks once (see [`crate::merge`]). A message
@@ -73,11 +75,30 @@ pub(crate) fn forward(
         .name(name)
         .stack_size(128 * 1024)
         .spawn(move || {
+            // udrun's own lines go to stderr: a rank's unfinished last line
+            // there must not run into them.
+            let end_last_line = sink == Sink::Stderr;
             let pumped = match errors.filter(|_| sink == Sink::Stderr && !tag) {
-                Some(errors) => pump(&mut source, &mut ToErrors { errors, rank }, None, true),
+                Some(errors) => {
+                    let framing = Framing {
+                        tag: &[],
+                        bursts: true,
+                        end_last_line,
+                    };
+                    pump(&mut source, &mut ToErrors { errors, rank }, framing)
+                }
                 None => {
-                    let tag = tag.then(|| format!("[{rank}] ").into_bytes());
-                    pump(&mut source, &mut Writer::new(sink), tag.as_deref(), false)
+                    let tag = if tag {
+                        format!("[{rank}] ").into_bytes()
+                    } else {
+                        Vec::new()
+                    };
+                    let framing = Framing {
+                        tag: &tag,
+                        bursts: false,
+                        end_last_line,
+                    };
+                    pump(&mut source, &mut Writer::new(sink), framing)
                 }
             };
             // Told before the pipe closes, hence before the rank can fail
@@ -162,19 +183,31 @@ impl Lines for Writer {
     }
 }
 
+/// How [`pump`] cuts and marks what a rank writes.
+#[derive(Debug, Clone, Copy)]
+struct Framing<'a> {
+    /// Put before every line; each piece of an overlong line, and the
+    /// rank's unfinished last line, then end with a newline too.
+    tag: &'a [u8],
+    /// Whether a batch is what the rank wrote in one burst (see the
+    /// [module docs](self)) rather than what one read brings.
+    bursts: bool,
+    /// Whether the rank's unfinished last line is ended with a newline, so
+    /// that what udrun writes next starts a line of its own.
+    end_last_line: bool,
+}
+
 /// Copies `source` to `out` until either ends (or fails), in batches of
-/// whole lines: what one read brings, or with `bursts` what the rank wrote
-/// in one burst (see the [module docs](self)).
+/// whole lines, cut and marked as `framing` says.
 ///
 /// # Errors
 /// `out` failed: the forwarding stops.
-fn pump<S: Source, L: Lines>(
-    source: &mut S,
-    out: &mut L,
-    tag: Option<&[u8]>,
-    bursts: bool,
-) -> io::Result<()> {
-    let tag = tag.unwrap_or_default();
+fn pump<S: Source, L: Lines>(source: &mut S, out: &mut L, framing: Framing<'_>) -> io::Result<()> {
+    let Framing {
+        tag,
+        bursts,
+        end_last_line,
+    } = framing;
     let mut chunk = vec![0; MAX_LINE];
     // The line being read, not yet ended.
     let mut line: Vec<u8> = Vec::new();
@@ -219,7 +252,7 @@ fn pump<S: Source, L: Lines>(
     if !line.is_empty() {
         batch.extend_from_slice(tag);
         batch.append(&mut line);
-        if !tag.is_empty() {
+        if end_last_line || !tag.is_empty() {
             batch.push(b'\n');
         }
     }
@@ -267,29 +300,48 @@ mod tests {
         }
     }
 
-    fn pumped(pieces: Vec<Option<&'static [u8]>>, tag: Option<&[u8]>, bursts: bool) -> Vec<String> {
+    fn pumped(pieces: Vec<Option<&'static [u8]>>, framing: Framing<'_>) -> Vec<String> {
         let mut out = Record::default();
-        pump(&mut Pieces(pieces), &mut out, tag, bursts).unwrap();
+        pump(&mut Pieces(pieces), &mut out, framing).unwrap();
         out.0
             .into_iter()
             .map(|b| String::from_utf8(b).unwrap())
             .collect()
     }
 
+    /// Plain lines, one batch a read.
+    const LINES: Framing<'static> = Framing {
+        tag: &[],
+        bursts: false,
+        end_last_line: false,
+    };
+
     /// Each piece read apart from the next.
-    fn run(pieces: Vec<&'static [u8]>, tag: Option<&[u8]>) -> Vec<String> {
+    fn run(pieces: Vec<&'static [u8]>, tag: &[u8]) -> Vec<String> {
         let paused = pieces.into_iter().flat_map(|p| [Some(p), None]).collect();
-        pumped(paused, tag, false)
+        pumped(paused, Framing { tag, ..LINES })
     }
 
     #[test]
     fn batches_hold_whole_lines_only() {
-        let got = run(vec![b"hel", b"lo\nwor", b"ld\n", b"tail"], Some(b"[3] "));
+        let got = run(vec![b"hel", b"lo\nwor", b"ld\n", b"tail"], b"[3] ");
         assert_eq!(got, ["[3] hello\n", "[3] world\n", "[3] tail\n"]);
-        let got = run(vec![b"a\nb\nc", b"\n"], None);
+        let got = run(vec![b"a\nb\nc", b"\n"], b"");
         assert_eq!(got, ["a\nb\n", "c\n"]);
         // Untagged output is passed on unchanged, even without a last newline.
-        assert_eq!(run(vec![b"no newline"], None), ["no newline"]);
+        assert_eq!(run(vec![b"no newline"], b""), ["no newline"]);
+    }
+
+    #[test]
+    fn an_unfinished_last_line_is_ended_when_asked() {
+        let framing = Framing {
+            end_last_line: true,
+            ..LINES
+        };
+        let got = pumped(vec![Some(b"done\nsetsid: "), None], framing);
+        assert_eq!(got, ["done\n", "setsid: \n"]);
+        // A finished one gets no second newline.
+        assert_eq!(pumped(vec![Some(b"done\n")], framing), ["done\n"]);
     }
 
     #[test]
@@ -301,10 +353,14 @@ mod tests {
             None,
             Some(b"later\n"),
         ];
-        let got = pumped(pieces.clone(), None, true);
+        let bursts = Framing {
+            bursts: true,
+            ..LINES
+        };
+        let got = pumped(pieces.clone(), bursts);
         assert_eq!(got, ["error: no\n\nUsage: x\n", "later\n"]);
         // Without bursts, one batch a read.
-        let got = pumped(pieces, None, false);
+        let got = pumped(pieces, LINES);
         assert_eq!(got, ["error: no\n\n", "Usage: x\n", "later\n"]);
     }
 
@@ -312,7 +368,7 @@ mod tests {
     fn overlong_lines_are_cut() {
         let long: &'static [u8] = Box::leak(vec![b'x'; MAX_LINE + 10].into_boxed_slice());
         let (first, second) = long.split_at(MAX_LINE);
-        let got = run(vec![first, second, b"\n"], Some(b"[0] "));
+        let got = run(vec![first, second, b"\n"], b"[0] ");
         assert_eq!(got.len(), 2);
         assert_eq!(got[0].len(), 4 + MAX_LINE + 1);
         assert_eq!(got[1], format!("[0] {}\n", "x".repeat(10)));
