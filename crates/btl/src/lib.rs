@@ -79,9 +79,20 @@ pub use module::{
 pub use params::{BtlConfig, Params};
 
 /// Queue pairs per module. Peers are striped over them (one peer's stream
-/// always leaves by the same one); a constant rather than a parameter, as in
-/// the seed.
+/// always leaves by the same one, [`sending_qp`]); a constant rather than a
+/// parameter, as in the seed.
 pub const NUM_QP: usize = 4;
+
+/// Which of a module's [`NUM_QP`] queue pairs sends to the module that
+/// receives on queue pair `receiver_qpn`: part of the protocol, since both
+/// ends work it out, the sender to pick its queue pair and the receiver to
+/// know the one address a peer's datagrams come from. A hash, since queue
+/// pair numbers are often allocated in steps of `NUM_QP` (every module's
+/// first with the same remainder).
+pub const fn sending_qp(receiver_qpn: u32) -> usize {
+    const { assert!(NUM_QP.is_power_of_two()) };
+    (receiver_qpn.wrapping_mul(0x9e37_79b9) >> (32 - NUM_QP.trailing_zeros())) as usize
+}
 
 /// Completions taken from the completion queue per progress call (the seed's
 /// `MCA_BTL_UD_NUM_WC`).

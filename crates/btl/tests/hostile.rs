@@ -153,6 +153,14 @@ fn receive_port<P: Provider>(btl: &Component<P>) -> u16 {
     btl.modules()[0].address().qpns[0] as u16
 }
 
+/// The loopback address `from`'s datagrams to `to` leave from: the one `to`
+/// knows it by ([`sending_qp`]).
+fn sending_addr<P: Provider>(from: &Component<P>, to: &Component<P>) -> SocketAddrV4 {
+    let qpns = from.modules()[0].address().qpns;
+    let port = qpns[sending_qp(u32::from(receive_port(to)))];
+    SocketAddrV4::new(Ipv4Addr::LOCALHOST, port as u16)
+}
+
 /// Offset of the BTL header in a datagram as it travels (after the UD
 /// header the udp provider puts in front).
 const BTL_AT: usize = ud::HEADER_LEN;
@@ -280,11 +288,10 @@ fn hostile_datagrams_are_dropped_and_counted_while_real_traffic_flows() {
         buf.truncate(n);
         captured.push((buf, from));
     }
-    let (sample, a_addr) = captured[0].clone();
+    let (sample, _) = captured[0].clone();
     assert!(sample.len() >= BTL_AT + datagram::HEADER_LEN);
-    let SocketAddr::V4(a_addr) = a_addr else {
-        panic!("loopback is IPv4")
-    };
+    // Where B hears A from (A sent to the attacker from another queue pair).
+    let a_addr = sending_addr(&a, &b);
     let b_port = receive_port(&b);
     let b_addr = SocketAddrV4::new(Ipv4Addr::LOCALHOST, b_port);
 
@@ -501,14 +508,13 @@ fn with_auth_a_stranger_can_neither_inject_nor_replay() {
         .endpoints[0]
         .unwrap();
     let mut captured: Vec<Vec<u8>> = Vec::new();
-    let mut a_addr = None;
     for i in 0..4u32 {
         a.modules_mut()[0]
             .send_message(a_to_tap, Tag::PML, &message(i))
             .unwrap();
         a.progress();
         let mut buf = vec![0u8; 70_000];
-        let (n, from) = tap.recv_from(&mut buf).unwrap();
+        let (n, _) = tap.recv_from(&mut buf).unwrap();
         buf.truncate(n);
         // The first datagrams of a stream: its numbers have not wrapped
         // (unless it started within four of the wrap: once in 2^30 runs).
@@ -520,11 +526,9 @@ fn with_auth_a_stranger_can_neither_inject_nor_replay() {
         // it does not open at B.
         assert!(!opens_under(&buf, &b_key, b_published[0].qpns[0], b_mask));
         captured.push(buf);
-        a_addr = Some(from);
     }
-    let Some(SocketAddr::V4(a_addr)) = a_addr else {
-        panic!("loopback is IPv4")
-    };
+    // Where B hears A from (A sent to the tap from another queue pair).
+    let a_addr = sending_addr(&a, &b);
     let b_addr = SocketAddrV4::new(Ipv4Addr::LOCALHOST, receive_port(&b));
     let attacker = UdpSocket::bind("127.0.0.1:0").unwrap();
     let spoofer = Spoofer::new();

@@ -104,7 +104,7 @@ pub fn reliability(data: &[u8]) {
     };
     let mut now = Instant::ZERO;
     for _ in 0..PEERS {
-        core.add_peer(now);
+        core.add_peer();
     }
     let (mut sent, mut reported, mut next_frag, mut next_buf) = (0u64, 0u64, 0u32, 0u32);
     let mut steps = 0;

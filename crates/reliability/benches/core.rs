@@ -14,7 +14,7 @@ use udbtl_wire::rel;
 fn ping_pong(c: &mut Criterion) {
     let mut a: Reliability<u32, u32> = Reliability::new(Config::default()).expect("config");
     let mut b: Reliability<u32, u32> = Reliability::new(Config::default()).expect("config");
-    let (pa, pb) = (a.add_peer(Instant::ZERO), b.add_peer(Instant::ZERO));
+    let (pa, pb) = (a.add_peer(), b.add_peer());
     let mut now = 0u64;
     c.bench_function("reliability: one message each way, acknowledged", |bench| {
         bench.iter(|| {
@@ -82,9 +82,9 @@ fn progress_as_peers_grow(c: &mut Criterion) {
         let mut b: Reliability<u32, u32> = Reliability::new(config).expect("config");
         a.reserve_peers(peers as usize);
         for _ in 0..peers {
-            a.add_peer(Instant::ZERO);
+            a.add_peer();
         }
-        let pb = b.add_peer(Instant::ZERO);
+        let pb = b.add_peer();
         let pa = PeerId(peers / 2);
         let mut now = 0u64;
         group.bench_function(format!("{peers} peers, idle call"), |bench| {

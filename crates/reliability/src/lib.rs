@@ -61,8 +61,11 @@
 //!   that was not running restarts every clock with
 //!   [`Reliability::resume`]. A closed peer lingers to acknowledge late
 //!   retransmissions.
-//! * Per-peer state has a constant size ([`Reliability::peer_state_size`]);
-//!   datagrams in flight live in a table shared by all peers.
+//! * Per-peer state has a constant size ([`Reliability::peer_state_size`]),
+//!   made only when the peer is first sent to or heard from: until then it
+//!   keeps where its streams start
+//!   ([`Reliability::bytes_per_idle_peer`]). Datagrams in flight live in a
+//!   table shared by all peers.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

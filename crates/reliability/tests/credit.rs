@@ -29,7 +29,7 @@ fn config() -> Config {
 fn receiver(peers: u32) -> Core {
     let mut core = Reliability::new(config()).unwrap();
     for _ in 0..peers {
-        core.add_peer(Instant::ZERO);
+        core.add_peer();
     }
     core.share_credit(Instant::ZERO, FREE, 1);
     core

@@ -205,8 +205,8 @@ fn streams_start_where_add_peer_at_says() {
         Reliability::new(config.clone()).unwrap(),
         Reliability::new(config).unwrap(),
     );
-    assert_eq!(a.add_peer_at(t0, start), P);
-    assert_eq!(b.add_peer_at(t0, swapped), P);
+    assert_eq!(a.add_peer_at(start), P);
+    assert_eq!(b.add_peer_at(swapped), P);
     // The initial credit: four datagrams, the last after the wrap.
     for frag in 0..4 {
         a.send(t0, P, frag).unwrap();
@@ -408,14 +408,11 @@ fn both_ends_agree_on_the_epochs_across_the_wrap() {
         Reliability::new(config.clone()).unwrap(),
         Reliability::new(config).unwrap(),
     );
-    a.add_peer_at(Instant::ZERO, start);
-    b.add_peer_at(
-        Instant::ZERO,
-        StreamStart {
-            send: start.recv,
-            recv: start.send,
-        },
-    );
+    a.add_peer_at(start);
+    b.add_peer_at(StreamStart {
+        send: start.recv,
+        recv: start.send,
+    });
     let mut now = Instant::ZERO;
     let (mut sent, mut checked, mut wrapped) = (0u32, 0u32, 0u32);
     let mut count = 0u32;

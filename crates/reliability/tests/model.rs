@@ -63,7 +63,7 @@ impl World {
     fn new(config: &Config) -> Self {
         let side = || {
             let mut rel = Reliability::new(config.clone()).unwrap();
-            rel.add_peer(Instant::ZERO);
+            rel.add_peer();
             Side {
                 rel,
                 sent: Vec::new(),

@@ -77,7 +77,11 @@ fn default_listing_shows_every_section_and_the_defaults() {
     assert!(row(&text, "ib_qkey").contains("0x00000000"));
     assert!(row(&text, "credit").contains("shared by need"), "{text}");
     assert!(
-        row(&text, "bytes_per_peer").contains("heap bytes per peer"),
+        row(&text, "bytes_per_idle_peer").contains("never sent to or heard from"),
+        "{text}"
+    );
+    assert!(
+        row(&text, "bytes_per_active_peer").contains("peer that talked"),
         "{text}"
     );
     assert!(row(&text, "job_key").contains("udbtl"));

@@ -1,7 +1,7 @@
 //! The address a BTL module publishes for its peers (the "modex" entry).
 //!
 //! A process publishes one blob: a 4-byte preamble followed by one 64-byte
-//! entry per module, each followed in version 5 by a 32-byte key. Every field is
+//! entry per module, each followed in version 8 by a 32-byte key. Every field is
 //! big-endian, so the blob means the same on hosts of either byte order (the
 //! original component published host-order structs).
 //!
@@ -10,13 +10,13 @@
 //! entry:     0 kind | 1 port | 2..4 LID | 4..8 process id | 8..24 address
 //!            24..28 max message size | 28..32 stream nonce | 32..40 network id
 //!            40..56 the module's four QPNs | 56..60 Q_Key | 60..64 job key mask
-//! key:       (version 5 only, after each entry) the module's receive key
+//! key:       (version 8 only, after each entry) the module's receive key
 //! ```
 //!
-//! Version 4 is what a process without authentication publishes. An entry's
-//! key in version 5 is the one its peers must seal their datagrams to that
+//! Version 7 is what a process without authentication publishes. An entry's
+//! key in version 8 is the one its peers must seal their datagrams to that
 //! module under ([`crate::seal::SealKey::derive`]); it reaches every
-//! process that can read the job's key-value space. Version 6 has version
+//! process that can read the job's key-value space. Version 9 has version
 //! 4's layout and says that each module's receive key is derived from a
 //! secret the whole job holds and the entry itself
 //! ([`derive_receive_key`]), so no key is published: a launcher that hands
@@ -37,9 +37,12 @@
 //! another) and the job key XORed with the mask into every BTL header to it.
 //! Versions 1 to 3 had 56-byte entries without them and are refused.
 //!
-//! The first QPN receives. The module sends from all four (striping), and a
-//! receiver recognises a sender by whichever of them a datagram came from,
-//! so all four are published.
+//! The first QPN receives. The module sends from all four, striping its
+//! peers over them: to each peer from the one a hash of the peer's
+//! receiving QPN picks, which the peer computes too and recognises the
+//! sender by (`udbtl_btl::sending_qp`), so all four are published.
+//! Versions 4 to 6 had this layout, from builds whose modules sent to a peer
+//! from any of the four; they are refused.
 //!
 //! `kind` says how to read the 16-byte address field: an IPv4 address in its
 //! first four bytes, an IPv6 address, a simulated port id in its first four
@@ -61,11 +64,11 @@ pub const QPNS: usize = 4;
 /// Magic number of a blob.
 pub const MAGIC: u16 = 0x5541;
 /// The version of a blob without a key.
-pub const VERSION: u8 = 4;
+pub const VERSION: u8 = 7;
 /// The version of a blob whose entries are each followed by a receive key.
-pub const VERSION_WITH_KEY: u8 = 5;
+pub const VERSION_WITH_KEY: u8 = 8;
 /// The version of a blob whose receive keys derive from the job secret.
-pub const VERSION_DERIVED_KEY: u8 = 6;
+pub const VERSION_DERIVED_KEY: u8 = 9;
 /// Length of the key after each entry of a [`VERSION_WITH_KEY`] blob.
 pub const KEY_LEN: usize = 32;
 /// Most entries one blob can carry.
@@ -337,10 +340,10 @@ impl core::fmt::Display for Address {
 pub enum Auth {
     /// It does not: datagrams carry a checksum or nothing.
     Off,
-    /// Under this key, published with the address (version 5).
+    /// Under this key, published with the address (version 8).
     Key(AuthKey),
     /// Under the key [`derive_receive_key`] gives from the job's secret and
-    /// the address (version 6).
+    /// the address (version 9).
     Derived,
 }
 
@@ -437,8 +440,8 @@ impl Address {
     }
 }
 
-/// Serializes a process's addresses into one blob: version 4 without
-/// authentication, version 5 with each entry followed by its key, version 6
+/// Serializes a process's addresses into one blob: version 7 without
+/// authentication, version 8 with each entry followed by its key, version 9
 /// with derived keys.
 ///
 /// # Errors

@@ -1,6 +1,12 @@
 //! The module's peers: addressing (`address`, `add_procs`, `del_procs`),
 //! the endpoint table, the index from a sender's queue pair address to its
 //! endpoint, and the one-entry cache in front of it.
+//!
+//! A module sends from [`NUM_QP`](crate::NUM_QP) queue pairs, peers striped over them, and
+//! receives on the first. Which one sends to a peer is decided by the
+//! peer's receiving queue pair number ([`sending_qp`]), so the receiver
+//! knows it too: it indexes one address per peer, not every queue pair the
+//! peer has.
 
 use std::collections::HashMap;
 
@@ -14,15 +20,17 @@ use udbtl_wire::modex;
 use super::Engine;
 use crate::error::{BtlError, SendFailure};
 use crate::params::MIN_EAGER_PAYLOAD;
-use crate::{EndpointId, NUM_QP};
+use crate::{EndpointId, sending_qp};
 
 /// One peer module as this module sees it.
 #[derive(Debug)]
 pub(super) struct Endpoint {
     /// Where the peer's port is.
     pub(super) node: NodeAddr,
-    /// Every queue pair the peer sends from; the first receives.
-    pub(super) qpns: [u32; modex::QPNS],
+    /// The queue pair the peer receives on.
+    pub(super) remote_qpn: u32,
+    /// The queue pair the peer sends to this module from.
+    pub(super) sender_qpn: u32,
     /// The peer process's id, which its reliable datagrams carry.
     pub(super) proc_id: u32,
     /// The key of the peer's job, which its datagrams carry: this module's
@@ -50,16 +58,16 @@ impl Endpoint {
     pub(super) const fn remote(&self) -> QpAddr {
         QpAddr {
             node: self.node,
-            qpn: self.qpns[0],
+            qpn: self.remote_qpn,
         }
     }
 
-    /// The queue pairs the peer sends from.
-    fn senders(&self) -> impl Iterator<Item = QpAddr> + '_ {
-        self.qpns.iter().filter(|qpn| **qpn != 0).map(|qpn| QpAddr {
+    /// The queue pair the peer sends to this module from.
+    const fn sender(&self) -> QpAddr {
+        QpAddr {
             node: self.node,
-            qpn: *qpn,
-        })
+            qpn: self.sender_qpn,
+        }
     }
 }
 
@@ -72,10 +80,10 @@ pub(super) struct Route {
     pub(super) remote_qkey: u32,
     /// The job key field of a BTL header to the peer ([`Endpoint::header_job_key`]).
     pub(super) header_job_key: u32,
-    /// Index of the sending queue pair. One peer's stream always leaves by
-    /// the same queue pair, so the receiver's last-sender cache hits and the
-    /// stream is never reordered between sockets; peers are striped over the
-    /// queue pairs.
+    /// Index of the sending queue pair ([`sending_qp`]). One peer's stream
+    /// always leaves by the same queue pair, so the receiver knows its
+    /// address, its last-sender cache hits and the stream is never
+    /// reordered between sockets.
     pub(super) qp_index: usize,
 }
 
@@ -87,6 +95,7 @@ pub(super) struct Endpoints {
     /// endpoint's id is its peer id in the reliability state, which lingers
     /// after the endpoint is deleted.
     free: Vec<u32>,
+    /// By the queue pair each peer sends to this module from.
     by_addr: HashMap<QpAddr, EndpointId>,
     /// The sender of the last datagram received, and its endpoint: most
     /// traffic comes in runs from one peer, which then costs no hash lookup.
@@ -94,21 +103,21 @@ pub(super) struct Endpoints {
 }
 
 impl Endpoints {
-    /// The endpoint a peer module's receiving queue pair already has.
-    pub(super) fn existing(&self, remote: QpAddr) -> Option<EndpointId> {
-        self.by_addr.get(&remote).copied()
+    /// The endpoint of the peer module that sends to this one from
+    /// `sender`, if it has one already.
+    pub(super) fn existing(&self, sender: QpAddr) -> Option<EndpointId> {
+        self.by_addr.get(&sender).copied()
     }
 
     /// Heap bytes per endpoint: its slot and its index entries.
     pub(in crate::module) const fn bytes_per_endpoint() -> usize {
-        size_of::<Option<Endpoint>>()
-            + modex::QPNS * (size_of::<QpAddr>() + size_of::<EndpointId>() + 1)
+        size_of::<Option<Endpoint>>() + size_of::<QpAddr>() + size_of::<EndpointId>() + 1
     }
 
     /// Makes room for `additional` more endpoints at once.
     pub(super) fn reserve(&mut self, additional: usize) {
         self.table.reserve(additional);
-        self.by_addr.reserve(modex::QPNS * additional);
+        self.by_addr.reserve(additional);
     }
 
     /// The id the next [`insert`](Self::insert) will use when slots are not
@@ -118,7 +127,7 @@ impl Endpoints {
     }
 
     /// Stores an endpoint, reusing a free slot when `reuse` allows, and
-    /// indexes every queue pair it sends from.
+    /// indexes the queue pair it sends from.
     pub(super) fn insert(&mut self, endpoint: Endpoint, reuse: bool) -> EndpointId {
         let id = match self.free.pop().filter(|_| reuse) {
             Some(slot) => {
@@ -131,9 +140,7 @@ impl Endpoints {
             }
         };
         if let Some(endpoint) = &self.table[id.0 as usize] {
-            for qp in endpoint.senders() {
-                self.by_addr.insert(qp, id);
-            }
+            self.by_addr.insert(endpoint.sender(), id);
         }
         id
     }
@@ -142,9 +149,7 @@ impl Endpoints {
     /// only if `reuse`.
     pub(super) fn remove(&mut self, id: EndpointId, reuse: bool) -> Option<Endpoint> {
         let endpoint = self.table.get_mut(id.0 as usize)?.take()?;
-        for qp in endpoint.senders() {
-            self.by_addr.remove(&qp);
-        }
+        self.by_addr.remove(&endpoint.sender());
         self.last_sender = None;
         if reuse {
             self.free.push(id.0);
@@ -178,10 +183,10 @@ impl Endpoints {
         let endpoint = self.get(id)?;
         Some(Route {
             ah: endpoint.ah,
-            remote_qpn: endpoint.qpns[0],
+            remote_qpn: endpoint.remote_qpn,
             remote_qkey: endpoint.remote_qkey,
             header_job_key: endpoint.header_job_key,
-            qp_index: id.0 as usize % NUM_QP,
+            qp_index: sending_qp(endpoint.remote_qpn),
         })
     }
 
@@ -400,7 +405,8 @@ impl<C: Context> Engine<C> {
     }
 
     /// Creates an endpoint for the peer module at `peer`, whose datagrams
-    /// are recognised by any of its queue pairs, with an address handle
+    /// are recognised by the queue pair it sends to this module from
+    /// ([`sending_qp`]), with an address handle
     /// built with the service level and path bits parameters. `auth_key` is
     /// the peer's receive key, which a module with `auth` needs to send to
     /// it. An endpoint that exists for the peer's receiving queue pair is
@@ -410,16 +416,21 @@ impl<C: Context> Engine<C> {
         peer: &modex::Address,
         auth_key: Option<AuthKey>,
     ) -> Result<EndpointId, BtlError> {
-        let qps = peer.qpns.map(|qpn| QpAddr {
-            node: node_of(peer.location),
-            qpn,
-        });
-        let remote = qps[0];
-        if let Some(id) = self.endpoints.existing(remote) {
+        let node = node_of(peer.location);
+        let own_qpn = self.qps.first().map_or(0, |qp| qp.qp_num);
+        // A peer that publishes fewer queue pairs sends from its first.
+        let sender_qpn = match peer.qpns[sending_qp(own_qpn)] {
+            0 => peer.qpns[0],
+            qpn => qpn,
+        };
+        if let Some(id) = self.endpoints.existing(QpAddr {
+            node,
+            qpn: sender_qpn,
+        }) {
             return Ok(id);
         }
         let attr = AhAttr {
-            dest: remote.node,
+            dest: node,
             service_level: self.sl,
             src_path_bits: self.path_bits,
             port: self.port.port_num,
@@ -429,8 +440,9 @@ impl<C: Context> Engine<C> {
             .create_ah(self.pd, &attr)
             .map_err(|source| self.fabric_error("create address handle", source))?;
         let endpoint = Endpoint {
-            node: remote.node,
-            qpns: peer.qpns,
+            node,
+            remote_qpn: peer.qpns[0],
+            sender_qpn,
             proc_id: peer.proc_id,
             job_key: self.job_key,
             header_job_key: self.job_key ^ peer.admission.job_key_mask,
@@ -451,7 +463,7 @@ impl<C: Context> Engine<C> {
             recv: modex::stream_start(peer.stream_nonce, own),
         };
         let now = Instant::from_duration(self.ctx.now());
-        let peer = reliable.core.add_peer_at(now, start);
+        let peer = reliable.core.add_peer_at(start);
         debug_assert_eq!(peer.0, self.endpoints.next_fresh_id().0);
         let id = self.endpoints.insert(endpoint, false);
         // The new peer's share counts from its first acknowledgement on.

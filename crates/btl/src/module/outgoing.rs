@@ -313,7 +313,7 @@ fn seal_to(
     let Some(peer_key) = peer.auth_key.as_deref().copied() else {
         return false;
     };
-    let peer_qpn = peer.qpns[0];
+    let peer_qpn = peer.remote_qpn;
     let Some(pair) = PairSeal::of(&mut peer.seal) else {
         return false;
     };

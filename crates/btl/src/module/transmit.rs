@@ -244,8 +244,10 @@ impl TransmitQueue {
         }
     }
 
+    /// The route's queue pair; the first if the module has fewer (as the
+    /// receiver assumes of a peer that publishes fewer).
     fn qp(&self, route: &Route) -> QpHandle {
-        self.qps[route.qp_index % self.qps.len()]
+        *self.qps.get(route.qp_index).unwrap_or(&self.qps[0])
     }
 
     /// Posts one signaled datagram gathered from `sg_list` on its route's

@@ -123,7 +123,9 @@ impl<F: Clone, R> Reliability<F, R> {
     /// fails ([`Event::Failed`]) first.
     pub fn close_peer(&mut self, now: Instant, peer: PeerId) {
         let linger = self.config.linger;
-        if let Some(p) = self.peers.get_mut(peer.0 as usize) {
+        // A dormant peer wakes to linger too: its first datagrams may be
+        // on their way.
+        if let Some(p) = self.wake(now, peer.0) {
             if p.mode == Mode::Active {
                 p.mode = Mode::Lingering(now + linger);
                 self.reschedule(peer.0);

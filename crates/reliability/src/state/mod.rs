@@ -4,6 +4,7 @@
 //! * `types`: what the caller exchanges with it ([`PeerId`], [`Receipt`],
 //!   [`Transmit`], [`Event`], [`Stats`], ...);
 //! * `peer`: one peer's state and the shared slot table's entries;
+//! * `peers`: every peer's state, made when the peer first talks;
 //! * `send`: the backlog, the send window and handing out datagrams;
 //! * `recv`: the receive window, early datagrams, duplicates, delivery;
 //! * `ack`: acknowledgements built and processed;
@@ -17,6 +18,7 @@ mod credit;
 mod failure;
 mod loss;
 mod peer;
+mod peers;
 mod recv;
 mod send;
 mod timer;
@@ -35,7 +37,8 @@ use udbtl_wire::datagram::Epochs;
 
 use crate::config::{Config, ConfigError};
 use crate::time::Instant;
-use peer::{NIL, Peer, Slot};
+use peer::{NIL, Slot};
+use peers::Peers;
 use types::Mode;
 
 /// Reliable, ordered, exactly-once delivery for every peer of one process,
@@ -71,7 +74,7 @@ use types::Mode;
 #[derive(Debug)]
 pub struct Reliability<F, R> {
     config: Config,
-    peers: Vec<Peer>,
+    peers: Peers,
     slots: Vec<Slot<F>>,
     free_slots: Vec<u32>,
     /// Buffers that arrived early, by (peer, sequence number).
@@ -119,7 +122,7 @@ impl<F: Clone, R> Reliability<F, R> {
         Ok(Self {
             credit: credit::Credit::fixed(config.window),
             config,
-            peers: Vec::new(),
+            peers: Peers::default(),
             slots: Vec::new(),
             free_slots: Vec::new(),
             early: HashMap::new(),
@@ -150,15 +153,12 @@ impl<F: Clone, R> Reliability<F, R> {
     /// tests and closed networks: a forger who knows where the streams
     /// are can guess the numbers a reset or an acknowledgement needs. See
     /// [`add_peer_at`](Self::add_peer_at).
-    pub fn add_peer(&mut self, now: Instant) -> PeerId {
+    pub fn add_peer(&mut self) -> PeerId {
         let start = self.config.initial_seq;
-        self.add_peer_at(
-            now,
-            StreamStart {
-                send: start,
-                recv: start,
-            },
-        )
+        self.add_peer_at(StreamStart {
+            send: start,
+            recv: start,
+        })
     }
 
     /// Adds a peer whose streams start at `start`, and returns its id (ids
@@ -166,35 +166,48 @@ impl<F: Clone, R> Reliability<F, R> {
     /// numbers swapped. Numbers drawn at random per peer pair and
     /// incarnation keep a forger who cannot read the traffic from placing
     /// a reset or an acknowledgement where this side accepts it.
-    pub fn add_peer_at(&mut self, now: Instant, start: StreamStart) -> PeerId {
-        self.peers.push(Peer::new(&self.config, now, start));
-        self.reserve_transmits();
+    ///
+    /// The peer is dormant until something is sent to or received from it:
+    /// it keeps [`bytes_per_idle_peer`](Self::bytes_per_idle_peer) until
+    /// then, and its clocks start when it wakes.
+    pub fn add_peer_at(&mut self, start: StreamStart) -> PeerId {
+        let id = self.peers.add(start);
         self.refresh_credit();
-        self.held_acks
-            .reserve(self.peers.len().saturating_sub(self.held_acks.len()));
-        PeerId((self.peers.len() - 1) as u32)
+        PeerId(id)
+    }
+
+    /// The state of `peer`, made now if it was dormant (see
+    /// [`add_peer_at`](Self::add_peer_at)), with room made for what it can
+    /// queue; `None` for an unknown peer.
+    fn wake(&mut self, now: Instant, peer: u32) -> Option<&mut peer::Peer> {
+        if self.peers.wake(peer as usize, &self.config, now)? {
+            self.held_acks.reserve(
+                self.peers
+                    .awake_capacity()
+                    .saturating_sub(self.held_acks.len()),
+            );
+            self.reserve_transmits();
+        }
+        self.peers.get_mut(peer as usize)
     }
 
     /// Makes room in the transmit queue for everything that can wait there
     /// at once, so that queueing never allocates: each slot's datagram at
     /// most once (a slot is queued again only after it left), and per peer
-    /// an acknowledgement, a probe and a reset. Called as slots and peers
-    /// are added; the room grows with the datagrams in flight, not with
-    /// peers × window.
+    /// that woke an acknowledgement, a probe and a reset. Called as slots
+    /// are added and peers wake; the room grows with the datagrams in
+    /// flight and the peers that talk, not with peers × window.
     fn reserve_transmits(&mut self) {
-        let room = self.slots.capacity() + TRANSMITS_PER_PEER * self.peers.capacity();
+        let room = self.slots.capacity() + TRANSMITS_PER_PEER * self.peers.awake_capacity();
         self.transmits
             .reserve(room.saturating_sub(self.transmits.len()));
     }
 
     /// Makes room for `additional` more peers at once, so that adding a
-    /// whole job's peers grows each table once, to fit, rather than
+    /// whole job's peers grows the table once, to fit, rather than
     /// doubling past it.
     pub fn reserve_peers(&mut self, additional: usize) {
         self.peers.reserve(additional);
-        self.held_acks
-            .reserve(self.peers.capacity() - self.held_acks.len());
-        self.reserve_transmits();
     }
 
     /// Number of peers ever added.
@@ -202,27 +215,33 @@ impl<F: Clone, R> Reliability<F, R> {
         self.peers.len()
     }
 
+    /// Number of peers that were sent to or received from: the others are
+    /// dormant (see [`add_peer_at`](Self::add_peer_at)).
+    pub fn awake_peers(&self) -> usize {
+        self.peers.awake()
+    }
+
     /// The current retransmission timeout of a peer.
     pub fn rto(&self, peer: PeerId) -> Option<Duration> {
-        self.peers.get(peer.0 as usize).map(|p| p.rtt.rto())
+        self.view(peer, |p| p.rtt.rto())
     }
 
     /// The smoothed round-trip time of a peer (zero before the first sample).
     pub fn srtt(&self, peer: PeerId) -> Option<Duration> {
-        self.peers.get(peer.0 as usize).map(|p| p.rtt.srtt())
+        self.view(peer, |p| p.rtt.srtt())
     }
 
     /// The congestion window towards a peer, in whole datagrams (at least
     /// one).
     pub fn cwnd(&self, peer: PeerId) -> Option<u32> {
-        self.peers
-            .get(peer.0 as usize)
-            .map(|p| (p.cwnd / peer::CWND_UNIT).max(1))
+        self.view(peer, |p| (p.cwnd / peer::CWND_UNIT).max(1))
     }
 
     /// Datagrams in flight to a peer, and waiting for its window.
     pub fn queued(&self, peer: PeerId) -> Option<(usize, usize)> {
-        let p = self.peers.get(peer.0 as usize)?;
+        let Some(p) = self.peers.get(peer.0 as usize) else {
+            return self.view(peer, |_| (0, 0));
+        };
         let mut backlog = 0;
         let mut at = p.backlog_head;
         while at != NIL {
@@ -255,9 +274,8 @@ impl<F: Clone, R> Reliability<F, R> {
     /// else about it; zero for a peer not added yet, whose streams have
     /// not wrapped.
     pub fn epochs_of(&self, peer: PeerId, header: &udbtl_wire::rel::Repr) -> Epochs {
-        self.peers
-            .get(peer.0 as usize)
-            .map_or(Epochs::default(), |p| p.epochs_received(header))
+        self.view(peer, |p| p.epochs_received(header))
+            .unwrap_or_default()
     }
 
     /// `true` once the peer was declared lost.
@@ -267,23 +285,39 @@ impl<F: Clone, R> Reliability<F, R> {
             .is_some_and(|p| p.mode.is_lost())
     }
 
+    /// Runs `f` on `peer`'s state, or on the state a dormant peer would
+    /// wake with; `None` for an unknown peer.
+    fn view<T>(&self, peer: PeerId, f: impl FnOnce(&peer::Peer) -> T) -> Option<T> {
+        self.peers.view(peer.0 as usize, &self.config, f)
+    }
+
     /// Peers that sent data within the credit horizon (see
     /// [`share_credit`](Self::share_credit)).
     pub fn active_peers(&self) -> usize {
         self.credit.active_peers()
     }
 
-    /// Size in bytes of one peer's state: constant, whatever the traffic.
+    /// Size in bytes of the state of a peer that was sent to or received
+    /// from: constant, whatever the traffic.
     pub const fn peer_state_size() -> usize {
-        size_of::<Peer>()
+        size_of::<peer::Peer>()
     }
 
-    /// Heap bytes the state keeps per peer, traffic or not: its state, and
-    /// the room reserved for it in the transmit queue and the list of
-    /// peers owed an acknowledgement.
-    /// Datagrams in flight and early ones take slots on top, per datagram.
-    pub const fn bytes_per_peer() -> usize {
-        size_of::<Peer>() + TRANSMITS_PER_PEER * size_of::<Pending>() + size_of::<u32>()
+    /// Heap bytes the state keeps per peer nothing was sent to or received
+    /// from (a dormant peer).
+    pub const fn bytes_per_idle_peer() -> usize {
+        peers::DORMANT_BYTES
+    }
+
+    /// Heap bytes the state keeps per peer that was sent to or received
+    /// from: its state, and the room reserved for it in the transmit queue
+    /// and the list of peers owed an acknowledgement. Datagrams in flight
+    /// and early ones take slots on top, per datagram.
+    pub const fn bytes_per_active_peer() -> usize {
+        peers::DORMANT_BYTES
+            + peers::AWAKE_BYTES
+            + TRANSMITS_PER_PEER * size_of::<Pending>()
+            + size_of::<u32>()
     }
 
     /// The most buffers the active peers share under
@@ -312,7 +346,7 @@ mod tests {
         };
         let mut r: Reliability<u32, u32> = Reliability::new(config).expect("config");
         let now = Instant::from_nanos(0);
-        let peer = r.add_peer(now);
+        let peer = r.add_peer();
         assert_eq!(r.backlog_tail(peer), None);
         assert_eq!(r.backlog_tail(PeerId(9)), None);
         // The first two are sequenced at once: no backlog.

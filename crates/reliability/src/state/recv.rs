@@ -97,9 +97,10 @@ impl<F: Clone, R> Reliability<F, R> {
         buf: R,
         room: Room,
     ) -> Receipt<R> {
-        let Some(p) = self.peers.get_mut(peer.0 as usize) else {
+        if self.wake(now, peer.0).is_none() {
             return Receipt::Discard(buf, Discard::PeerLost);
-        };
+        }
+        let p = &mut self.peers[peer.0 as usize];
         if let Mode::Lost(reset_seq) = &mut p.mode {
             // It still believes the streams alive: tell it they are broken.
             // A reset or a plain acknowledgement gets no answer, so two

@@ -43,11 +43,10 @@ impl<F: Clone, R> Reliability<F, R> {
     /// # Errors
     /// An unknown, lost or closed peer.
     pub fn accepts(&self, peer: PeerId) -> Result<(), SendError> {
-        let p = self
-            .peers
-            .get(peer.0 as usize)
+        let mode = self
+            .view(peer, |p| p.mode)
             .ok_or(SendError::NoPeer(peer.0))?;
-        match p.mode {
+        match mode {
             Mode::Active => Ok(()),
             Mode::Lost(_) => Err(SendError::PeerLost(peer.0)),
             Mode::Lingering(_) => Err(SendError::Closed(peer.0)),
@@ -62,6 +61,7 @@ impl<F: Clone, R> Reliability<F, R> {
         flags: u8,
     ) -> Result<(), SendError> {
         self.accepts(peer)?;
+        self.wake(now, peer.0);
         let slot = self.alloc_slot(Slot {
             frag,
             peer: peer.0,

@@ -131,7 +131,7 @@ impl<F: Clone, R> Reliability<F, R> {
     pub fn resume(&mut self, now: Instant) {
         self.stats.resumes += 1;
         self.timers.clear();
-        for p in &mut self.peers {
+        for p in self.peers.iter_awake_mut() {
             p.scheduled = None;
             p.last_heard = now;
             // Probe and loss timers count from sends made before the gap:
@@ -145,8 +145,8 @@ impl<F: Clone, R> Reliability<F, R> {
                 p.resumed = true;
             }
         }
-        for peer in 0..self.peers.len() {
-            self.reschedule(peer as u32);
+        for i in 0..self.peers.awake() {
+            self.reschedule(self.peers.awake_id(i));
         }
     }
 
@@ -194,7 +194,8 @@ mod tests {
     #[test]
     fn replaced_timer_entries_do_not_pile_up() {
         let mut r: Reliability<u32, u32> = Reliability::new(Config::default()).expect("config");
-        let peer = r.add_peer(Instant::from_nanos(0));
+        let peer = r.add_peer();
+        r.wake(Instant::ZERO, peer.0);
         for i in 0..10_000u64 {
             let now = Instant::from_duration(Duration::from_millis(i));
             // The peer turns idle (a keepalive, far away), then busy again

@@ -110,7 +110,7 @@ impl Net {
                 let mut peer_node = Vec::new();
                 let mut node_peer = HashMap::new();
                 for other in (0..n).filter(|o| *o != me) {
-                    let id = rel.add_peer(Instant::ZERO);
+                    let id = rel.add_peer();
                     peer_node.push(other);
                     node_peer.insert(other, id);
                 }

@@ -23,7 +23,7 @@ pub fn at(d: Duration) -> Instant {
 
 pub fn core(config: &Config) -> Core {
     let mut core = Reliability::new(config.clone()).unwrap();
-    assert_eq!(core.add_peer(Instant::ZERO), P);
+    assert_eq!(core.add_peer(), P);
     core
 }
 

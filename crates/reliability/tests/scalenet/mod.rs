@@ -226,7 +226,7 @@ impl ScaleNet {
             if node.peer_of.contains_key(&other) {
                 continue;
             }
-            let id = node.rel.add_peer(self.now);
+            let id = node.rel.add_peer();
             node.peer_of.insert(other, id);
             node.node_of.push(other);
         }
@@ -237,7 +237,7 @@ impl ScaleNet {
         let node = &mut self.nodes[at];
         node.rel.reserve_peers(count);
         for _ in 0..count {
-            node.rel.add_peer(Instant::ZERO);
+            node.rel.add_peer();
             node.node_of.push(usize::MAX);
         }
     }

@@ -5,7 +5,7 @@ use proptest::prelude::*;
 
 #[rustfmt::skip]
 static ONE_IPV4: [u8; 68] = [
-    0x55, 0x41, 0x04, 0x01,
+    0x55, 0x41, 0x07, 0x01,
     0x01, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x2a,
     127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
     0x00, 0x00, 0xff, 0xcb, 0, 0, 0, 0,
@@ -65,7 +65,7 @@ fn a_key_makes_version_five_and_reaches_every_address() {
     );
     assert_eq!(&blob[blob.len() - KEY_LEN..], &[0x5a; KEY_LEN]);
     assert_eq!(parse_blob(&blob).unwrap(), keyed);
-    // A key cut short, keys in a version 4 blob, or a mix of keyed and
+    // A key cut short, keys in a version 7 blob, or a mix of keyed and
     // unkeyed addresses are all errors.
     assert!(parse_blob(&blob[..blob.len() - 1]).is_err());
     let mut v1_with_key = blob.clone();
@@ -110,7 +110,7 @@ fn a_receive_key_depends_on_the_secret_and_the_module_but_not_the_process_id() {
 fn malformed_blobs_are_errors() {
     assert!(parse_blob(&ONE_IPV4[..67]).is_err());
     assert!(parse_blob(&[]).is_err());
-    for (index, value) in [(0, 0), (2, 9), (3, 2), (4, 9), (6, 1), (17, 1)] {
+    for (index, value) in [(0, 0), (2, 10), (3, 2), (4, 9), (6, 1), (17, 1)] {
         let mut bad = ONE_IPV4;
         bad[index] = value;
         assert!(parse_blob(&bad).is_err(), "byte {index}");
@@ -141,6 +141,11 @@ fn the_admission_travels_and_a_controlled_qkey_or_an_older_blob_is_refused() {
     let mut older = ONE_IPV4[..PREAMBLE_LEN + 56].to_vec();
     older[2] = 1;
     assert!(parse_blob(&older).is_err());
+    // A version 4 blob: the same layout, from a build whose modules sent to
+    // a peer from any of their queue pairs.
+    let mut striped_anyhow = ONE_IPV4;
+    striped_anyhow[2] = 4;
+    assert!(parse_blob(&striped_anyhow).is_err());
     let random = Admission::from_random([0xff; 8]);
     assert_eq!(random.qkey, Admission::MAX_QKEY);
     assert_eq!(random.job_key_mask, u32::MAX);

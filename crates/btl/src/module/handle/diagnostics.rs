@@ -47,14 +47,29 @@ impl<C: Context> Module<C> {
             .map_or("none", |r| r.integrity.word())
     }
 
-    /// Heap bytes this module keeps per peer, traffic or not: its endpoint
-    /// and index entries, and the reliability state's share
-    /// ([`Reliability::bytes_per_peer`](udbtl_reliability::Reliability::bytes_per_peer));
+    /// Heap bytes this module keeps per peer nothing was sent to or
+    /// received from: its endpoint and index entry, and the reliability
+    /// state's share
+    /// ([`Reliability::bytes_per_idle_peer`](udbtl_reliability::Reliability::bytes_per_idle_peer));
     /// the fabric's address handle aside. Vectors grown past their length
     /// add to it (`tests/peer_memory.rs` measures the whole).
-    pub fn bytes_per_peer(&self) -> usize {
+    pub fn bytes_per_idle_peer(&self) -> usize {
+        self.bytes_per_peer(udbtl_reliability::Reliability::<(), ()>::bytes_per_idle_peer())
+    }
+
+    /// Heap bytes this module keeps per peer that was sent to or received
+    /// from, as [`bytes_per_idle_peer`](Self::bytes_per_idle_peer) counts
+    /// them, with the reliability state's
+    /// ([`Reliability::bytes_per_active_peer`](udbtl_reliability::Reliability::bytes_per_active_peer)).
+    /// Datagrams in flight take more, per datagram.
+    pub fn bytes_per_active_peer(&self) -> usize {
+        self.bytes_per_peer(udbtl_reliability::Reliability::<(), ()>::bytes_per_active_peer())
+    }
+
+    /// The endpoint's bytes, and `reliability` on a reliable module.
+    fn bytes_per_peer(&self, reliability: usize) -> usize {
         let reliability = if self.lock().path.is_reliable() {
-            udbtl_reliability::Reliability::<(), ()>::bytes_per_peer()
+            reliability
         } else {
             0
         };

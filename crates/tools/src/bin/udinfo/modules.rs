@@ -14,8 +14,10 @@ pub(crate) struct ModuleReport {
     pub(crate) limits: Limits,
     /// The module's `Display`, when `--dump` asks for it.
     pub(crate) dump: Option<String>,
-    /// Heap bytes per peer, traffic or not (`Module::bytes_per_peer`).
-    pub(crate) bytes_per_peer: usize,
+    /// Heap bytes per idle peer (`Module::bytes_per_idle_peer`).
+    pub(crate) bytes_per_idle_peer: usize,
+    /// Heap bytes per peer that talked (`Module::bytes_per_active_peer`).
+    pub(crate) bytes_per_active_peer: usize,
     /// Buffers shared as credit, and the most the active peers share
     /// (`Module::credit_shares`); `None` when unreliable.
     pub(crate) credit: Option<(usize, usize)>,
@@ -38,7 +40,8 @@ pub(crate) fn build_modules(
             port: module.port().clone(),
             limits: module.limits(),
             dump: dump.then(|| module.to_string()),
-            bytes_per_peer: module.bytes_per_peer(),
+            bytes_per_idle_peer: module.bytes_per_idle_peer(),
+            bytes_per_active_peer: module.bytes_per_active_peer(),
             credit: module.credit_shares(),
         })
         .collect();
@@ -77,7 +80,8 @@ pub(crate) fn modules(
             out.field(&key("recv_buffers"), limits.recv_buffers)?;
             out.field(&key("recv_buffer_len"), limits.recv_buffer_len)?;
             out.field(&key("send_frags_max"), limits.send_frags_max)?;
-            out.field(&key("bytes_per_peer"), report.bytes_per_peer)?;
+            out.field(&key("bytes_per_idle_peer"), report.bytes_per_idle_peer)?;
+            out.field(&key("bytes_per_active_peer"), report.bytes_per_active_peer)?;
             if let Some((shared, active_max)) = report.credit {
                 out.field(&key("credit_shared"), shared)?;
                 out.field(&key("credit_active_max"), active_max)?;
@@ -218,10 +222,17 @@ pub(crate) fn limit_rows(report: &ModuleReport, params: &Params) -> Vec<Row> {
         ]),
         credit,
         indent([
-            "bytes_per_peer".into(),
-            report.bytes_per_peer.to_string(),
-            "heap bytes per peer, traffic or not (endpoint, indexes, reliability state; \
-             the fabric's address handle aside)"
+            "bytes_per_idle_peer".into(),
+            report.bytes_per_idle_peer.to_string(),
+            "heap bytes per peer never sent to or heard from (endpoint, index, where its \
+             streams start; the fabric's address handle aside)"
+                .into(),
+        ]),
+        indent([
+            "bytes_per_active_peer".into(),
+            report.bytes_per_active_peer.to_string(),
+            "heap bytes per peer that talked (the above and its reliability state; \
+             datagrams in flight take more)"
                 .into(),
         ]),
     ]
