@@ -125,7 +125,8 @@ impl<F: Clone, R> Reliability<F, R> {
         let linger = self.config.linger;
         // A dormant peer wakes to linger too: its first datagrams may be
         // on their way.
-        if let Some(p) = self.wake(now, peer.0) {
+        if self.wake(now, peer.0) {
+            let p = &mut self.peers[peer.0 as usize];
             if p.mode == Mode::Active {
                 p.mode = Mode::Lingering(now + linger);
                 self.reschedule(peer.0);

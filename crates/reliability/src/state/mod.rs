@@ -176,19 +176,23 @@ impl<F: Clone, R> Reliability<F, R> {
         PeerId(id)
     }
 
-    /// The state of `peer`, made now if it was dormant (see
-    /// [`add_peer_at`](Self::add_peer_at)), with room made for what it can
-    /// queue; `None` for an unknown peer.
-    fn wake(&mut self, now: Instant, peer: u32) -> Option<&mut peer::Peer> {
-        if self.peers.wake(peer as usize, &self.config, now)? {
-            self.held_acks.reserve(
-                self.peers
-                    .awake_capacity()
-                    .saturating_sub(self.held_acks.len()),
-            );
-            self.reserve_transmits();
+    /// Makes `peer`'s state now if it was dormant (see
+    /// [`add_peer_at`](Self::add_peer_at)), with room for what it can
+    /// queue; `false` for an unknown peer. Once awake, one lookup.
+    fn wake(&mut self, now: Instant, peer: u32) -> bool {
+        match self.peers.wake(peer as usize, &self.config, now) {
+            None => false,
+            Some(false) => true,
+            Some(true) => {
+                self.held_acks.reserve(
+                    self.peers
+                        .awake_capacity()
+                        .saturating_sub(self.held_acks.len()),
+                );
+                self.reserve_transmits();
+                true
+            }
         }
-        self.peers.get_mut(peer as usize)
     }
 
     /// Makes room in the transmit queue for everything that can wait there

@@ -76,14 +76,6 @@ impl Peers {
         }
     }
 
-    /// The state of peer `id`, if it woke.
-    pub(super) fn get_mut(&mut self, id: usize) -> Option<&mut Peer> {
-        match self.index.get(id)? {
-            Entry::Awake(at) => self.awake.get_mut(*at as usize),
-            Entry::Dormant(_) => None,
-        }
-    }
-
     /// Runs `f` on the state of peer `id`: its own if it woke, else the
     /// state it would wake with. `None` for an unknown peer.
     pub(super) fn view<T>(

@@ -97,7 +97,7 @@ impl<F: Clone, R> Reliability<F, R> {
         buf: R,
         room: Room,
     ) -> Receipt<R> {
-        if self.wake(now, peer.0).is_none() {
+        if !self.wake(now, peer.0) {
             return Receipt::Discard(buf, Discard::PeerLost);
         }
         let p = &mut self.peers[peer.0 as usize];
