@@ -1,7 +1,7 @@
 //! Scale on virtual time (`scalenet/mod.rs`): incast, a stencil among
 //! thousands of peers, a broadcast root and an all-to-all, each checked for
-//! exactly-once in-order delivery and no peer lost, and but for the
-//! stencil's centre (see there) no retransmission timeout without loss;
+//! exactly-once in-order delivery, no peer lost and no retransmission
+//! timeout without loss;
 //! each prints its figures beside those of the even credit split that
 //! receiver-driven credit replaced.
 //!
@@ -110,11 +110,12 @@ fn a_stencil_among_thousands_of_peers_is_not_slowed_by_the_idle_ones() {
             shared.timeouts,
             even.timeouts,
         );
-        // Not asserted free of timeouts: node 0 sends to 26 peers at once
-        // through its one link, and the acknowledgements it owes them wait
-        // behind its own data in its transmit queue; a few retransmission
-        // timers expire while they wait (counted, and undone as spurious).
-        assert_clean("stencil", &shared, false);
+        // Node 0 sends to 26 peers at once through its one link: the
+        // acknowledgements it owes them go ahead of its own data, or their
+        // retransmission timers expire while the acknowledgements wait
+        // (12 to 45 did, when they queued behind it).
+        assert_clean("stencil", &shared, true);
+        assert_clean("stencil, split evenly", &even, true);
         // By need, idle peers cost the talking ones nothing: the exchange
         // takes as long among 10 000 peers as among 100 (virtual time).
         let baseline = stencil(27, 2_000, CreditPolicy::Shared);

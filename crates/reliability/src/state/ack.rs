@@ -41,7 +41,11 @@ impl<F: Clone, R> Reliability<F, R> {
         p.rcv.ack_now = true;
         if !p.rcv.ack_queued {
             p.rcv.ack_queued = true;
-            self.transmits.push_back(Pending::Ack(peer));
+            // Ahead of the data queued to every peer: a peer whose data
+            // arrived must not wait for the acknowledgement behind a
+            // window's worth of datagrams to others (its retransmission
+            // timer would expire meanwhile).
+            self.transmits.push_front(Pending::Ack(peer));
         }
     }
 

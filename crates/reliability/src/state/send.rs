@@ -287,14 +287,16 @@ impl<F: Clone, R> Reliability<F, R> {
     }
 
     /// Ends [`hold_acks`](Self::hold_acks): the held acknowledgements are
-    /// queued again, for the next [`poll_transmit`](Self::poll_transmit),
+    /// queued again, ahead of data, for the next
+    /// [`poll_transmit`](Self::poll_transmit),
     /// which skips those a data datagram carried meanwhile. Returns whether
     /// any was held.
     pub fn release_acks(&mut self) -> bool {
         self.acks_held = false;
         let held = !self.held_acks.is_empty();
         for peer in self.held_acks.drain(..) {
-            self.transmits.push_back(Pending::Ack(peer));
+            // Ahead of data, as `queue_ack` puts them.
+            self.transmits.push_front(Pending::Ack(peer));
         }
         held
     }
