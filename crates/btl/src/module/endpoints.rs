@@ -2,11 +2,11 @@
 //! the endpoint table, the index from a sender's queue pair address to its
 //! endpoint, and the one-entry cache in front of it.
 //!
-//! A module sends from [`NUM_QP`](crate::NUM_QP) queue pairs, peers striped over them, and
-//! receives on the first. Which one sends to a peer is decided by the
-//! peer's receiving queue pair number ([`sending_qp`]), so the receiver
-//! knows it too: it indexes one address per peer, not every queue pair the
-//! peer has.
+//! A module sends from [`NUM_QP`](crate::NUM_QP) queue pairs, peers
+//! striped over them, and receives on the first. Which one sends to a peer
+//! is decided by the peer's receiving queue pair number ([`sending_qp`]),
+//! so the receiver knows it too: it indexes one address per peer, not
+//! every queue pair the peer has.
 
 use std::collections::HashMap;
 
@@ -409,8 +409,8 @@ impl<C: Context> Engine<C> {
     /// ([`sending_qp`]), with an address handle
     /// built with the service level and path bits parameters. `auth_key` is
     /// the peer's receive key, which a module with `auth` needs to send to
-    /// it. An endpoint that exists for the peer's receiving queue pair is
-    /// returned as it is.
+    /// it. An endpoint that exists for the peer module is returned as it
+    /// is.
     fn add_endpoint(
         &mut self,
         peer: &modex::Address,
