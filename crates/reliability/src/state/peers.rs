@@ -7,10 +7,14 @@
 //! list of acknowledgements held back are made when it first sends or is
 //! sent to (it *wakes*). A dormant peer behaves as a peer just added: it is
 //! active, idle, owes and is owed nothing, and arms no timer.
+//!
+//! A lookup is two vector reads, inlined: the state machine is generic, so
+//! it is compiled in the caller's crate, which could not inline these
+//! otherwise, and it looks a peer up several times a datagram.
 
 use std::ops::{Index, IndexMut};
 
-use super::peer::Peer;
+use super::peer::{NIL, Peer};
 use super::types::StreamStart;
 use crate::config::Config;
 use crate::time::Instant;
@@ -18,24 +22,18 @@ use crate::time::Instant;
 /// The peers of one process, by id (dense, from 0).
 #[derive(Debug, Default)]
 pub(super) struct Peers {
-    /// By peer id: where its state is, or where its streams will start.
-    index: Vec<Entry>,
+    /// By peer id: where in `awake` its state is, or [`NIL`] while dormant.
+    index: Vec<u32>,
+    /// By peer id: where its streams start (read when it wakes).
+    starts: Vec<StreamStart>,
     /// The state of every peer that woke, in the order they woke.
     awake: Vec<Peer>,
     /// The id of each of `awake`.
     awake_ids: Vec<u32>,
 }
 
-#[derive(Debug, Clone, Copy)]
-enum Entry {
-    /// Nothing was sent to or received from the peer yet.
-    Dormant(StreamStart),
-    /// Its state is `awake[i]`.
-    Awake(u32),
-}
-
 /// Heap bytes a dormant peer keeps.
-pub(super) const DORMANT_BYTES: usize = size_of::<Entry>();
+pub(super) const DORMANT_BYTES: usize = size_of::<u32>() + size_of::<StreamStart>();
 
 /// Heap bytes the peers' table adds when a peer wakes, besides its
 /// [`DORMANT_BYTES`].
@@ -44,21 +42,25 @@ pub(super) const AWAKE_BYTES: usize = size_of::<Peer>() + size_of::<u32>();
 impl Peers {
     /// Adds a dormant peer whose streams start at `start`; returns its id.
     pub(super) fn add(&mut self, start: StreamStart) -> u32 {
-        self.index.push(Entry::Dormant(start));
+        self.index.push(NIL);
+        self.starts.push(start);
         (self.index.len() - 1) as u32
     }
 
     /// Makes room for `additional` more peers at once.
     pub(super) fn reserve(&mut self, additional: usize) {
         self.index.reserve(additional);
+        self.starts.reserve(additional);
     }
 
     /// Number of peers ever added, dormant or awake.
+    #[inline]
     pub(super) fn len(&self) -> usize {
         self.index.len()
     }
 
     /// Number of peers that woke.
+    #[inline]
     pub(super) fn awake(&self) -> usize {
         self.awake.len()
     }
@@ -69,42 +71,42 @@ impl Peers {
     }
 
     /// The state of peer `id`, if it woke.
+    #[inline]
     pub(super) fn get(&self, id: usize) -> Option<&Peer> {
-        match self.index.get(id)? {
-            Entry::Awake(at) => self.awake.get(*at as usize),
-            Entry::Dormant(_) => None,
-        }
+        self.awake.get(*self.index.get(id)? as usize)
     }
 
     /// Runs `f` on the state of peer `id`: its own if it woke, else the
     /// state it would wake with. `None` for an unknown peer.
+    #[inline]
     pub(super) fn view<T>(
         &self,
         id: usize,
         config: &Config,
         f: impl FnOnce(&Peer) -> T,
     ) -> Option<T> {
-        match *self.index.get(id)? {
-            Entry::Awake(at) => self.awake.get(at as usize).map(f),
+        match self.get(id) {
+            Some(peer) => Some(f(peer)),
             // On the stack, and only until the peer first talks.
-            Entry::Dormant(start) => Some(f(&Peer::new(config, Instant::ZERO, start))),
+            None => {
+                let start = *self.starts.get(id)?;
+                Some(f(&Peer::new(config, Instant::ZERO, start)))
+            }
         }
     }
 
     /// Wakes peer `id` if it is dormant, its failure clock starting at
     /// `now`. Returns whether it woke now (the caller then makes room for
     /// what an awake peer can queue); `None` for an unknown peer.
+    #[inline]
     pub(super) fn wake(&mut self, id: usize, config: &Config, now: Instant) -> Option<bool> {
-        match *self.index.get(id)? {
-            Entry::Awake(_) => Some(false),
-            Entry::Dormant(start) => {
-                let at = self.awake.len() as u32;
-                self.awake.push(Peer::new(config, now, start));
-                self.awake_ids.push(id as u32);
-                self.index[id] = Entry::Awake(at);
-                Some(true)
-            }
+        if *self.index.get(id)? != NIL {
+            return Some(false);
         }
+        self.index[id] = self.awake.len() as u32;
+        self.awake.push(Peer::new(config, now, self.starts[id]));
+        self.awake_ids.push(id as u32);
+        Some(true)
     }
 
     /// The id of the `i`th peer to wake.
@@ -128,19 +130,15 @@ impl Peers {
 impl Index<usize> for Peers {
     type Output = Peer;
 
+    #[inline]
     fn index(&self, id: usize) -> &Peer {
-        match self.index[id] {
-            Entry::Awake(at) => &self.awake[at as usize],
-            Entry::Dormant(_) => panic!("peer {id} is dormant"),
-        }
+        &self.awake[self.index[id] as usize]
     }
 }
 
 impl IndexMut<usize> for Peers {
+    #[inline]
     fn index_mut(&mut self, id: usize) -> &mut Peer {
-        match self.index[id] {
-            Entry::Awake(at) => &mut self.awake[at as usize],
-            Entry::Dormant(_) => panic!("peer {id} is dormant"),
-        }
+        &mut self.awake[self.index[id] as usize]
     }
 }
