@@ -24,6 +24,16 @@ fn udrun(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
     (finished.output.status.code(), stderr)
 }
 
+/// Runs `script` under `udrun -n 2 sh -c`, with `--tag-output` if `tag`;
+/// returns its exit status and stderr.
+fn udrun_sh(script: &str, tag: bool) -> (Option<i32>, String) {
+    let mut args = vec!["-n", "2", "sh", "-c", script];
+    if tag {
+        args.insert(2, "--tag-output");
+    }
+    udrun(&args, &[])
+}
+
 /// The index of the one line of udrun's verdict on a rank.
 fn verdict(stderr: &str) -> usize {
     let verdicts: Vec<usize> = (0..)
@@ -56,11 +66,7 @@ fn everything_a_failed_rank_wrote_comes_before_the_verdict() {
 fi
 sleep 30"#;
     for tag in [false, true] {
-        let mut args = vec!["-n", "2", "sh", "-c", script];
-        if tag {
-            args.insert(2, "--tag-output");
-        }
-        let (code, stderr) = udrun(&args, &[]);
+        let (code, stderr) = udrun_sh(script, tag);
         assert_eq!(code, Some(1), "{stderr}");
         let last = stderr
             .lines()
@@ -94,11 +100,7 @@ fn a_rank_that_dies_mid_line_does_not_run_into_the_verdict() {
     let script = r#"if [ "$PMI_RANK" = 0 ]; then printf 'half a line' >&2; exit 3; fi
 sleep 30"#;
     for tag in [false, true] {
-        let mut args = vec!["-n", "2", "sh", "-c", script];
-        if tag {
-            args.insert(2, "--tag-output");
-        }
-        let (code, stderr) = udrun(&args, &[]);
+        let (code, stderr) = udrun_sh(script, tag);
         assert_eq!(code, Some(3), "{stderr}");
         let verdict = verdict(&stderr);
         let half = stderr
