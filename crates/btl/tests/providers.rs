@@ -1,4 +1,4 @@
-//! The provider-generic BTL suite (`suite/mod.rs`) on every real provider:
+//! The provider-generic BTL suite (`suite/`) on every real provider:
 //! on `udp` always, and on `verbs` when the build has the `verbs` feature
 //! and `UDBTL_TEST_VERBS_DEVICE` names an RDMA device (`dev` or
 //! `dev:port`, e.g. `mlx5_0` or `rxe0:1`) when the tests are built;

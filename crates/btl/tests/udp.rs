@@ -1,7 +1,7 @@
 //! What only the `udp` provider shows of the BTL: a post refused for an
 //! address no UDP socket can have. The behaviour every real provider shares
 //! (modex, tagged sends, zero-copy sends, the pending queue, two processes)
-//! is the generic suite in `suite/mod.rs`, run on `udp` and `verbs` by
+//! is the generic suite in `suite/`, run on `udp` and `verbs` by
 //! `providers.rs`.
 
 #![allow(clippy::unwrap_used)]
