@@ -205,6 +205,25 @@ pub(crate) struct Frag {
     /// headers. Valid while the segment is `seg_len` bytes long: a writer
     /// that changes the segment in place clears it.
     pub(crate) segment_crc: Option<SegmentCrc>,
+    /// Where its last transmission is on its way out of this host.
+    pub(crate) leaving: Leaving,
+}
+
+/// Where a reliable fragment's last transmission is before it leaves this
+/// host. A resend asked for meanwhile (a timeout under load) must not post
+/// the fragment's bytes a second time: they are written (and sealed) in
+/// place, so both posts would carry the same packet number, which the peer
+/// counts as a replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Leaving {
+    /// Posted, or never sent.
+    #[default]
+    No,
+    /// Waiting for a send credit.
+    WaitingForCredit,
+    /// In the batch of datagrams being gathered, numbered so
+    /// (`TransmitQueue::batch_number`).
+    InBatch(u64),
 }
 
 /// The CRC-32 of a fragment's segment when it was `len` bytes long
@@ -317,6 +336,7 @@ impl FragPool {
             rider_tail: None,
             train: None,
             segment_crc: None,
+            leaving: Leaving::No,
         }));
         Ok(true)
     }
@@ -348,6 +368,7 @@ impl FragPool {
         frag.rider_tail = None;
         frag.train = None;
         frag.segment_crc = None;
+        frag.leaving = Leaving::No;
         let des = Descriptor::new(self.kind, index, frag.generation);
         self.high_water = self.high_water.max(self.in_use());
         Some(des)

@@ -14,7 +14,7 @@ use super::seal::PairSeal;
 use super::transmit::QueuedPost;
 use crate::EndpointId;
 use crate::error::SendFailure;
-use crate::frag::{Descriptor, FragState};
+use crate::frag::{Descriptor, FragState, Leaving};
 
 impl<C: Context> Engine<C> {
     /// Posts one descriptor on its endpoint's route, taking a send credit.
@@ -58,7 +58,12 @@ impl<C: Context> Engine<C> {
     pub(super) fn post_waiting(&mut self) {
         while let Some(waiting) = self.tx.sends.pop_ready() {
             match waiting.header {
-                Some((header, epochs)) => self.transmit_data(waiting.des, header, epochs),
+                Some((header, epochs)) => {
+                    if let Some(frag) = self.frags.get_mut(waiting.des) {
+                        frag.leaving = Leaving::No;
+                    }
+                    self.transmit_data(waiting.des, header, epochs);
+                }
                 None => {
                     if let Some(frag) = self.frags.get_mut(waiting.des) {
                         frag.state = FragState::Allocated;
@@ -72,8 +77,15 @@ impl<C: Context> Engine<C> {
     }
 
     /// Queues a datagram for the batch `post_batch` posts (which posts at
-    /// once when that fills it).
+    /// once when that fills it). A descriptor's datagram is marked as in
+    /// that batch (see [`Leaving`]).
     fn queue_post(&mut self, post: QueuedPost) {
+        if post.signaled {
+            let batch = self.tx.batch_number();
+            if let Some(frag) = self.frags.get_mut(Descriptor::from_raw(post.wr_id as u32)) {
+                frag.leaving = Leaving::InBatch(batch);
+            }
+        }
         if let Some(outcome) = self.tx.queue(&mut self.ctx, &self.frags, post) {
             self.stats.note_batch(outcome);
         }

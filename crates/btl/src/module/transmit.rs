@@ -84,6 +84,16 @@ impl SendQueue {
         self.waiting.pop_front()
     }
 
+    /// Gives the waiting send of `des` the newer `header`: it leaves once,
+    /// with the newest. `false` if `des` does not wait.
+    pub(super) fn restamp(&mut self, des: Descriptor, header: (rel::Repr, Epochs)) -> bool {
+        let Some(send) = self.waiting.iter_mut().find(|s| s.des == des) else {
+            return false;
+        };
+        send.header = Some(header);
+        true
+    }
+
     /// Removes and returns the waiting sends `drop` selects, keeping the
     /// order of the rest.
     pub(super) fn remove_where(
@@ -200,6 +210,9 @@ pub(super) struct TransmitQueue {
     /// Send credits and the sends waiting for them.
     pub(super) sends: SendQueue,
     batch: PostBatch,
+    /// The number of the batch being gathered: one more each time one is
+    /// posted.
+    batch_number: u64,
     qps: Vec<QpHandle>,
     inline_max: usize,
 }
@@ -210,6 +223,7 @@ impl TransmitQueue {
         Self {
             sends: SendQueue::new(credits),
             batch: PostBatch::new(),
+            batch_number: 0,
             qps,
             inline_max,
         }
@@ -266,6 +280,12 @@ impl TransmitQueue {
         Ok(())
     }
 
+    /// The number of the batch being gathered: a datagram queued now leaves
+    /// with it, at the latest when this number has moved on.
+    pub(super) const fn batch_number(&self) -> u64 {
+        self.batch_number
+    }
+
     /// Adds a datagram to the batch, taking a send credit if it is
     /// signaled; when that fills the batch, posts it and says what became
     /// of it.
@@ -293,6 +313,7 @@ impl TransmitQueue {
             _ => self.post_all::<C, POST_BATCH>(ctx, frags, &self.batch.posts),
         };
         self.batch.posts.clear();
+        self.batch_number += 1;
         for _ in 0..outcome.refused_signaled {
             self.sends.return_credit();
         }

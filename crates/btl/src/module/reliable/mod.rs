@@ -43,7 +43,7 @@ use super::transmit::WaitingSend;
 use super::{Engine, Flush, SendStatus};
 use crate::EndpointId;
 use crate::error::{BtlError, SendFailure};
-use crate::frag::{Descriptor, FragState};
+use crate::frag::{Descriptor, FragState, Leaving};
 
 /// Most unknown senders remembered between two `take_unknown_peers` calls.
 const UNKNOWN_PEERS_MAX: usize = 1024;
@@ -265,15 +265,26 @@ impl<C: Context> Engine<C> {
             let mut header = tx.header;
             header.src = self.proc_id;
             header.flags |= reliable.integrity.flags();
-            match tx.frag {
-                Some(des) if self.tx.sends.can_post() => {
-                    self.transmit_data(des, header, tx.epochs);
+            let Some(des) = tx.frag else {
+                self.transmit_ack(EndpointId(tx.peer.0), header, tx.epochs);
+                continue;
+            };
+            // A resend of a datagram that has not left this host yet (a
+            // timeout under load) is not posted again: see `Leaving`.
+            match self.frags.get(des).map(|f| f.leaving) {
+                Some(Leaving::WaitingForCredit)
+                    if self.tx.sends.restamp(des, (header, tx.epochs)) => {}
+                Some(Leaving::InBatch(batch)) if batch == self.tx.batch_number() => {}
+                _ if self.tx.sends.can_post() => self.transmit_data(des, header, tx.epochs),
+                _ => {
+                    self.tx.sends.push(WaitingSend {
+                        des,
+                        header: Some((header, tx.epochs)),
+                    });
+                    if let Some(frag) = self.frags.get_mut(des) {
+                        frag.leaving = Leaving::WaitingForCredit;
+                    }
                 }
-                Some(des) => self.tx.sends.push(WaitingSend {
-                    des,
-                    header: Some((header, tx.epochs)),
-                }),
-                None => self.transmit_ack(EndpointId(tx.peer.0), header, tx.epochs),
             }
         }
         self.post_batch();

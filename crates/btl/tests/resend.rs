@@ -1,0 +1,58 @@
+//! A resend asked for while the datagram it repeats has not left this host
+//! (it waits for a send credit, or sits in the batch being posted) leaves
+//! once: the fragment's bytes are sealed where they are, so posting them
+//! twice would send one packet number twice, which the peer counts as a
+//! replay. On the sim fabric's virtual time, with authentication on.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Stop, drive, inbox, mesh, node};
+use udbtl_btl::*;
+use udbtl_fabric::sim::SimNetwork;
+
+#[test]
+fn a_resend_of_a_datagram_still_waiting_for_a_send_credit_leaves_once() {
+    let net = SimNetwork::new(31);
+    let config = BtlConfig {
+        rd_num: Some(512),
+        sd_num: Some(2),
+        auth: Some("on".into()),
+        // Each message its own datagram.
+        coalesce: Some(false),
+        ..BtlConfig::default()
+    };
+    let mut nodes = vec![node(&net, "a", &config), node(&net, "b", &config)];
+    let eps = mesh(&mut nodes);
+    let got = inbox(&mut nodes[1], Tag::PML);
+    let ab = eps[0][1].unwrap();
+    // Three datagrams and two send credits: the third waits for one.
+    for i in 0..3u8 {
+        let module = &mut nodes[0].modules_mut()[0];
+        let des = module.alloc(NO_ORDER, 8, DesFlags::BTL_OWNERSHIP).unwrap();
+        module.segment_mut(des).unwrap().copy_from_slice(&[i; 8]);
+        let status = module.send(ab, des, Tag::PML).unwrap();
+        assert_eq!(
+            status == SendStatus::Queued,
+            i == 2,
+            "datagram {i}: {status:?}"
+        );
+    }
+    // The sender does not run for longer than its timers: when it does, its
+    // credits come back, and its probe and retransmission timers ask for
+    // the datagrams again, the waiting one among them.
+    net.advance(Duration::from_secs(2));
+    let stop = drive(&net, &mut nodes, Duration::from_secs(10), |_| {
+        got.lock().unwrap().len() == 3
+    });
+    assert_eq!(stop, Stop::Done, "at {:?}", net.now());
+    let got = got.lock().unwrap();
+    let bytes: Vec<u8> = got.iter().map(|(_, b)| b[0]).collect();
+    assert_eq!(bytes, [0, 1, 2], "each once, in order");
+    let s = nodes[1].modules()[0].stats();
+    assert_eq!(s.recv_replayed, 0, "a packet number came twice");
+    assert_eq!(s.recv_unauthenticated, 0);
+}
