@@ -239,6 +239,20 @@ pub(crate) fn remote_args<'a>(ssh: &'a Path, extra: &[&'a str]) -> Vec<&'a str> 
     args
 }
 
+/// `udrun` arguments for 2 ranks, rank 0 here and rank 1 on the fake
+/// `node` reached through `ssh`: for tests of PMI and the launcher, whose
+/// ranks send no datagrams (so no interface setting).
+pub(crate) fn one_remote_rank_args(ssh: &Path) -> [&str; 6] {
+    [
+        "-n",
+        "2",
+        "--host",
+        "localhost,node",
+        "--launcher-exec",
+        ssh.to_str().unwrap(),
+    ]
+}
+
 /// Checks that every one of `n` ranks printed `rank R saw n`.
 pub(crate) fn assert_all_saw(run: &Run, n: u32) {
     for rank in 0..n {

@@ -6,9 +6,9 @@
 //! connects, and the address PMI is served on.
 
 use crate::harness::{
-    FAKE_SSH, NOT_WAITED_OUT, assert_all_saw, assert_fails, eventually, gone, launch, pmi_rank,
-    ranks_of_line, remote_args, run_command, run_script, run_with_stdin, scratch, script_file,
-    udrun, zombie,
+    FAKE_SSH, NOT_WAITED_OUT, assert_all_saw, assert_fails, eventually, gone, launch,
+    one_remote_rank_args, pmi_rank, ranks_of_line, remote_args, run_command, run_script,
+    run_with_stdin, scratch, script_file, udrun, zombie,
 };
 
 /// With `UDBTL_AUTH`, every rank's datagram keys derive from the job secret
@@ -74,17 +74,7 @@ fn remote_ranks_use_pmi_port_and_die_with_the_job() {
         r#"echo "pid $$"; [ "$rank" = 0 ] && { sleep 0.5; exit 4; }; sleep 1000"#,
         "",
     );
-    let run = run_script(
-        &[
-            "-n",
-            "2",
-            "--host",
-            "localhost,node",
-            "--launcher-exec",
-            ssh.to_str().unwrap(),
-        ],
-        &hang,
-    );
+    let run = run_script(&one_remote_rank_args(&ssh), &hang);
     assert_fails(&run, 4, &["rank 0 (pid ", "exited with code 4"]);
     let pids: Vec<u32> = run
         .stdout

@@ -10,8 +10,8 @@ use std::thread;
 use std::time::Duration;
 
 use crate::harness::{
-    FAKE_SSH, LIMIT, Run, Udrun, assert_all_saw, collect, pmi_rank, proof_command, ranks_of_line,
-    remote_args, run_script, scratch, script_file, udrun,
+    FAKE_SSH, LIMIT, Run, Udrun, assert_all_saw, collect, one_remote_rank_args, pmi_rank,
+    proof_command, ranks_of_line, remote_args, run_script, scratch, script_file, udrun,
 };
 
 // Authenticated PMI_PORT (issue 15): remote ranks prove the job secret,
@@ -126,17 +126,7 @@ fn a_replayed_handshake_and_a_second_claim_are_refused() {
 fi"#,
         proof = proof_command()
     );
-    let run = run_script(
-        &[
-            "-n",
-            "2",
-            "--host",
-            "localhost,node",
-            "--launcher-exec",
-            ssh.to_str().unwrap(),
-        ],
-        &pmi_rank("", &after),
-    );
+    let run = run_script(&one_remote_rank_args(&ssh), &pmi_rank("", &after));
     assert_eq!(run.code, Some(0), "{run:#?}");
     assert_all_saw(&run, 2);
     for line in [
@@ -197,14 +187,7 @@ fn no_secret_on_any_command_line_and_junk_connections_leave_udrun_bounded() {
 fi"#,
         flag.display()
     );
-    let mut cmd = udrun(&[
-        "-n",
-        "2",
-        "--host",
-        "localhost,node",
-        "--launcher-exec",
-        ssh.to_str().unwrap(),
-    ]);
+    let mut cmd = udrun(&one_remote_rank_args(&ssh));
     cmd.args(["bash", "-c", &pmi_rank(&before, "")]);
     let mut udrun = Udrun::start(cmd);
     let udrun_pid = udrun.child.id();
