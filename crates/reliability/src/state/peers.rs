@@ -28,8 +28,6 @@ pub(super) struct Peers {
     starts: Vec<StreamStart>,
     /// The state of every peer that woke, in the order they woke.
     awake: Vec<Peer>,
-    /// The id of each of `awake`.
-    awake_ids: Vec<u32>,
 }
 
 /// Heap bytes a dormant peer keeps.
@@ -37,7 +35,7 @@ pub(super) const DORMANT_BYTES: usize = size_of::<u32>() + size_of::<StreamStart
 
 /// Heap bytes the peers' table adds when a peer wakes, besides its
 /// [`DORMANT_BYTES`].
-pub(super) const AWAKE_BYTES: usize = size_of::<Peer>() + size_of::<u32>();
+pub(super) const AWAKE_BYTES: usize = size_of::<Peer>();
 
 impl Peers {
     /// Adds a dormant peer whose streams start at `start`; returns its id.
@@ -105,13 +103,7 @@ impl Peers {
         }
         self.index[id] = self.awake.len() as u32;
         self.awake.push(Peer::new(config, now, self.starts[id]));
-        self.awake_ids.push(id as u32);
         Some(true)
-    }
-
-    /// The id of the `i`th peer to wake.
-    pub(super) fn awake_id(&self, i: usize) -> u32 {
-        self.awake_ids[i]
     }
 
     /// The states of the peers that woke.

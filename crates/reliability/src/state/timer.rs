@@ -145,8 +145,11 @@ impl<F: Clone, R> Reliability<F, R> {
                 p.resumed = true;
             }
         }
-        for i in 0..self.peers.awake() {
-            self.reschedule(self.peers.awake_id(i));
+        // Every peer that woke (a pass over all: a resume is rare).
+        for id in 0..self.peers.len() {
+            if self.peers.get(id).is_some() {
+                self.reschedule(id as u32);
+            }
         }
     }
 
