@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use udbtl_wire::rel::{FLAG_ENCRYPTED, FLAG_SEALED};
+use udbtl_wire::rel::{self, FLAG_ENCRYPTED, FLAG_SEALED};
 
 #[path = "../../../tests/support/udrun_jobs.rs"]
 mod common;
@@ -169,8 +169,62 @@ fn replayed(all: &str) -> u64 {
 /// Datagrams captured before they are replayed.
 const CAPTURED: usize = 32;
 /// Sealed datagrams of the job that go by after the last capture before
-/// the replays: far more than the replay window's 64 in each direction.
+/// the replays, both directions together: as many as the replay window
+/// spans in one, so that a copy is refused as older than the window or,
+/// if it is still inside, as taken.
 const GONE_BY: usize = 2048;
+
+/// Reads the job's sealed datagrams off the wire (the job's by `job_key`)
+/// and keeps the first [`CAPTURED`] whose header `capture` picks; then
+/// counts those `gone_by` picks, up to [`GONE_BY`]; then sends each capture
+/// again from its own sender's address. Returns how many copies went out
+/// and how many datagrams went by, which is less than [`GONE_BY`] only if
+/// the job ended first.
+fn capture_then_replay(
+    job: &mut stranger_job::StrangerJob,
+    (spoofer, sniffer): (&forger::Spoofer, &forger::Sniffer),
+    job_key: u32,
+    capture: impl Fn(&rel::Repr) -> bool,
+    gone_by: impl Fn(&rel::Repr) -> bool,
+) -> (u64, usize) {
+    let mut captured = Vec::new();
+    let mut went_by = 0;
+    while went_by < GONE_BY && job.running() {
+        let Some(datagram) = sniffer.next() else {
+            continue;
+        };
+        if datagram.job_key() != Some(job_key) {
+            continue;
+        }
+        let Some(header) = datagram.reliability_header().filter(|h| h.has(FLAG_SEALED)) else {
+            continue;
+        };
+        if captured.len() < CAPTURED {
+            if capture(&header) {
+                captured.push(datagram);
+            }
+        } else if gone_by(&header) {
+            went_by += 1;
+        }
+    }
+    let sent = captured
+        .iter()
+        .filter(|d| spoofer.send(d.from, d.to, &d.payload).is_ok())
+        .count();
+    (sent as u64, went_by)
+}
+
+/// Opens the raw socket and the packet socket the replay tests need, or
+/// says why they cannot be (`SKIPPED`).
+fn spoofer_and_sniffer() -> Option<(forger::Spoofer, forger::Sniffer)> {
+    match forger::spoofer_and_sniffer() {
+        Ok(both) => Some(both),
+        Err(reason) => {
+            udbtl_prereq::skipped!("{reason}");
+            None
+        }
+    }
+}
 
 /// An observer on the path records genuine sealed datagrams of a job
 /// under udrun (`udprobe stranger`, `UDBTL_AUTH=1`) and, once the streams
@@ -184,12 +238,8 @@ const GONE_BY: usize = 2048;
     ignore = "SKIPPED: needs root (a raw socket and a packet socket)"
 )]
 fn genuine_datagrams_replayed_from_their_senders_address_are_refused() {
-    let (spoofer, sniffer) = match forger::spoofer_and_sniffer() {
-        Ok(both) => both,
-        Err(reason) => {
-            udbtl_prereq::skipped!("{reason}");
-            return;
-        }
+    let Some(sockets) = spoofer_and_sniffer() else {
+        return;
     };
     // The seed's fixed Q_Key leaves the job key unmasked on the wire, which
     // tells this job's datagrams from other tests'. Replays carry whatever
@@ -199,38 +249,64 @@ fn genuine_datagrams_replayed_from_their_senders_address_are_refused() {
         "replay",
         &[("UDBTL_AUTH", "1"), forger::FIXED_QKEY],
     );
-    let mut sent = 0u64;
+    let mut sent = 0;
     if let Some(job_key) = job.pids().and_then(|pids| forger::job_key_of(pids[0])) {
-        let mut captured = Vec::new();
-        let mut gone_by = 0;
-        while gone_by < GONE_BY && job.running() {
-            let Some(datagram) = sniffer.next() else {
-                continue;
-            };
-            let ours = datagram.job_key() == Some(job_key)
-                && datagram
-                    .reliability_header()
-                    .is_some_and(|h| h.has(FLAG_SEALED));
-            if !ours {
-                continue;
-            }
-            if captured.len() < CAPTURED {
-                captured.push(datagram);
-            } else {
-                gone_by += 1;
-            }
-        }
-        for datagram in &captured {
-            if spoofer
-                .send(datagram.from, datagram.to, &datagram.payload)
-                .is_ok()
-            {
-                sent += 1;
-            }
-        }
+        let every = |_: &rel::Repr| true;
+        (sent, _) = capture_then_replay(&mut job, (&sockets.0, &sockets.1), job_key, every, every);
     }
     let all = job.finish();
     println!("{sent} genuine datagrams replayed");
+    assert_eq!(sent, CAPTURED as u64, "every capture was replayed: {all}");
+    assert!(replayed(&all) >= sent, "every replay refused: {all}");
+}
+
+/// Where the streams of [`data_from_before_a_sequence_wrap_is_refused_after_it`]
+/// start: 256 datagrams before their 32-bit sequence numbers wrap.
+const NEAR_WRAP: u32 = 0xffff_ff00;
+
+/// A job whose streams start just before their sequence numbers wrap
+/// (`UDBTL_REL_FIRST_SEQ`), with `UDBTL_AUTH=1`: an observer records data
+/// datagrams from before the wrap and, once [`GONE_BY`] data datagrams
+/// from after it went by, sends each again from its sender's address. The
+/// streams go on through the wrap (the tag covers each sequence number's
+/// epoch, which the wrap moves on), every copy is refused, none is
+/// delivered twice (udprobe checks every message) and the job completes.
+/// Root only, as the test above.
+#[test]
+#[cfg_attr(
+    udbtl_missing = "root",
+    ignore = "SKIPPED: needs root (a raw socket and a packet socket)"
+)]
+fn data_from_before_a_sequence_wrap_is_refused_after_it() {
+    let Some(sockets) = spoofer_and_sniffer() else {
+        return;
+    };
+    let first_seq = format!("{NEAR_WRAP:#x}");
+    let mut job = stranger_job::StrangerJob::start(
+        PROBE,
+        "wrap",
+        &[
+            ("UDBTL_AUTH", "1"),
+            ("UDBTL_REL_FIRST_SEQ", &first_seq),
+            forger::FIXED_QKEY,
+        ],
+    );
+    let data = |h: &rel::Repr| !h.has(rel::FLAG_ACK_ONLY);
+    let (mut sent, mut after_wrap) = (0, 0);
+    if let Some(job_key) = job.pids().and_then(|pids| forger::job_key_of(pids[0])) {
+        (sent, after_wrap) = capture_then_replay(
+            &mut job,
+            (&sockets.0, &sockets.1),
+            job_key,
+            |h| data(h) && h.seq.0 >= NEAR_WRAP,
+            |h| data(h) && h.seq.0 < 1 << 31,
+        );
+    }
+    let all = job.finish();
+    println!(
+        "{sent} data datagrams from before the wrap replayed after {after_wrap} from after it"
+    );
+    assert_eq!(after_wrap, GONE_BY, "the streams went past the wrap: {all}");
     assert_eq!(sent, CAPTURED as u64, "every capture was replayed: {all}");
     assert!(replayed(&all) >= sent, "every replay refused: {all}");
 }

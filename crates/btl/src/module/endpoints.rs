@@ -457,13 +457,16 @@ impl<C: Context> Engine<C> {
         };
         // A reliable endpoint's id is its peer id, and neither is reused: a
         // closed peer lingers.
-        let own = reliable.stream_nonce;
-        let start = StreamStart {
-            send: modex::stream_start(own, peer.stream_nonce),
-            recv: modex::stream_start(peer.stream_nonce, own),
+        let peer = if reliable.fixed_stream_start {
+            reliable.core.add_peer()
+        } else {
+            let own = reliable.stream_nonce;
+            reliable.core.add_peer_at(StreamStart {
+                send: modex::stream_start(own, peer.stream_nonce),
+                recv: modex::stream_start(peer.stream_nonce, own),
+            })
         };
         let now = Instant::from_duration(self.ctx.now());
-        let peer = reliable.core.add_peer_at(start);
         debug_assert_eq!(peer.0, self.endpoints.next_fresh_id().0);
         let id = self.endpoints.insert(endpoint, false);
         // The new peer's share counts from its first acknowledgement on.

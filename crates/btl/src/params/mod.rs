@@ -411,6 +411,11 @@ parameters! {
         "Datagrams in flight per peer at most, and the receive credit advertised; \
          0 picks about 1 MiB of datagrams (64 of loopback's 64 KiB, 740 of an \
          MTU-1500 path's), within 64..=1024";
+    rel_first_seq: u32 = unset, hex(0, 0xffff_ffff), udbtl,
+        "Sequence number every stream starts at, the same for every pair of processes: for \
+         tests that cross the 32-bit wrap (0xffffff00 wraps after 256 datagrams); unset: \
+         a place drawn per pair from both modex entries, which no one outside the job can \
+         guess. Every process of the job must set it alike";
     peer_timeout: u32 = (30_000), int(10, 86_400_000), udbtl,
         "Milliseconds without acknowledgement, while data waits, before a peer is \
          declared lost (time, not a retry count, decides)";

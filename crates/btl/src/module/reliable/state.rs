@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use udbtl_fabric::{Mr, MrHandle, Sge};
 use udbtl_reliability::{Config, ConfigError, Instant, Reliability};
+use udbtl_wire::SeqNum;
 
 use super::super::delivery::Held;
 use super::super::integrity::Integrity;
@@ -76,8 +77,10 @@ pub(in crate::module) struct Reliable {
     /// process was stopped.
     pub(super) last_run: Option<Instant>,
     /// Published in the modex: with a peer's, where the streams between
-    /// the two start (`modex::stream_start`).
+    /// the two start (`modex::stream_start`), unless `rel_first_seq` sets
+    /// one start for all (`core`'s `initial_seq`, and this is `true`).
     pub(in crate::module) stream_nonce: u32,
+    pub(in crate::module) fixed_stream_start: bool,
 }
 
 impl Reliable {
@@ -102,6 +105,7 @@ impl Reliable {
             reassembly: Reassembly::default(),
             last_run: None,
             stream_nonce,
+            fixed_stream_start: params.rel_first_seq.is_some(),
         })
     }
 
@@ -168,6 +172,7 @@ fn reliability_state(
         // Authenticated datagrams can still be replayed: only news may keep
         // a peer alive.
         strict_liveness: params.protection().is_some(),
+        initial_seq: SeqNum(params.rel_first_seq.unwrap_or(0)),
         ..Config::default()
     };
     Reliability::new(config)
