@@ -66,6 +66,10 @@ impl<C: Context + ?Sized> Context for Box<C> {
         (**self).mr_bytes_mut(mr)
     }
 
+    fn mr_bytes_pair(&mut self, from: MrHandle, to: MrHandle) -> Result<(&[u8], &mut [u8])> {
+        (**self).mr_bytes_pair(from, to)
+    }
+
     fn create_cq(&mut self, depth: u32) -> Result<CqHandle> {
         (**self).create_cq(depth)
     }

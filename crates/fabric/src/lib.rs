@@ -154,6 +154,15 @@ pub trait Context: Send {
     /// Bad handle, or a registration of caller memory.
     fn mr_bytes_mut(&mut self, mr: MrHandle) -> Result<&mut [u8]>;
 
+    /// The bytes of two different provider-owned registrations at once:
+    /// `from`'s to read and `to`'s to write, so that one pass can read the
+    /// one and write the other (an encryption out of place).
+    ///
+    /// # Errors
+    /// A bad handle, the same registration twice, or a registration of
+    /// caller memory.
+    fn mr_bytes_pair(&mut self, from: MrHandle, to: MrHandle) -> Result<(&[u8], &mut [u8])>;
+
     /// Creates a completion queue with room for `depth` completions.
     ///
     /// # Errors

@@ -32,6 +32,17 @@ struct Slot<T> {
     value: Option<T>,
 }
 
+impl<T> Slot<T> {
+    /// The value, if `handle` names this slot's current generation.
+    fn alive_mut(&mut self, handle: Handle) -> Option<&mut T> {
+        if self.generation == handle.generation {
+            self.value.as_mut()
+        } else {
+            None
+        }
+    }
+}
+
 /// Generational storage with O(1) insert, lookup and removal.
 #[derive(Debug)]
 pub struct Table<T> {
@@ -88,6 +99,22 @@ impl<T> Table<T> {
             .get_mut(handle.index as usize)
             .filter(|slot| slot.generation == handle.generation)
             .and_then(|slot| slot.value.as_mut())
+    }
+
+    /// The two different entries named by `first` and `second`, mutably,
+    /// if both are still alive.
+    pub fn get_pair_mut(&mut self, first: Handle, second: Handle) -> Option<(&mut T, &mut T)> {
+        let (i, j) = (first.index as usize, second.index as usize);
+        if i == j || i.max(j) >= self.slots.len() {
+            return None;
+        }
+        let (below, from) = self.slots.split_at_mut(i.max(j));
+        let (a, b) = if i < j {
+            (below.get_mut(i)?, from.first_mut()?)
+        } else {
+            (from.first_mut()?, below.get_mut(j)?)
+        };
+        Some((a.alive_mut(first)?, b.alive_mut(second)?))
     }
 
     /// Removes and returns the entry named by `handle`.
@@ -151,6 +178,29 @@ impl<T> Table<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pair_is_two_different_live_entries_in_the_order_asked() {
+        let mut table = Table::default();
+        let a = table.insert('a');
+        let b = table.insert('b');
+        let c = table.insert('c');
+        assert_eq!(table.get_pair_mut(a, c), Some((&mut 'a', &mut 'c')));
+        assert_eq!(table.get_pair_mut(c, a), Some((&mut 'c', &mut 'a')));
+        assert_eq!(table.get_pair_mut(b, b), None);
+        table.remove(b);
+        assert_eq!(table.get_pair_mut(a, b), None);
+        let stale = b;
+        let reused = table.insert('d');
+        assert_eq!(reused.index(), stale.index());
+        assert_eq!(table.get_pair_mut(stale, a), None);
+        assert_eq!(table.get_pair_mut(reused, a), Some((&mut 'd', &mut 'a')));
+        let unknown = Handle {
+            index: 9,
+            generation: 0,
+        };
+        assert_eq!(table.get_pair_mut(a, unknown), None);
+    }
 
     #[test]
     fn stale_handles_do_not_alias_new_entries() {

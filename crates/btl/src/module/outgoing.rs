@@ -4,13 +4,13 @@
 
 use udbtl_fabric::{Context, FabricError, Gather, MrHandle, PostError, Sge};
 use udbtl_wire::datagram::Epochs;
-use udbtl_wire::seal::{Protection, Sender};
+use udbtl_wire::seal::{Protection, SEALED_HEADER_LEN, Sender, TAG_LEN};
 use udbtl_wire::{btl, datagram, rel};
 
 use super::Engine;
 use super::endpoints::{Endpoints, Route};
 use super::integrity::{checksum, payload_offset};
-use super::seal::PairSeal;
+use super::seal::{PairSeal, Unsealed};
 use super::transmit::QueuedPost;
 use crate::EndpointId;
 use crate::error::SendFailure;
@@ -189,13 +189,15 @@ impl<C: Context> Engine<C> {
         let Ok(bytes) = self.ctx.mr_bytes_mut(head_mr) else {
             return false;
         };
-        let datagram = &mut bytes[head.offset..head.offset + head.len];
-        let tail = user.unwrap_or(&[]);
+        let unsealed = Unsealed::InPlace {
+            head: &mut bytes[head.offset..head.offset + head.len],
+            tail: user.unwrap_or(&[]),
+        };
         if !seal_to(
             &mut self.endpoints,
             sealer,
             endpoint,
-            (datagram, tail),
+            unsealed,
             &header,
             epochs,
         ) {
@@ -207,9 +209,10 @@ impl<C: Context> Engine<C> {
 
     /// [`transmit_data`](Self::transmit_data) on a module that encrypts,
     /// or for a datagram that cannot be authenticated where it is: it is
-    /// copied into a seal buffer and sealed there, since the fragment keeps
-    /// its payload in clear for a resend, which goes under a new packet
-    /// number.
+    /// sealed into a seal buffer, since the fragment keeps its payload in
+    /// clear for a resend, which goes under a new packet number. Encryption
+    /// reads the payload where it is and writes the ciphertext there, in
+    /// one pass; authentication copies the datagram there first.
     fn transmit_sealed(
         &mut self,
         des: Descriptor,
@@ -221,38 +224,96 @@ impl<C: Context> Engine<C> {
     ) {
         let user = self.frags.user_bytes(des).map_or(&[][..], |(_, data)| data);
         let len = head.len + user.len();
-        let Some(slot) = self.path.reliable_mut().and_then(|r| r.next_seal_slot(len)) else {
+        let Some(slot) = self
+            .path
+            .reliable_mut()
+            .and_then(|r| r.next_seal_slot(len + TAG_LEN))
+        else {
             self.stats.transmit_failures += 1;
             return;
         };
-        let (ring, slot) = slot;
+        let (ring, mut slot) = slot;
+        slot.len = len;
+        let sealer = (self.protection(), self.sender());
+        let sealed = if sealer.0 == Some(Protection::Encrypt) {
+            self.ctx
+                .mr_bytes_pair(head_mr, ring)
+                .ok()
+                .and_then(|(from, to)| {
+                    let head = from.get(head.offset..head.offset + head.len)?;
+                    let out = to.get_mut(slot.offset..slot.offset + len + TAG_LEN)?;
+                    let (headers, payload) = head.split_at_checked(SEALED_HEADER_LEN)?;
+                    out[..SEALED_HEADER_LEN].copy_from_slice(headers);
+                    let unsealed = Unsealed::Into {
+                        out,
+                        payload: (payload, user),
+                    };
+                    Some(seal_to(
+                        &mut self.endpoints,
+                        sealer,
+                        endpoint,
+                        unsealed,
+                        &header,
+                        epochs,
+                    ))
+                })
+                .unwrap_or(false)
+        } else {
+            self.authenticate_copy(
+                des,
+                endpoint,
+                (head_mr, head),
+                (ring, slot),
+                &header,
+                epochs,
+            )
+        };
+        if !sealed {
+            self.stats.transmit_failures += 1;
+            return;
+        }
+        self.queue_post(QueuedPost::data(route, des, slot, false));
+    }
+
+    /// Copies the datagram of `des` held as `head` and its caller's bytes
+    /// into `slot` and authenticates it there; `false` if it could not be.
+    fn authenticate_copy(
+        &mut self,
+        des: Descriptor,
+        endpoint: EndpointId,
+        (head_mr, head): (MrHandle, Sge),
+        (ring, slot): (MrHandle, Sge),
+        header: &rel::Repr,
+        epochs: Epochs,
+    ) -> bool {
+        let len = slot.len;
         if !copy_registered(
             &mut self.ctx,
             (head_mr, head.offset),
             (ring, slot.offset),
             head.len,
         ) {
-            self.stats.transmit_failures += 1;
-            return;
+            return false;
         }
         let sealer = (self.protection(), self.sender());
+        let user = self.frags.user_bytes(des).map_or(&[][..], |(_, data)| data);
         let Ok(bytes) = self.ctx.mr_bytes_mut(ring) else {
-            return;
+            return false;
         };
         let datagram = &mut bytes[slot.offset..slot.offset + len];
         datagram[head.len..].copy_from_slice(user);
-        if !seal_to(
+        let unsealed = Unsealed::InPlace {
+            head: datagram,
+            tail: &[],
+        };
+        seal_to(
             &mut self.endpoints,
             sealer,
             endpoint,
-            (datagram, &[]),
-            &header,
+            unsealed,
+            header,
             epochs,
-        ) {
-            self.stats.transmit_failures += 1;
-            return;
-        }
-        self.queue_post(QueuedPost::data(route, des, slot, false));
+        )
     }
 
     /// Sends an acknowledgement-only datagram from the ack ring, unsignaled:
@@ -277,11 +338,15 @@ impl<C: Context> Engine<C> {
             reliable: true,
         }
         .emit(&mut btl::Packet::new_unchecked(&mut *buf));
+        let unsealed = Unsealed::InPlace {
+            head: &mut *buf,
+            tail: &[],
+        };
         if !seal_to(
             &mut self.endpoints,
             sealer,
             endpoint,
-            (buf, &[]),
+            unsealed,
             &header,
             epochs,
         ) {
@@ -299,19 +364,18 @@ impl<C: Context> Engine<C> {
     }
 }
 
-/// Writes `header` into the datagram held as `head` (its headers, room for
-/// a tag and the start of its payload) and `tail` (the rest of the
-/// payload), and, with `protection`, seals it to `endpoint` as `own`;
-/// `false` if it must not be sent as it is held.
+/// Writes `header` into `datagram`'s headers and, with `protection`, seals
+/// it to `endpoint` as `own`; `false` if it must not be sent as it is
+/// held.
 fn seal_to(
     endpoints: &mut Endpoints,
     (protection, own): (Option<Protection>, Sender),
     endpoint: EndpointId,
-    (head, tail): (&mut [u8], &[u8]),
+    mut datagram: Unsealed<'_>,
     header: &rel::Repr,
     epochs: Epochs,
 ) -> bool {
-    let Ok(mut ext) = datagram::extension_mut(head) else {
+    let Ok(mut ext) = datagram::extension_mut(datagram.headers()) else {
         return false;
     };
     header.emit(&mut ext);
@@ -329,7 +393,7 @@ fn seal_to(
     let Some(pair) = PairSeal::of(&mut peer.seal) else {
         return false;
     };
-    pair.seal((head, tail), (&peer_key, peer_qpn), own, epochs, protection)
+    pair.seal(datagram, (&peer_key, peer_qpn), own, epochs, protection)
 }
 
 /// Copies `len` bytes of registration `from` at its offset to registration

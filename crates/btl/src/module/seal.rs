@@ -8,6 +8,32 @@ use udbtl_wire::seal::{self, PACKET_NUMBER_START_MAX, Protection, ReplayWindow, 
 
 use super::integrity::Check;
 
+/// A datagram to seal, as it is held.
+#[derive(Debug)]
+pub(super) enum Unsealed<'a> {
+    /// Headers, room for the tag and the start of the payload in `head`,
+    /// the rest of the payload in `tail`: sealed where it is
+    /// ([`seal::seal`]).
+    InPlace { head: &'a mut [u8], tail: &'a [u8] },
+    /// Headers and room for the tag in `out`, the payload in two pieces
+    /// elsewhere: encrypted into `out` behind the headers, which is a tag
+    /// longer than the datagram ([`seal::encrypt_into`]).
+    Into {
+        out: &'a mut [u8],
+        payload: (&'a [u8], &'a [u8]),
+    },
+}
+
+impl Unsealed<'_> {
+    /// The bytes its headers are in.
+    pub(super) fn headers(&mut self) -> &mut [u8] {
+        match self {
+            Self::InPlace { head, .. } => head,
+            Self::Into { out, .. } => out,
+        }
+    }
+}
+
 /// One peer's sealing state. An endpoint gets one (boxed, one or two KB
 /// with both keys) when the first datagram to or from it is sealed, so a
 /// peer that never talks costs only the pointer.
@@ -51,15 +77,14 @@ impl PairSeal {
         }
     }
 
-    /// Seals the datagram held as `head` (headers, room for the tag, the
-    /// start of the payload) and `tail` (the rest of the payload) to the
-    /// peer whose module's key is `peer_key` and whose receiving queue pair
-    /// is `peer_qpn`, from this process, `own`. `false` if it could not
-    /// be sealed as it is held ([`seal::seal`]'s errors): nothing was then
-    /// sealed, and no packet number taken.
+    /// Seals `datagram` to the peer whose module's key is `peer_key` and
+    /// whose receiving queue pair is `peer_qpn`, from this process, `own`.
+    /// `false` if it could not be sealed as it is held ([`seal::seal`]'s
+    /// and [`seal::encrypt_into`]'s errors): nothing was then sealed, and no
+    /// packet number taken.
     pub(super) fn seal(
         &mut self,
-        (head, tail): (&mut [u8], &[u8]),
+        datagram: Unsealed<'_>,
         (peer_key, peer_qpn): (&AuthKey, u32),
         own: Sender,
         epochs: Epochs,
@@ -69,7 +94,11 @@ impl PairSeal {
         let key = key_of_phase(&mut self.send, seal::phase_of(pn), |phase| {
             SealKey::derive(peer_key, peer_qpn, own, phase, protection)
         });
-        if seal::seal(head, tail, key, pn, epochs).is_err() {
+        let sealed = match datagram {
+            Unsealed::InPlace { head, tail } => seal::seal(head, tail, key, pn, epochs),
+            Unsealed::Into { out, payload } => seal::encrypt_into(out, payload, key, pn, epochs),
+        };
+        if sealed.is_err() {
             return false;
         }
         self.next_pn += 1;
@@ -183,8 +212,12 @@ mod tests {
                     ..Default::default()
                 }
                 .emit(&mut datagram::extension_mut(&mut bytes[..HEADER_LEN]).unwrap());
+                let unsealed = Unsealed::InPlace {
+                    head: &mut bytes,
+                    tail: &[],
+                };
                 assert!(out.seal(
-                    (&mut bytes, &[]),
+                    unsealed,
                     (&receiver, 7),
                     sender,
                     Epochs::default(),

@@ -60,6 +60,14 @@ macro_rules! delegate_to_verbs {
             self.verbs.mr_bytes_mut(mr)
         }
 
+        fn mr_bytes_pair(
+            &mut self,
+            from: $crate::MrHandle,
+            to: $crate::MrHandle,
+        ) -> $crate::Result<(&[u8], &mut [u8])> {
+            self.verbs.mr_bytes_pair(from, to)
+        }
+
         fn create_cq(&mut self, depth: u32) -> $crate::Result<$crate::CqHandle> {
             self.verbs.create_cq(depth)
         }

@@ -118,6 +118,21 @@ impl<Q, A> Verbs<Q, A> {
         }
     }
 
+    pub(crate) fn mr_bytes_pair(
+        &mut self,
+        from: MrHandle,
+        to: MrHandle,
+    ) -> Result<(&[u8], &mut [u8])> {
+        let (from, to) = self
+            .mrs
+            .get_pair_mut(from.0, to.0)
+            .ok_or_else(|| invalid("memory registration pair"))?;
+        match (&from.memory, &mut to.memory) {
+            (Memory::Owned(from), Memory::Owned(to)) => Ok((from, to)),
+            _ => Err(user_memory_error()),
+        }
+    }
+
     // ----- completion queues --------------------------------------------
 
     pub(crate) fn create_cq(&mut self, depth: u32) -> Result<CqHandle> {

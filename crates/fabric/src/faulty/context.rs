@@ -215,6 +215,10 @@ impl<C: Context> Context for FaultyContext<C> {
         self.inner.mr_bytes_mut(mr)
     }
 
+    fn mr_bytes_pair(&mut self, from: MrHandle, to: MrHandle) -> Result<(&[u8], &mut [u8])> {
+        self.inner.mr_bytes_pair(from, to)
+    }
+
     fn create_cq(&mut self, depth: u32) -> Result<CqHandle> {
         let cq = self.inner.create_cq(depth)?;
         self.ready.insert(cq, VecDeque::new());

@@ -178,6 +178,10 @@ impl Context for VerbsContext {
         self.verbs.mr_bytes_mut(mr)
     }
 
+    fn mr_bytes_pair(&mut self, from: MrHandle, to: MrHandle) -> Result<(&[u8], &mut [u8])> {
+        self.verbs.mr_bytes_pair(from, to)
+    }
+
     fn create_cq(&mut self, depth: u32) -> Result<CqHandle> {
         let cq = self.verbs.create_cq(depth)?;
         match self.device.create_cq(depth) {

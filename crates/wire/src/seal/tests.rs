@@ -264,6 +264,28 @@ proptest! {
         prop_assert_eq!(split.is_ok(), at == payload.len());
     }
 
+    /// Encrypting out of place, from a payload in two pieces anywhere,
+    /// makes the datagram that encrypting it whole in place makes.
+    #[test]
+    fn encryption_out_of_place_seals_as_in_place(
+        payload in proptest::collection::vec(any::<u8>(), 0..400),
+        cut: prop::sample::Index,
+    ) {
+        let whole = sealed(&payload, Protection::Encrypt);
+        let at = cut.index(payload.len() + 1);
+        let mut out = unsealed(&[], Protection::Encrypt);
+        out.resize(whole.len() + TAG_LEN, 0xee);
+        let pieces = (&payload[..at], &payload[at..]);
+        encrypt_into(&mut out, pieces, &key(PN, Protection::Encrypt), PN, EPOCHS).unwrap();
+        prop_assert_eq!(&out[..whole.len()], &whole[..]);
+        let short = &mut out[..whole.len()];
+        prop_assert!(encrypt_into(short, pieces, &key(PN, Protection::Encrypt), PN, EPOCHS).is_err());
+        let mut plain = unsealed(&[], Protection::Authenticate);
+        plain.resize(whole.len() + TAG_LEN, 0);
+        let authenticating = key(PN, Protection::Authenticate);
+        prop_assert!(encrypt_into(&mut plain, pieces, &authenticating, PN, EPOCHS).is_err());
+    }
+
     #[test]
     fn seal_then_open_round_trips(
         payload in proptest::collection::vec(any::<u8>(), 0..300),

@@ -8,6 +8,7 @@ use std::time::Duration;
 use udbtl_fabric::{Mr, MrHandle, Sge};
 use udbtl_reliability::{Config, ConfigError, Instant, Reliability};
 use udbtl_wire::SeqNum;
+use udbtl_wire::seal::TAG_LEN;
 
 use super::super::delivery::Held;
 use super::super::integrity::Integrity;
@@ -24,15 +25,17 @@ const ACK_LEN: usize = HEADER_MAX;
 
 /// The ring of registered buffers a reliable module sends from besides its
 /// fragments: acknowledgement-only datagrams, and on a module that seals,
-/// every data datagram (sealed in a copy, since the fragment keeps its
-/// payload in clear for a resend under a new packet number).
+/// the data datagrams it cannot seal where they are (every one it
+/// encrypts, into a seal buffer, since the fragment keeps its payload in
+/// clear for a resend under a new packet number).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(in crate::module) struct RingLayout {
     /// Seal buffers: none on a module that does not seal; else more than
     /// the signaled sends that can be outstanding (`sd_num`) and a batch,
     /// so that a buffer is written again only after its datagram left.
     seal_slots: usize,
-    /// Bytes of one seal buffer: the longest datagram.
+    /// Bytes of one seal buffer: the longest datagram and a tag (the
+    /// scratch of `seal::encrypt_into`).
     seal_len: usize,
 }
 
@@ -45,7 +48,7 @@ impl RingLayout {
         };
         Self {
             seal_slots,
-            seal_len: round_up(max_datagram, FRAG_ALIGN),
+            seal_len: round_up(max_datagram + TAG_LEN, FRAG_ALIGN),
         }
     }
 
