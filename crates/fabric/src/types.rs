@@ -125,6 +125,12 @@ pub struct DeviceInfo {
     pub port_count: u8,
     /// The device's limits.
     pub attr: DeviceAttr,
+    /// Whether `post_send` reads a send's bytes before it returns, so that
+    /// they may be written again at once: the `udp` provider copies them
+    /// into the kernel, the simulator into its network. An RDMA adapter
+    /// reads them later, at any time until the send's completion: until
+    /// then, nothing may write them, not even to send them again.
+    pub sends_read_at_post: bool,
 }
 
 /// State of a port.

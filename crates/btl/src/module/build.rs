@@ -248,7 +248,10 @@ impl<C: Context> Engine<C> {
             .map_err(|e| fail("post receive buffers")(e.error))?;
         if params.reliable {
             let ack_mr = ctx
-                .reg_mr(pd, RingLayout::new(params, max_datagram).bytes())
+                .reg_mr(
+                    pd,
+                    RingLayout::new(params, max_datagram, ctx.device()).bytes(),
+                )
                 .map_err(fail("register acknowledgement buffers"))?;
             partial.ack_mr = Some(ack_mr);
         }
@@ -320,7 +323,7 @@ impl<C: Context> Engine<C> {
                     let integrity =
                         integrity_for(params, &built.port, &qps, nonce, built.admission)?;
                     let max_datagram = header_len(params) + built.limits.max_send_size;
-                    let ring = RingLayout::new(params, max_datagram);
+                    let ring = RingLayout::new(params, max_datagram, ctx.device());
                     Reliable::new(
                         params,
                         built.limits.max_send_size,

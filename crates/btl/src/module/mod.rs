@@ -248,7 +248,11 @@ impl<C: Context> Engine<C> {
             if let Some(frag) = self.frags.get_mut(des) {
                 frag.state = FragState::Pending;
             }
-            self.tx.sends.push(WaitingSend { des, header: None });
+            self.tx.sends.push(WaitingSend {
+                des,
+                header: None,
+                resend: false,
+            });
             self.stats.sends_queued += 1;
             self.stats.pending_high_water = self.tx.sends.high_water;
             return Ok(SendStatus::Queued);

@@ -62,7 +62,7 @@ impl<C: Context> Engine<C> {
                     if let Some(frag) = self.frags.get_mut(waiting.des) {
                         frag.leaving = Leaving::No;
                     }
-                    self.transmit_data(waiting.des, header, epochs);
+                    self.transmit_data(waiting.des, header, epochs, waiting.resend);
                 }
                 None => {
                     if let Some(frag) = self.frags.get_mut(waiting.des) {
@@ -98,10 +98,17 @@ impl<C: Context> Engine<C> {
         self.stats.note_batch(outcome);
     }
 
-    /// Writes the reliability header into a descriptor and posts it. A
-    /// refusal is a loss to the protocol: the retransmission timer repairs
-    /// it.
-    pub(super) fn transmit_data(&mut self, des: Descriptor, mut header: rel::Repr, epochs: Epochs) {
+    /// Writes the reliability header into a descriptor and posts it; a
+    /// `resend` on a device that may not have read the first post yet goes
+    /// from a copy instead (see `RingLayout`). A refusal is a loss to the
+    /// protocol: the retransmission timer repairs it.
+    pub(super) fn transmit_data(
+        &mut self,
+        des: Descriptor,
+        mut header: rel::Repr,
+        epochs: Epochs,
+        resend: bool,
+    ) {
         let Some(frag) = self.frags.get(des) else {
             return;
         };
@@ -117,16 +124,26 @@ impl<C: Context> Engine<C> {
         let Some((mr, sge)) = self.frags.head(des, self.header_len + seg_len) else {
             return;
         };
+        let in_copy = resend && self.path.reliable().is_some_and(|r| r.resends_copied());
         match self.protection() {
             // Authenticated where it is, unless too much of the payload is
             // behind the headers.
             Some(Protection::Authenticate)
-                if self.seal_in_place(des, endpoint, route, header, epochs, (mr.handle, sge)) =>
+                if !in_copy
+                    && self.seal_in_place(
+                        des,
+                        endpoint,
+                        route,
+                        header,
+                        epochs,
+                        (mr.handle, sge),
+                    ) =>
             {
                 return;
             }
-            Some(_) => {
-                return self.transmit_sealed(
+            None if !in_copy => {}
+            _ => {
+                return self.transmit_from_ring(
                     des,
                     endpoint,
                     route,
@@ -135,7 +152,6 @@ impl<C: Context> Engine<C> {
                     (mr.handle, sge),
                 );
             }
-            None => {}
         }
         let Ok(bytes) = self.ctx.mr_bytes_mut(mr.handle) else {
             return;
@@ -207,13 +223,15 @@ impl<C: Context> Engine<C> {
         true
     }
 
-    /// [`transmit_data`](Self::transmit_data) on a module that encrypts,
-    /// or for a datagram that cannot be authenticated where it is: it is
-    /// sealed into a seal buffer, since the fragment keeps its payload in
-    /// clear for a resend, which goes under a new packet number. Encryption
-    /// reads the payload where it is and writes the ciphertext there, in
-    /// one pass; authentication copies the datagram there first.
-    fn transmit_sealed(
+    /// [`transmit_data`](Self::transmit_data) from a seal buffer instead of
+    /// the fragment: on a module that encrypts (the fragment keeps its
+    /// payload in clear for a resend, which goes under a new packet
+    /// number), for a datagram that cannot be authenticated where it is,
+    /// and for a resend the device may not have read the first post of.
+    /// Encryption reads the payload where it is and writes the ciphertext
+    /// there, in one pass; otherwise the datagram is copied there, then
+    /// sealed or checksummed.
+    fn transmit_from_ring(
         &mut self,
         des: Descriptor,
         endpoint: EndpointId,
@@ -259,7 +277,7 @@ impl<C: Context> Engine<C> {
                 })
                 .unwrap_or(false)
         } else {
-            self.authenticate_copy(
+            self.copy_and_seal(
                 des,
                 endpoint,
                 (head_mr, head),
@@ -276,8 +294,9 @@ impl<C: Context> Engine<C> {
     }
 
     /// Copies the datagram of `des` held as `head` and its caller's bytes
-    /// into `slot` and authenticates it there; `false` if it could not be.
-    fn authenticate_copy(
+    /// into `slot` and authenticates or checksums it there; `false` if it
+    /// could not be.
+    fn copy_and_seal(
         &mut self,
         des: Descriptor,
         endpoint: EndpointId,
@@ -303,17 +322,21 @@ impl<C: Context> Engine<C> {
         let datagram = &mut bytes[slot.offset..slot.offset + len];
         datagram[head.len..].copy_from_slice(user);
         let unsealed = Unsealed::InPlace {
-            head: datagram,
+            head: &mut *datagram,
             tail: &[],
         };
-        seal_to(
+        if !seal_to(
             &mut self.endpoints,
             sealer,
             endpoint,
             unsealed,
             header,
             epochs,
-        )
+        ) {
+            return false;
+        }
+        checksum(datagram, &[], None, header);
+        true
     }
 
     /// Sends an acknowledgement-only datagram from the ack ring, unsignaled:

@@ -20,6 +20,8 @@ pub(super) struct WaitingSend {
     /// The reliability header to stamp on it when it is posted, and the
     /// epochs its seal covers; `None` on an unreliable module.
     pub(super) header: Option<(rel::Repr, Epochs)>,
+    /// Whether the fragment was posted before (`Transmit::retransmission`).
+    pub(super) resend: bool,
 }
 
 /// Send credits and the sends waiting for them.

@@ -28,10 +28,18 @@ pub(crate) type Completions = Arc<Mutex<Vec<(SendEvent, Duration)>>>;
 
 /// A node on `net` with one port whose datagrams are at most 2048 bytes.
 pub(crate) fn node(net: &SimNetwork, name: &str, config: &BtlConfig) -> Btl {
+    node_on(net, node_device(name), config)
+}
+
+/// The device of [`node`]: one port, datagrams of at most 2048 bytes.
+pub(crate) fn node_device(name: &str) -> SimDeviceSpec {
+    SimDeviceSpec::new(name, 1).with_max_msg_size(2048)
+}
+
+/// A node on `net` with the device `spec`.
+pub(crate) fn node_on(net: &SimNetwork, spec: SimDeviceSpec, config: &BtlConfig) -> Btl {
     let provider = net.provider();
-    provider
-        .add_device(SimDeviceSpec::new(name, 1).with_max_msg_size(2048))
-        .unwrap();
+    provider.add_device(spec).unwrap();
     let params = Params::load_from(config, |_| None).unwrap();
     Component::init(provider, params).unwrap()
 }

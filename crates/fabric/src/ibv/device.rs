@@ -167,6 +167,7 @@ impl VerbsProvider {
                 max_ah: raw.max_ah,
                 max_inline_data: MAX_INLINE,
             },
+            sends_read_at_post: false,
         };
         Ok((device, info))
     }

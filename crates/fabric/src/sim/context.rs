@@ -30,6 +30,54 @@ pub struct SimContext {
     /// Reused by `poll_cq` for the queue pairs that receive into the polled
     /// completion queue, so polling does not allocate.
     scratch: Vec<(u32, QpHandle)>,
+    /// Whether the device reads a send's bytes only when it sends it
+    /// ([`SimDeviceSpec::late_send_reads`]).
+    late_send_reads: bool,
+    /// Sends posted while the network held them, oldest first.
+    held: Vec<HeldSend>,
+}
+
+/// What a send request says besides its bytes.
+#[derive(Debug, Clone, Copy)]
+struct SendHeader {
+    wr_id: u64,
+    ah: AhHandle,
+    remote_qpn: u32,
+    remote_qkey: u32,
+    imm: Option<u32>,
+    flags: SendFlags,
+}
+
+impl SendHeader {
+    const fn of(wr: &SendWr<'_>) -> Self {
+        Self {
+            wr_id: wr.wr_id,
+            ah: wr.ah,
+            remote_qpn: wr.remote_qpn,
+            remote_qkey: wr.remote_qkey,
+            imm: wr.imm,
+            flags: wr.flags,
+        }
+    }
+}
+
+/// A send posted while the network held sends: checked, its bytes not read.
+#[derive(Debug)]
+struct HeldSend {
+    qp: QpHandle,
+    header: SendHeader,
+    parts: Vec<HeldPart>,
+}
+
+/// Where a held send's bytes are.
+#[derive(Debug)]
+enum HeldPart {
+    /// In registered memory, read when the send is let go, as an adapter
+    /// would read it.
+    Registered(Sge),
+    /// Caller memory, copied when posted: the simulator cannot keep a
+    /// reference to it.
+    Copied(Vec<u8>),
 }
 
 impl SimContext {
@@ -60,6 +108,8 @@ impl SimContext {
             port_ids,
             verbs: Verbs::new(info, ports),
             scratch: Vec::new(),
+            late_send_reads: spec.late_send_reads,
+            held: Vec::new(),
         }
     }
 
@@ -85,12 +135,57 @@ impl SimContext {
 
     /// Checks one send, copies its bytes and hands it to the network.
     fn send_one(&mut self, qp: QpHandle, wr: &SendWr<'_>) -> Result<()> {
-        let entry = self.verbs.qp(qp)?;
-        let len = self.verbs.check_send(entry, wr)?;
+        let len = self.verbs.check_send(self.verbs.qp(qp)?, wr)?;
         let mut payload = Vec::with_capacity(len);
         for gather in wr.sg_list {
             payload.extend_from_slice(self.verbs.gather_bytes(gather));
         }
+        self.transmit(qp, SendHeader::of(wr), payload)
+    }
+
+    /// Checks one send and keeps it, unread, until the network lets sends
+    /// go.
+    fn hold(&mut self, qp: QpHandle, wr: &SendWr<'_>) -> Result<()> {
+        self.verbs.check_send(self.verbs.qp(qp)?, wr)?;
+        let parts = wr
+            .sg_list
+            .iter()
+            .map(|gather| match gather {
+                Gather::Registered(sge) => HeldPart::Registered(*sge),
+                Gather::User { data, .. } => HeldPart::Copied(data.to_vec()),
+            })
+            .collect();
+        self.held.push(HeldSend {
+            qp,
+            header: SendHeader::of(wr),
+            parts,
+        });
+        Ok(())
+    }
+
+    /// Reads and sends the held sends, in order, unless the network still
+    /// holds them. A send whose queue pair is gone meanwhile is dropped.
+    fn release_held(&mut self) {
+        if self.held.is_empty() || self.net.lock().sends_held {
+            return;
+        }
+        for send in mem::take(&mut self.held) {
+            let mut payload = Vec::new();
+            for part in &send.parts {
+                match part {
+                    HeldPart::Registered(sge) => payload
+                        .extend_from_slice(self.verbs.gather_bytes(&Gather::Registered(*sge))),
+                    HeldPart::Copied(bytes) => payload.extend_from_slice(bytes),
+                }
+            }
+            let _ = self.transmit(send.qp, send.header, payload);
+        }
+    }
+
+    /// Hands a checked send's bytes to the network and completes it.
+    fn transmit(&mut self, qp: QpHandle, wr: SendHeader, payload: Vec<u8>) -> Result<()> {
+        let entry = self.verbs.qp(qp)?;
+        let len = payload.len();
         let qkey = if wr.remote_qkey & QKEY_FROM_QP != 0 {
             entry.qkey
         } else {
@@ -111,7 +206,16 @@ impl SimContext {
         self.net
             .lock()
             .transmit(src_port, dst_port, wr.remote_qpn, datagram);
-        self.verbs.complete_send(qp, wr, len);
+        let request = SendWr {
+            wr_id: wr.wr_id,
+            sg_list: &[],
+            ah: wr.ah,
+            remote_qpn: wr.remote_qpn,
+            remote_qkey: wr.remote_qkey,
+            imm: wr.imm,
+            flags: wr.flags,
+        };
+        self.verbs.complete_send(qp, &request, len);
         Ok(())
     }
 }
@@ -173,14 +277,21 @@ impl Context for SimContext {
     }
 
     fn post_send(&mut self, qp: QpHandle, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+        self.release_held();
+        let hold = self.late_send_reads && self.net.lock().sends_held;
         for (posted, wr) in wrs.iter().enumerate() {
-            self.send_one(qp, wr)
-                .map_err(|error| PostError { posted, error })?;
+            let sent = if hold {
+                self.hold(qp, wr)
+            } else {
+                self.send_one(qp, wr)
+            };
+            sent.map_err(|error| PostError { posted, error })?;
         }
         Ok(())
     }
 
     fn poll_cq(&mut self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize> {
+        self.release_held();
         let mut targets = mem::take(&mut self.scratch);
         targets.clear();
         targets.extend(

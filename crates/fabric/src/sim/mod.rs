@@ -145,6 +145,7 @@ fn device_info(spec: &SimDeviceSpec) -> DeviceInfo {
         provider: PROVIDER_NAME,
         port_count: spec.ports,
         attr: DEVICE_ATTR,
+        sends_read_at_post: !spec.late_send_reads,
     }
 }
 

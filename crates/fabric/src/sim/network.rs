@@ -32,6 +32,11 @@ pub struct SimDeviceSpec {
     /// [`PortAttr::network`](crate::PortAttr::network)); 0 unless a test
     /// builds several.
     pub network: u64,
+    /// Whether the device reads a send's bytes only when it sends it, as an
+    /// RDMA adapter does, instead of while `post_send` runs: then what is
+    /// posted while the network holds sends ([`SimNetwork::hold_sends`])
+    /// is read when it lets them go. Off by default.
+    pub late_send_reads: bool,
 }
 
 impl SimDeviceSpec {
@@ -43,7 +48,16 @@ impl SimDeviceSpec {
             ports,
             max_msg_size: DEFAULT_MAX_MSG_SIZE,
             network: 0,
+            late_send_reads: false,
         }
+    }
+
+    /// The same device, reading a send's bytes only when it sends it (see
+    /// [`late_send_reads`](Self::late_send_reads)).
+    #[must_use]
+    pub const fn with_late_send_reads(mut self) -> Self {
+        self.late_send_reads = true;
+        self
     }
 
     /// The same device attached to another network.
@@ -139,6 +153,7 @@ impl SimNetwork {
                 ports: Vec::new(),
                 qps: BTreeMap::new(),
                 stats: SimNetStats::default(),
+                sends_held: false,
             })),
         }
     }
@@ -236,6 +251,16 @@ impl SimNetwork {
         let record = state.port_mut(port).ok_or_else(|| unknown_port(port))?;
         record.state = port_state;
         Ok(())
+    }
+
+    /// Holds or lets go what is posted to devices with late send reads
+    /// ([`SimDeviceSpec::late_send_reads`]): while held, a send is checked
+    /// when posted but its bytes are not read, it is not sent and it does
+    /// not complete, as in an adapter's deep send queue; let go, each
+    /// device reads and sends what it holds, in order, at its next post or
+    /// poll. Devices that read at post time are not affected.
+    pub fn hold_sends(&self, hold: bool) {
+        self.lock().sends_held = hold;
     }
 
     /// The state of a port, or `None` if no port has that id.
@@ -354,6 +379,9 @@ pub(crate) struct NetState {
     /// simulation depends on hash order.
     qps: BTreeMap<u32, QpRecord>,
     stats: SimNetStats,
+    /// Whether devices with late send reads keep what is posted unread
+    /// ([`SimNetwork::hold_sends`]).
+    pub(crate) sends_held: bool,
 }
 
 impl NetState {

@@ -249,6 +249,7 @@ impl Provider for UdpProvider {
                 provider: NAME,
                 port_count: 1,
                 attr: device_attr(),
+                sends_read_at_post: true,
             })
             .collect())
     }
@@ -286,6 +287,7 @@ impl Provider for UdpProvider {
             provider: NAME,
             port_count: 1,
             attr: device_attr(),
+            sends_read_at_post: true,
         };
         // A train forms only where two datagrams fit one UDP payload.
         let gro = self.config.gro && port.max_msg_size + ud::HEADER_LEN <= MAX_UDP_PAYLOAD_V4 / 2;

@@ -275,11 +275,14 @@ impl<C: Context> Engine<C> {
                 Some(Leaving::WaitingForCredit)
                     if self.tx.sends.restamp(des, (header, tx.epochs)) => {}
                 Some(Leaving::InBatch(batch)) if batch == self.tx.batch_number() => {}
-                _ if self.tx.sends.can_post() => self.transmit_data(des, header, tx.epochs),
+                _ if self.tx.sends.can_post() => {
+                    self.transmit_data(des, header, tx.epochs, tx.retransmission);
+                }
                 _ => {
                     self.tx.sends.push(WaitingSend {
                         des,
                         header: Some((header, tx.epochs)),
+                        resend: tx.retransmission,
                     });
                     if let Some(frag) = self.frags.get_mut(des) {
                         frag.leaving = Leaving::WaitingForCredit;

@@ -5,7 +5,7 @@
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
-use udbtl_fabric::{Mr, MrHandle, Sge};
+use udbtl_fabric::{DeviceInfo, Mr, MrHandle, Sge};
 use udbtl_reliability::{Config, ConfigError, Instant, Reliability};
 use udbtl_wire::SeqNum;
 use udbtl_wire::seal::TAG_LEN;
@@ -24,10 +24,12 @@ const ACK_SLOTS: usize = 64;
 const ACK_LEN: usize = HEADER_MAX;
 
 /// The ring of registered buffers a reliable module sends from besides its
-/// fragments: acknowledgement-only datagrams, and on a module that seals,
-/// the data datagrams it cannot seal where they are (every one it
-/// encrypts, into a seal buffer, since the fragment keeps its payload in
-/// clear for a resend under a new packet number).
+/// fragments: acknowledgement-only datagrams; on a module that seals, the
+/// data datagrams it cannot seal where they are (every one it encrypts,
+/// into a seal buffer, since the fragment keeps its payload in clear for a
+/// resend under a new packet number); and on a device that reads a send's
+/// bytes after `post_send` returns, every resend (whose first post it may
+/// not have read yet, so its fragment must not be written).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(in crate::module) struct RingLayout {
     /// Seal buffers: none on a module that does not seal; else more than
@@ -37,11 +39,20 @@ pub(in crate::module) struct RingLayout {
     /// Bytes of one seal buffer: the longest datagram and a tag (the
     /// scratch of `seal::encrypt_into`).
     seal_len: usize,
+    /// Whether resends go from a seal buffer: the device reads a send's
+    /// bytes after `post_send` returns
+    /// ([`DeviceInfo::sends_read_at_post`](udbtl_fabric::DeviceInfo::sends_read_at_post)).
+    resends_copied: bool,
 }
 
 impl RingLayout {
-    pub(in crate::module) fn new(params: &Params, max_datagram: usize) -> Self {
-        let seal_slots = if params.protection().is_some() {
+    pub(in crate::module) fn new(
+        params: &Params,
+        max_datagram: usize,
+        device: &DeviceInfo,
+    ) -> Self {
+        let resends_copied = !device.sends_read_at_post;
+        let seal_slots = if params.protection().is_some() || resends_copied {
             params.sd_num as usize + POST_BATCH
         } else {
             0
@@ -49,6 +60,7 @@ impl RingLayout {
         Self {
             seal_slots,
             seal_len: round_up(max_datagram + TAG_LEN, FRAG_ALIGN),
+            resends_copied,
         }
     }
 
@@ -131,6 +143,11 @@ impl Reliable {
             len: ACK_LEN,
         };
         (self.ack_ring.handle, slot)
+    }
+
+    /// Whether a resend goes from a seal buffer (see [`RingLayout`]).
+    pub(in crate::module) const fn resends_copied(&self) -> bool {
+        self.ring.resends_copied
     }
 
     /// The next seal buffer, `len` bytes long: its registration and where
