@@ -2,7 +2,8 @@
 
 use std::mem;
 
-use super::network::{Datagram, SimDeviceSpec, SimNetwork};
+use super::SimDeviceSpec;
+use super::network::{Datagram, SimNetwork};
 use super::{DEVICE_ATTR, sim_port};
 use crate::bookkeeping::Verbs;
 use crate::types::*;

@@ -39,10 +39,12 @@
 mod context;
 mod link;
 mod network;
+mod spec;
 
 pub use context::SimContext;
 pub use link::LinkConfig;
-pub use network::{SimDeviceSpec, SimNetStats, SimNetwork};
+pub use network::{SimNetStats, SimNetwork};
+pub use spec::SimDeviceSpec;
 
 use crate::types::{DeviceAttr, DeviceInfo};
 use crate::{FabricError, NodeAddr, Provider, Result};
