@@ -53,13 +53,15 @@ use udbtl_wire::seal::Protection;
 
 pub mod alias;
 pub mod env;
+mod load;
 mod selector;
 #[cfg(test)]
 mod tests;
 mod value;
 
+use load::resolve;
 pub use selector::{PortSelector, SelectorError};
-use value::{BOOL, Kind, PORTS, Value, choice, hex, int, size};
+use value::{BOOL, PORTS, Value, choice, hex, int, size};
 pub use value::{ValueType, parse_bool};
 
 /// Where a parameter's value came from.
@@ -528,43 +530,6 @@ impl Params {
             (None, None) => true,
         }
     }
-
-    fn check_conflicts(&self) -> Result<(), ParamError> {
-        let conflict = |first, second, reason| {
-            Err(ParamError::Conflict {
-                first,
-                first_from: self.source(first).unwrap_or(Source::Default),
-                second,
-                second_from: self.source(second).unwrap_or(Source::Default),
-                reason,
-            })
-        };
-        if self.if_include.is_some() && self.if_exclude.is_some() {
-            return conflict(
-                "if_include",
-                "if_exclude",
-                "set either the ports to include or those to exclude, not both",
-            );
-        }
-        if self.protection().is_some() && !self.reliable {
-            return conflict(
-                "auth",
-                "reliable",
-                "authentication rides on the reliability extension, and its sequence numbers \
-                 are what refuse a replay",
-            );
-        }
-        if let (Some(min), Some(max)) = (self.min_send_size, self.max_send_size) {
-            if min > max {
-                return conflict(
-                    "min_send_size",
-                    "max_send_size",
-                    "a rendezvous's first fragment cannot exceed the largest send",
-                );
-            }
-        }
-        Ok(())
-    }
 }
 
 impl Default for Params {
@@ -572,47 +537,5 @@ impl Default for Params {
     /// `Params::load_from(&BtlConfig::default(), |_| None)`.
     fn default() -> Self {
         Self::defaults()
-    }
-}
-
-/// Resolves one parameter: the environment's value if set, else the config's.
-/// `None` leaves the default in place.
-fn resolve<T: Value>(
-    name: &'static str,
-    kind: &Kind,
-    config: Option<&T>,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Option<(T, Source)>, ParamError> {
-    if let Some(text) = env(&env_var(name)) {
-        let invalid = |reason| ParamError::Invalid {
-            name,
-            value: text.clone(),
-            from: Source::Environment,
-            reason,
-        };
-        let trimmed = text.trim();
-        if trimmed.is_empty() {
-            return Err(invalid("empty value".to_owned()));
-        }
-        let value = T::from_text(trimmed, kind)
-            .and_then(|v| v.validate(kind))
-            .map_err(invalid)?;
-        tracing::debug!(parameter = name, value = %value.render(kind), "set from the environment");
-        return Ok(Some((value, Source::Environment)));
-    }
-    match config {
-        Some(value) => {
-            let value = value
-                .clone()
-                .validate(kind)
-                .map_err(|reason| ParamError::Invalid {
-                    name,
-                    value: value.render(kind),
-                    from: Source::Config,
-                    reason,
-                })?;
-            Ok(Some((value, Source::Config)))
-        }
-        None => Ok(None),
     }
 }
