@@ -252,39 +252,11 @@ impl<C: Context> Engine<C> {
         };
         let (ring, mut slot) = slot;
         slot.len = len;
-        let sealer = (self.protection(), self.sender());
-        let sealed = if sealer.0 == Some(Protection::Encrypt) {
-            self.ctx
-                .mr_bytes_pair(head_mr, ring)
-                .ok()
-                .and_then(|(from, to)| {
-                    let head = from.get(head.offset..head.offset + head.len)?;
-                    let out = to.get_mut(slot.offset..slot.offset + len + TAG_LEN)?;
-                    let (headers, payload) = head.split_at_checked(SEALED_HEADER_LEN)?;
-                    out[..SEALED_HEADER_LEN].copy_from_slice(headers);
-                    let unsealed = Unsealed::Into {
-                        out,
-                        payload: (payload, user),
-                    };
-                    Some(seal_to(
-                        &mut self.endpoints,
-                        sealer,
-                        endpoint,
-                        unsealed,
-                        &header,
-                        epochs,
-                    ))
-                })
-                .unwrap_or(false)
+        let held = (des, endpoint, (head_mr, head));
+        let sealed = if self.protection() == Some(Protection::Encrypt) {
+            self.encrypt_into_slot(held, (ring, slot), &header, epochs)
         } else {
-            self.copy_and_seal(
-                des,
-                endpoint,
-                (head_mr, head),
-                (ring, slot),
-                &header,
-                epochs,
-            )
+            self.copy_and_seal(held, (ring, slot), &header, epochs)
         };
         if !sealed {
             self.stats.transmit_failures += 1;
@@ -293,14 +265,51 @@ impl<C: Context> Engine<C> {
         self.queue_post(QueuedPost::data(route, des, slot, false));
     }
 
-    /// Copies the datagram of `des` held as `head` and its caller's bytes
-    /// into `slot` and authenticates or checksums it there; `false` if it
-    /// could not be.
+    /// Encrypts the datagram of `des` to `endpoint`, held as `head` and its
+    /// caller's bytes, into `slot` (a tag longer than the datagram), reading
+    /// the payload where it is; `false` if it could not be.
+    fn encrypt_into_slot(
+        &mut self,
+        (des, endpoint, (head_mr, head)): (Descriptor, EndpointId, (MrHandle, Sge)),
+        (ring, slot): (MrHandle, Sge),
+        header: &rel::Repr,
+        epochs: Epochs,
+    ) -> bool {
+        let sealer = (self.protection(), self.sender());
+        let user = self.frags.user_bytes(des).map_or(&[][..], |(_, data)| data);
+        let Ok((from, to)) = self.ctx.mr_bytes_pair(head_mr, ring) else {
+            return false;
+        };
+        let Some(head) = from.get(head.offset..head.offset + head.len) else {
+            return false;
+        };
+        let Some(out) = to.get_mut(slot.offset..slot.offset + slot.len + TAG_LEN) else {
+            return false;
+        };
+        let Some((headers, payload)) = head.split_at_checked(SEALED_HEADER_LEN) else {
+            return false;
+        };
+        out[..SEALED_HEADER_LEN].copy_from_slice(headers);
+        let unsealed = Unsealed::Into {
+            out,
+            payload: (payload, user),
+        };
+        seal_to(
+            &mut self.endpoints,
+            sealer,
+            endpoint,
+            unsealed,
+            header,
+            epochs,
+        )
+    }
+
+    /// Copies the datagram of `des` to `endpoint`, held as `head` and its
+    /// caller's bytes, into `slot` and authenticates or checksums it there;
+    /// `false` if it could not be.
     fn copy_and_seal(
         &mut self,
-        des: Descriptor,
-        endpoint: EndpointId,
-        (head_mr, head): (MrHandle, Sge),
+        (des, endpoint, (head_mr, head)): (Descriptor, EndpointId, (MrHandle, Sge)),
         (ring, slot): (MrHandle, Sge),
         header: &rel::Repr,
         epochs: Epochs,

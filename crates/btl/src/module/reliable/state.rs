@@ -95,6 +95,7 @@ pub(in crate::module) struct Reliable {
     /// the two start (`modex::stream_start`), unless `rel_first_seq` sets
     /// one start for all (`core`'s `initial_seq`, and this is `true`).
     pub(in crate::module) stream_nonce: u32,
+    /// Whether `rel_first_seq` fixes where every stream starts.
     pub(in crate::module) fixed_stream_start: bool,
 }
 
