@@ -441,7 +441,7 @@ fn forge(
                 seal::phase_of(pn),
                 Protection::Authenticate,
             );
-            seal::seal(&mut d[BTL_AT..], &[], &key, pn, Epochs::default()).unwrap();
+            seal::seal(&mut d[BTL_AT..], &key, pn, Epochs::default()).unwrap();
         }
         None => reseal(&mut d),
     }

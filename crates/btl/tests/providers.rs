@@ -1,5 +1,5 @@
 //! The provider-generic BTL suite (`suite/`) on every real provider:
-//! on `udp` always, and on `verbs` when the build has the `verbs` feature
+//! on `udp` always (plain, authenticated and encrypted), and on `verbs` when the build has the `verbs` feature
 //! and `UDBTL_TEST_VERBS_DEVICE` names an RDMA device (`dev` or
 //! `dev:port`, e.g. `mlx5_0` or `rxe0:1`) when the tests are built;
 //! otherwise each `verbs` test is ignored, `SKIPPED: needs an RDMA device
@@ -28,6 +28,41 @@ mod udp {
     }
 
     provider_suite!(udp());
+}
+
+/// The suite's reliable tests on UDP sockets with sealed datagrams (the
+/// unreliable contract does not seal): zero-copy sends, whose payload goes
+/// on in the caller's memory, are authenticated from a copy and encrypted
+/// out of place.
+mod udp_sealed {
+    use udbtl_btl::{BtlConfig, Component, udp_config};
+    use udbtl_fabric::udp::UdpProvider;
+
+    use crate::suite;
+
+    fn sealed(auth: &'static str) -> impl Fn(BtlConfig) -> Component<UdpProvider> {
+        move |config: BtlConfig| {
+            let params = suite::params(&BtlConfig {
+                auth: Some(auth.into()),
+                ..config
+            });
+            Component::init(UdpProvider::new(udp_config(&params)), params).unwrap()
+        }
+    }
+
+    #[test]
+    fn tagged_sends_arrive_once_in_order() {
+        for auth in ["on", "encrypt"] {
+            suite::tagged_sends_arrive_once_in_order(&sealed(auth));
+        }
+    }
+
+    #[test]
+    fn zero_copy_sends_through_the_registration_cache() {
+        for auth in ["on", "encrypt"] {
+            suite::zero_copy_sends_through_the_registration_cache(&sealed(auth));
+        }
+    }
 }
 
 /// The suite on an RDMA device through libibverbs.

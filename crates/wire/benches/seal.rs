@@ -52,11 +52,11 @@ fn bench(c: &mut Criterion) {
             group.bench_function(BenchmarkId::new(format!("seal {name}"), payload), |b| {
                 b.iter(|| {
                     pn += 1;
-                    seal::seal(&mut bytes, &[], &key, pn, Epochs::default()).expect("sealed")
+                    seal::seal(&mut bytes, &key, pn, Epochs::default()).expect("sealed")
                 })
             });
             let mut sealed = datagram(payload, protection.flags());
-            seal::seal(&mut sealed, &[], &key, 1, Epochs::default()).expect("sealed");
+            seal::seal(&mut sealed, &key, 1, Epochs::default()).expect("sealed");
             let mut copy = sealed.clone();
             group.bench_function(BenchmarkId::new(format!("open {name}"), payload), |b| {
                 b.iter(|| {

@@ -39,18 +39,15 @@
 //!   number seen before, or older than the 2048 before the highest, is
 //!   refused, whatever its sequence numbers say. Acknowledgements carry
 //!   packet numbers too.
-//! * **What the tag covers.** The two headers (packet number included), the
-//!   [`Epochs`] of their sequence numbers (not sent), and the payload. With
-//!   [`Protection::Encrypt`] the payload is the GCM plaintext and the
-//!   headers and epochs its associated data. With
-//!   [`Protection::Authenticate`] the payload goes in clear: the headers,
-//!   the epochs and the first [`PAYLOAD_WITH_HEADERS`] payload bytes are
-//!   the plaintext of a copy whose ciphertext is dropped, and the rest of
-//!   the payload is the associated data, which GCM hashes in place with
-//!   GHASH only (the fastest way to authenticate a buffer with it; a sender
-//!   whose payload starts behind its headers and goes on in the caller's
-//!   memory seals it where it is). Either way the tag is a GCM tag over
-//!   everything.
+//! * **What the tag covers.** The whole datagram: both headers (packet
+//!   number included) and the payload, with the tag field holding the
+//!   [`Epochs`] of the sequence numbers (not sent) while the tag is
+//!   computed, so the datagram is one contiguous input. With
+//!   [`Protection::Encrypt`] the payload is the GCM plaintext and the headers
+//!   and epochs its associated data. With [`Protection::Authenticate`] the payload goes
+//!   in clear and the whole datagram is the associated data of an empty
+//!   plaintext: a GMAC, which GCM computes in place with GHASH alone, in one
+//!   call. Either way the tag is a GCM tag over everything.
 //!
 //! AES-GCM is the hardware-accelerated choice here (AES-NI, VAES and
 //! carry-less multiply); on these hosts it seals 1 416 bytes in 0.3 µs
@@ -87,7 +84,7 @@ pub const PACKET_NUMBER_START_MAX: u64 = 1 << 62;
 
 /// The context string of [`SealKey::derive`]'s hash: no other use of a
 /// receiver's key may use it.
-pub const PAIR_KEY_CONTEXT: &[u8] = b"udbtl 2026-12 sealed datagram pair key v1";
+pub const PAIR_KEY_CONTEXT: &[u8] = b"udbtl 2026-12 sealed datagram pair key v2";
 
 /// The key phase of packet number `pn`.
 #[must_use]
@@ -208,53 +205,37 @@ pub fn packet_number(datagram: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(bytes.try_into().ok()?))
 }
 
-/// Both headers and the epochs: what the tag covers besides the payload.
-fn header_block(datagram: &[u8], epochs: Epochs) -> [u8; HEADER_LEN + 8] {
-    let mut block = [0u8; HEADER_LEN + 8];
-    block[..HEADER_LEN].copy_from_slice(&datagram[..HEADER_LEN]);
-    block[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&epochs.seq.to_be_bytes());
-    block[HEADER_LEN + 4..].copy_from_slice(&epochs.ack.to_be_bytes());
+/// The associated data of an encrypted datagram: both headers, then the
+/// epochs at the start of the tag field (three whole GHASH blocks).
+const ENCRYPTED_AAD_LEN: usize = HEADER_LEN + 8;
+
+/// What the tag field holds while the tag is computed: the epochs, then
+/// zeros, so the tag covers them without sending them.
+fn epochs_block(epochs: Epochs) -> [u8; TAG_LEN] {
+    let mut block = [0u8; TAG_LEN];
+    block[..4].copy_from_slice(&epochs.seq.to_be_bytes());
+    block[4..8].copy_from_slice(&epochs.ack.to_be_bytes());
     block
 }
 
-/// Payload bytes that [`Protection::Authenticate`] covers with the headers
-/// (in the copy it encrypts and drops) rather than as associated data: so a
-/// sender that holds up to this many payload bytes behind its headers and
-/// the rest in another buffer seals in place, since the associated data
-/// is then the one contiguous rest.
-pub const PAYLOAD_WITH_HEADERS: usize = 80;
-
-/// Seals a datagram held as `head` (both headers, room for the tag, and the
-/// start of the payload; its flags already set) followed by `tail` (the
-/// rest of the payload, possibly empty) as packet `pn` under `key`: writes
-/// the packet number and the tag into `head`, and with
-/// [`Protection::Encrypt`] encrypts the payload in place. `key` must be the
-/// one of `pn`'s phase.
+/// Seals `datagram` (both headers, room for the tag and the payload; its
+/// flags already set) as packet `pn` under `key`: writes the packet number
+/// and the tag into it, and with [`Protection::Encrypt`] encrypts the
+/// payload in place. `key` must be the one of `pn`'s phase.
 ///
 /// # Errors
-/// [`crate::Error`], with nothing sealed, if `head` is shorter than
-/// [`SEALED_HEADER_LEN`], `key` is of another phase, or the datagram is
-/// not whole in `head` while it has to be: with [`Protection::Encrypt`],
-/// or with more than [`PAYLOAD_WITH_HEADERS`] payload bytes in `head`.
-pub fn seal(
-    head: &mut [u8],
-    tail: &[u8],
-    key: &SealKey,
-    pn: u64,
-    epochs: Epochs,
-) -> crate::Result<()> {
-    let protection = key.protection();
-    let split = head.len().saturating_sub(SEALED_HEADER_LEN) > PAYLOAD_WITH_HEADERS
-        || protection == Protection::Encrypt;
-    if head.len() < SEALED_HEADER_LEN || key.phase != phase_of(pn) || (split && !tail.is_empty()) {
+/// [`crate::Error`], with nothing sealed, if `datagram` is shorter than
+/// [`SEALED_HEADER_LEN`] or `key` is of another phase.
+pub fn seal(datagram: &mut [u8], key: &SealKey, pn: u64, epochs: Epochs) -> crate::Result<()> {
+    if datagram.len() < SEALED_HEADER_LEN || key.phase != phase_of(pn) {
         return Err(crate::Error);
     }
-    head[PACKET_NUMBER_FIELD].copy_from_slice(&pn.to_be_bytes());
-    let tag = match protection {
-        Protection::Encrypt => encrypt(head, &key.aead, pn, epochs)?,
-        Protection::Authenticate => authenticate(head, tail, &key.aead, pn, epochs)?,
+    datagram[PACKET_NUMBER_FIELD].copy_from_slice(&pn.to_be_bytes());
+    let tag = match key.protection {
+        Protection::Encrypt => encrypt(datagram, &key.aead, pn, epochs)?,
+        Protection::Authenticate => authenticate(datagram, &key.aead, pn, epochs)?,
     };
-    head[TAG_FIELD].copy_from_slice(&tag);
+    datagram[TAG_FIELD].copy_from_slice(&tag);
     Ok(())
 }
 
@@ -284,14 +265,14 @@ pub fn encrypt_into(
         return Err(crate::Error);
     }
     out[PACKET_NUMBER_FIELD].copy_from_slice(&pn.to_be_bytes());
-    let aad = header_block(out, epochs);
+    out[TAG_FIELD].copy_from_slice(&epochs_block(epochs));
     let (headers, body) = out.split_at_mut(SEALED_HEADER_LEN);
     let (first_out, rest_out_and_tag) = body.split_at_mut(first.len());
     let nonce = lc::Nonce::assume_unique_for_key(nonce_bytes(pn));
     key.aead
         .seal_out_of_place_scatter(
             nonce,
-            lc::Aad::from(&aad[..]),
+            lc::Aad::from(&headers[..ENCRYPTED_AAD_LEN]),
             first,
             first_out,
             rest,
@@ -317,72 +298,56 @@ pub fn open(datagram: &mut [u8], key: &SealKey, epochs: Epochs) -> bool {
     }
     let mut carried = [0u8; TAG_LEN];
     carried.copy_from_slice(&datagram[TAG_FIELD]);
-    match key.protection {
+    let intact = match key.protection {
         Protection::Encrypt => {
-            let aad = header_block(datagram, epochs);
-            let payload = &mut datagram[SEALED_HEADER_LEN..];
+            let (headers, payload) = datagram.split_at_mut(SEALED_HEADER_LEN);
+            headers[TAG_FIELD].copy_from_slice(&epochs_block(epochs));
             let nonce = lc::Nonce::assume_unique_for_key(nonce_bytes(pn));
+            let aad = lc::Aad::from(&headers[..ENCRYPTED_AAD_LEN]);
             key.aead
-                .open_in_place_separate_tag(nonce, lc::Aad::from(&aad[..]), &carried, payload)
+                .open_in_place_separate_tag(nonce, aad, &carried, payload)
                 .is_ok()
         }
-        Protection::Authenticate => authenticate(datagram, &[], &key.aead, pn, epochs)
+        Protection::Authenticate => authenticate(datagram, &key.aead, pn, epochs)
             .is_ok_and(|expected| constant_time_eq(&expected, &carried)),
-    }
+    };
+    datagram[TAG_FIELD].copy_from_slice(&carried);
+    intact
 }
 
 /// The tag of an encrypted datagram, whole in `datagram`, as packet `pn`:
 /// the payload is the plaintext, encrypted in place, and the headers and
-/// epochs the associated data.
+/// epochs ([`ENCRYPTED_AAD_LEN`] bytes) the associated data.
 fn encrypt(
     datagram: &mut [u8],
     aead: &lc::LessSafeKey,
     pn: u64,
     epochs: Epochs,
 ) -> crate::Result<[u8; TAG_LEN]> {
-    let aad = header_block(datagram, epochs);
-    let payload = &mut datagram[SEALED_HEADER_LEN..];
+    let (headers, payload) = datagram.split_at_mut(SEALED_HEADER_LEN);
+    headers[TAG_FIELD].copy_from_slice(&epochs_block(epochs));
     let nonce = lc::Nonce::assume_unique_for_key(nonce_bytes(pn));
     let tag = aead
-        .seal_in_place_separate_tag(nonce, lc::Aad::from(&aad[..]), payload)
+        .seal_in_place_separate_tag(nonce, lc::Aad::from(&headers[..ENCRYPTED_AAD_LEN]), payload)
         .map_err(|_| crate::Error)?;
     tag.as_ref().try_into().map_err(|_| crate::Error)
 }
 
-/// The tag of an authenticated datagram held as `head` and `tail`, as
-/// packet `pn`: the headers, the epochs and the first
-/// [`PAYLOAD_WITH_HEADERS`] payload bytes are the plaintext of a copy that
-/// is encrypted and dropped, the rest of the payload the associated data,
-/// hashed in place (GHASH only: the fastest way to authenticate a buffer
-/// with GCM). The caller checked that the rest is contiguous: `tail` is
-/// empty, or `head` holds at most [`PAYLOAD_WITH_HEADERS`] payload bytes.
+/// The tag of an authenticated datagram, whole in `datagram`, as packet
+/// `pn`: a GMAC of all of it, the tag field holding the epochs. One
+/// contiguous input and no plaintext is the cheapest GCM call there is
+/// (measured: 130 ns for 1 416 bytes here, where any plaintext at all adds
+/// 20 ns, and sealing with the payload in two pieces 160 ns).
 fn authenticate(
-    head: &[u8],
-    tail: &[u8],
+    datagram: &mut [u8],
     aead: &lc::LessSafeKey,
     pn: u64,
     epochs: Epochs,
 ) -> crate::Result<[u8; TAG_LEN]> {
-    const HEAD: usize = HEADER_LEN + 8;
-    let mut block = [0u8; HEAD + PAYLOAD_WITH_HEADERS];
-    block[..HEAD].copy_from_slice(&header_block(head, epochs));
-    let in_head = &head[SEALED_HEADER_LEN..];
-    let from_head = in_head.len().min(PAYLOAD_WITH_HEADERS);
-    let from_tail = (PAYLOAD_WITH_HEADERS - from_head).min(tail.len());
-    block[HEAD..HEAD + from_head].copy_from_slice(&in_head[..from_head]);
-    block[HEAD + from_head..HEAD + from_head + from_tail].copy_from_slice(&tail[..from_tail]);
-    let rest = if in_head.len() > PAYLOAD_WITH_HEADERS {
-        if !tail.is_empty() {
-            return Err(crate::Error);
-        }
-        &in_head[PAYLOAD_WITH_HEADERS..]
-    } else {
-        &tail[from_tail..]
-    };
-    let covered = HEAD + from_head + from_tail;
+    datagram[TAG_FIELD].copy_from_slice(&epochs_block(epochs));
     let nonce = lc::Nonce::assume_unique_for_key(nonce_bytes(pn));
     let tag = aead
-        .seal_in_place_separate_tag(nonce, lc::Aad::from(rest), &mut block[..covered])
+        .seal_in_place_separate_tag(nonce, lc::Aad::from(&*datagram), &mut [])
         .map_err(|_| crate::Error)?;
     tag.as_ref().try_into().map_err(|_| crate::Error)
 }

@@ -125,21 +125,11 @@ impl<C: Context> Engine<C> {
             return;
         };
         let in_copy = resend && self.path.reliable().is_some_and(|r| r.resends_copied());
+        let whole = self.frags.user_bytes(des).is_none();
         match self.protection() {
-            // Authenticated where it is, unless too much of the payload is
-            // behind the headers.
-            Some(Protection::Authenticate)
-                if !in_copy
-                    && self.seal_in_place(
-                        des,
-                        endpoint,
-                        route,
-                        header,
-                        epochs,
-                        (mr.handle, sge),
-                    ) =>
-            {
-                return;
+            // Authenticated where it is when it is whole in the fragment.
+            Some(Protection::Authenticate) if !in_copy && whole => {
+                return self.seal_in_place(des, endpoint, route, header, epochs, (mr.handle, sge));
             }
             None if !in_copy => {}
             _ => {
@@ -187,10 +177,9 @@ impl<C: Context> Engine<C> {
     }
 
     /// [`transmit_data`](Self::transmit_data) on a module that
-    /// authenticates: the datagram is sealed where it is (headers in the
-    /// fragment, payload behind them and in the caller's bytes), since
-    /// authenticating writes only the headers; a resend seals it again.
-    /// `false`, with nothing sent, if it is held in a way that cannot be.
+    /// authenticates, for a datagram whole in its fragment (`head`): sealed
+    /// where it is, since authenticating writes only the headers; a resend
+    /// seals it again.
     fn seal_in_place(
         &mut self,
         des: Descriptor,
@@ -199,16 +188,12 @@ impl<C: Context> Engine<C> {
         header: rel::Repr,
         epochs: Epochs,
         (head_mr, head): (MrHandle, Sge),
-    ) -> bool {
+    ) {
         let sealer = (self.protection(), self.sender());
-        let user = self.frags.user_bytes(des).map(|(_, data)| data);
         let Ok(bytes) = self.ctx.mr_bytes_mut(head_mr) else {
-            return false;
+            return;
         };
-        let unsealed = Unsealed::InPlace {
-            head: &mut bytes[head.offset..head.offset + head.len],
-            tail: user.unwrap_or(&[]),
-        };
+        let unsealed = Unsealed::InPlace(&mut bytes[head.offset..head.offset + head.len]);
         if !seal_to(
             &mut self.endpoints,
             sealer,
@@ -217,17 +202,18 @@ impl<C: Context> Engine<C> {
             &header,
             epochs,
         ) {
-            return false;
+            self.stats.transmit_failures += 1;
+            return;
         }
-        self.queue_post(QueuedPost::data(route, des, head, user.is_some()));
-        true
+        self.queue_post(QueuedPost::data(route, des, head, false));
     }
 
     /// [`transmit_data`](Self::transmit_data) from a seal buffer instead of
     /// the fragment: on a module that encrypts (the fragment keeps its
     /// payload in clear for a resend, which goes under a new packet
-    /// number), for a datagram that cannot be authenticated where it is,
-    /// and for a resend the device may not have read the first post of.
+    /// number), for an authenticated datagram whose payload goes on in the
+    /// caller's memory (its tag is over the datagram as one piece), and for
+    /// a resend the device may not have read the first post of.
     /// Encryption reads the payload where it is and writes the ciphertext
     /// there, in one pass; otherwise the datagram is copied there, then
     /// sealed or checksummed.
@@ -314,26 +300,23 @@ impl<C: Context> Engine<C> {
         header: &rel::Repr,
         epochs: Epochs,
     ) -> bool {
-        let len = slot.len;
-        if !copy_registered(
-            &mut self.ctx,
-            (head_mr, head.offset),
-            (ring, slot.offset),
-            head.len,
-        ) {
-            return false;
-        }
         let sealer = (self.protection(), self.sender());
         let user = self.frags.user_bytes(des).map_or(&[][..], |(_, data)| data);
-        let Ok(bytes) = self.ctx.mr_bytes_mut(ring) else {
+        let Ok((from, to)) = self.ctx.mr_bytes_pair(head_mr, ring) else {
             return false;
         };
-        let datagram = &mut bytes[slot.offset..slot.offset + len];
-        datagram[head.len..].copy_from_slice(user);
-        let unsealed = Unsealed::InPlace {
-            head: &mut *datagram,
-            tail: &[],
+        let Some(head) = from.get(head.offset..head.offset + head.len) else {
+            return false;
         };
+        let Some(datagram) = to.get_mut(slot.offset..slot.offset + slot.len) else {
+            return false;
+        };
+        let Some((in_head, in_user)) = datagram.split_at_mut_checked(head.len()) else {
+            return false;
+        };
+        in_head.copy_from_slice(head);
+        in_user.copy_from_slice(user);
+        let unsealed = Unsealed::InPlace(&mut *datagram);
         if !seal_to(
             &mut self.endpoints,
             sealer,
@@ -370,10 +353,7 @@ impl<C: Context> Engine<C> {
             reliable: true,
         }
         .emit(&mut btl::Packet::new_unchecked(&mut *buf));
-        let unsealed = Unsealed::InPlace {
-            head: &mut *buf,
-            tail: &[],
-        };
+        let unsealed = Unsealed::InPlace(&mut *buf);
         if !seal_to(
             &mut self.endpoints,
             sealer,
@@ -426,40 +406,4 @@ fn seal_to(
         return false;
     };
     pair.seal(datagram, (&peer_key, peer_qpn), own, epochs, protection)
-}
-
-/// Copies `len` bytes of registration `from` at its offset to registration
-/// `to` at its offset, through a small buffer on the stack (the provider
-/// lends one registration's bytes at a time); `false` if either range is
-/// not there.
-fn copy_registered<C: Context>(
-    ctx: &mut C,
-    (from, from_at): (MrHandle, usize),
-    (to, to_at): (MrHandle, usize),
-    len: usize,
-) -> bool {
-    const CHUNK: usize = 2048;
-    let mut chunk = [0u8; CHUNK];
-    let mut done = 0;
-    while done < len {
-        let n = (len - done).min(CHUNK);
-        let Some(src) = ctx
-            .mr_bytes(from)
-            .ok()
-            .and_then(|b| b.get(from_at + done..from_at + done + n))
-        else {
-            return false;
-        };
-        chunk[..n].copy_from_slice(src);
-        let Some(dst) = ctx
-            .mr_bytes_mut(to)
-            .ok()
-            .and_then(|b| b.get_mut(to_at + done..to_at + done + n))
-        else {
-            return false;
-        };
-        dst.copy_from_slice(&chunk[..n]);
-        done += n;
-    }
-    true
 }

@@ -11,10 +11,9 @@ use super::integrity::Check;
 /// A datagram to seal, as it is held.
 #[derive(Debug)]
 pub(super) enum Unsealed<'a> {
-    /// Headers, room for the tag and the start of the payload in `head`,
-    /// the rest of the payload in `tail`: sealed where it is
-    /// ([`seal::seal`]).
-    InPlace { head: &'a mut [u8], tail: &'a [u8] },
+    /// Headers, room for the tag and the payload, whole: sealed where it
+    /// is ([`seal::seal`]).
+    InPlace(&'a mut [u8]),
     /// Headers and room for the tag in `out`, the payload in two pieces
     /// elsewhere: encrypted into `out` behind the headers, which is a tag
     /// longer than the datagram ([`seal::encrypt_into`]).
@@ -28,7 +27,7 @@ impl Unsealed<'_> {
     /// The bytes its headers are in.
     pub(super) fn headers(&mut self) -> &mut [u8] {
         match self {
-            Self::InPlace { head, .. } => head,
+            Self::InPlace(datagram) => datagram,
             Self::Into { out, .. } => out,
         }
     }
@@ -95,7 +94,7 @@ impl PairSeal {
             SealKey::derive(peer_key, peer_qpn, own, phase, protection)
         });
         let sealed = match datagram {
-            Unsealed::InPlace { head, tail } => seal::seal(head, tail, key, pn, epochs),
+            Unsealed::InPlace(datagram) => seal::seal(datagram, key, pn, epochs),
             Unsealed::Into { out, payload } => seal::encrypt_into(out, payload, key, pn, epochs),
         };
         if sealed.is_err() {
@@ -212,10 +211,7 @@ mod tests {
                     ..Default::default()
                 }
                 .emit(&mut datagram::extension_mut(&mut bytes[..HEADER_LEN]).unwrap());
-                let unsealed = Unsealed::InPlace {
-                    head: &mut bytes,
-                    tail: &[],
-                };
+                let unsealed = Unsealed::InPlace(&mut bytes);
                 assert!(out.seal(
                     unsealed,
                     (&receiver, 7),
