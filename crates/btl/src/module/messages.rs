@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use udbtl_fabric::Context;
+use udbtl_reliability::PeerId;
 use udbtl_wire::rel;
 
 use super::delivery::Held;
@@ -21,6 +22,15 @@ use crate::{EndpointId, NO_ORDER, Tag};
 /// Largest message reassembled; a sender that never marks an end cannot
 /// make the receiver grow without bound.
 pub(super) const MAX_MESSAGE: usize = 1 << 30;
+
+/// Bytes of a message `send_message` copies ahead of what has left: after
+/// each run of this many it flushes, and it copies the next run only once
+/// the peer's window took the runs before (the backlog holds less than
+/// one). The copies are then still in cache when they are checksummed or
+/// sealed and when the kernel copies them out, instead of the free list's
+/// worth (megabytes) ahead. Measured across veth at MTU 1500: 1 MiB
+/// bandwidth about 12 % higher, plain and authenticated alike.
+const COPY_AHEAD: usize = 256 << 10;
 
 /// What one datagram did to its peer's message in progress.
 #[derive(Debug, PartialEq, Eq)]
@@ -158,15 +168,25 @@ impl<C: Context> Module<C> {
         } else {
             None
         };
+        let run = (COPY_AHEAD / chunk).max(1);
         let mut result = Ok(());
         for (i, piece) in message
             .chunks(chunk)
             .chain(message.is_empty().then_some(&[][..]))
             .enumerate()
         {
+            if i > 0 && i % run == 0 {
+                self.wait_for_backlog(endpoint, run, wait);
+            }
+            let last = i + 1 == pieces;
+            let flush = if last || (i + 1) % run == 0 {
+                Flush::Now
+            } else {
+                Flush::Later
+            };
             result = self.alloc_piece(piece.len(), wait).and_then(|des| {
                 self.lock()
-                    .send_piece(des, endpoint, tag, piece, i == 0, i + 1 == pieces)
+                    .send_piece(des, endpoint, tag, piece, (i == 0, last), flush)
             });
             if result.is_err() {
                 if let Some(spare) = spare.filter(|_| i > 0) {
@@ -186,6 +206,19 @@ impl<C: Context> Module<C> {
         // A message cut short may have left pieces unflushed.
         self.lock().flush_deferred();
         result
+    }
+
+    /// Progresses while `endpoint`'s backlog (pieces copied and waiting for
+    /// its window) holds `limit` or more, for at most `wait`; what follows
+    /// then finds out whether the peer is still there.
+    fn wait_for_backlog(&mut self, endpoint: EndpointId, limit: usize, wait: Duration) {
+        let mut waiting = Wait::new(self.now(), wait);
+        while self.lock().backlog(endpoint) >= limit {
+            let handled = self.progress();
+            if waiting.over(self.now(), handled) {
+                return;
+            }
+        }
     }
 
     /// A fragment for the next piece of a message: at once if one is free;
@@ -217,15 +250,16 @@ impl<C: Context> Module<C> {
 
 impl<C: Context> Engine<C> {
     /// Sends one piece of a message in `des`, which the BTL frees once it is
-    /// acknowledged; `des` is freed on every error.
+    /// acknowledged, and with [`Flush::Now`] what is held back with it;
+    /// `des` is freed on every error.
     fn send_piece(
         &mut self,
         des: Descriptor,
         endpoint: EndpointId,
         tag: Tag,
         piece: &[u8],
-        first: bool,
-        last: bool,
+        (first, last): (bool, bool),
+        flush: Flush,
     ) -> Result<(), BtlError> {
         let sent = self
             .segment_mut(des)
@@ -234,14 +268,20 @@ impl<C: Context> Engine<C> {
             .and_then(|()| self.set_message_bounds(des, first, last))
             .and_then(|()| {
                 self.frags.checked_mut(des)?.flags = DesFlags::BTL_OWNERSHIP;
-                // The pieces of a message leave together, in batches.
-                let flush = if last { Flush::Now } else { Flush::Later };
                 self.send_as(endpoint, des, tag, flush)
             });
         if sent.is_err() {
             let _ = self.free(des);
         }
         sent.map(drop)
+    }
+
+    /// Pieces copied for `endpoint` and waiting for its window.
+    fn backlog(&self, endpoint: EndpointId) -> usize {
+        self.path
+            .reliable()
+            .and_then(|r| r.core.queued(PeerId(endpoint.0)))
+            .map_or(0, |(_, backlog)| backlog)
     }
 
     /// Puts on the wire what the reliability state holds back from deferred

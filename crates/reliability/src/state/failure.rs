@@ -85,6 +85,7 @@ impl<F: Clone, R> Reliability<F, R> {
         p.tail = NIL;
         p.backlog_head = NIL;
         p.backlog_tail = NIL;
+        p.backlog_len = 0;
         self.credit.acknowledged(usize::from(p.in_flight));
         p.in_flight = 0;
         p.sacked = 0;

@@ -243,16 +243,7 @@ impl<F: Clone, R> Reliability<F, R> {
 
     /// Datagrams in flight to a peer, and waiting for its window.
     pub fn queued(&self, peer: PeerId) -> Option<(usize, usize)> {
-        let Some(p) = self.peers.get(peer.0 as usize) else {
-            return self.view(peer, |_| (0, 0));
-        };
-        let mut backlog = 0;
-        let mut at = p.backlog_head;
-        while at != NIL {
-            backlog += 1;
-            at = self.slots[at as usize].next;
-        }
-        Some((usize::from(p.in_flight), backlog))
+        self.view(peer, |p| (usize::from(p.in_flight), p.backlog_len as usize))
     }
 
     /// The newest fragment waiting in a peer's backlog (queued by

@@ -102,6 +102,8 @@ pub(super) struct Peer {
     /// Backlog (not yet sequenced: the window was full), oldest first.
     pub(super) backlog_head: u32,
     pub(super) backlog_tail: u32,
+    /// Fragments in the backlog.
+    pub(super) backlog_len: u32,
     /// Congestion window, in 1/1024 datagrams (so additive increase needs
     /// no floating point).
     pub(super) cwnd: u32,
@@ -175,6 +177,7 @@ impl Peer {
             in_flight: 0,
             backlog_head: NIL,
             backlog_tail: NIL,
+            backlog_len: 0,
             cwnd: u32::from(config.initial_cwnd) * CWND_UNIT,
             ssthresh: u32::MAX,
             undo_cwnd: 0,

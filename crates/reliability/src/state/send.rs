@@ -82,6 +82,7 @@ impl<F: Clone, R> Reliability<F, R> {
             &mut p.backlog_tail,
             slot,
         );
+        p.backlog_len += 1;
         self.fill_window(now, peer.0);
         self.reschedule(peer.0);
         Ok(())
@@ -130,6 +131,7 @@ impl<F: Clone, R> Reliability<F, R> {
             }
             let index = p.backlog_head;
             p.backlog_head = self.slots[index as usize].next;
+            p.backlog_len -= 1;
             if p.backlog_head == NIL {
                 p.backlog_tail = NIL;
             }
