@@ -55,27 +55,39 @@ fn message(len: usize, seed: usize) -> Vec<u8> {
 }
 
 /// Sends every message of `sizes` from `a` to `b`, in order, and waits
-/// until `b` heard them all (or a minute passed).
+/// until `b` heard them all (or a minute passed). `b` progresses on a thread
+/// of its own meanwhile: `send_message` waits for `b`'s window to take what
+/// it copied before it copies more, so `b` must acknowledge while `a` sends.
 fn exchange(
     a: &mut Component<UdpProvider>,
-    b: &mut Component<UdpProvider>,
+    b: Component<UdpProvider>,
     ab: EndpointId,
     heard: &Heard,
     sizes: &[usize],
-) {
+) -> Component<UdpProvider> {
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut sent = 0;
-    while heard.lock().unwrap().len() < sizes.len() && Instant::now() < deadline {
-        if sent < sizes.len()
-            && a.modules_mut()[0]
-                .send_message(ab, Tag::PML, &message(sizes[sent], sent))
-                .is_ok()
-        {
-            sent += 1;
+    let expected = sizes.len();
+    let listening = heard.clone();
+    let receiver = std::thread::spawn(move || {
+        let mut b = b;
+        while listening.lock().unwrap().len() < expected && Instant::now() < deadline {
+            b.progress();
         }
-        a.progress();
-        b.progress();
+        b
+    });
+    for (i, &len) in sizes.iter().enumerate() {
+        while a.modules_mut()[0]
+            .send_message(ab, Tag::PML, &message(len, i))
+            .is_err()
+            && Instant::now() < deadline
+        {
+            a.progress();
+        }
     }
+    while !receiver.is_finished() {
+        a.progress();
+    }
+    receiver.join().unwrap()
 }
 
 #[test]
@@ -96,7 +108,7 @@ fn messages_of_every_size_arrive_intact_authenticated_and_encrypted() {
                 1 << 20,
                 8,
             ];
-            exchange(&mut a, &mut b, ab, &heard, &sizes);
+            let b = exchange(&mut a, b, ab, &heard, &sizes);
             let heard = heard.lock().unwrap();
             let context = format!("auth {auth}, mtu {mtu:?}, eager {eager}");
             assert_eq!(heard.len(), sizes.len(), "{context}");

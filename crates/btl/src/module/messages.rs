@@ -130,7 +130,10 @@ impl<C: Context> Module<C> {
     /// datagrams that the receiver reassembles and delivers to the `tag`
     /// callback once, whole. Requires a reliable module (reassembly relies
     /// on in-order, exactly-once delivery). Waits, progressing, for free
-    /// fragments, for each at most the time it takes to declare a peer lost
+    /// fragments, and for the peer's window to take what was copied before
+    /// it copies more (see `COPY_AHEAD`): so the peer must be progressing
+    /// meanwhile (another process, another thread, or this module). Each
+    /// wait lasts at most the time it takes to declare a peer lost
     /// (`peer_timeout` and `rto_max`) and a quarter of `peer_timeout`, on
     /// the fabric's clock.
     ///
