@@ -199,9 +199,12 @@ fn blast(a: &mut Btl, b: &mut Btl, ab: EndpointId, n: u32) -> u64 {
 #[ignore = "runs inside the namespace of a_full_socket_send_buffer_is_a_counted_loss_that_reliability_repairs"]
 fn full_send_buffer_in_namespace() {
     run("ip link set lo up");
-    // 20 Mbit/s, a 200 KB bucket, and a 4 MB queue: datagrams wait in the
+    // 4 Mbit/s, a 20 KB bucket, and a 4 MB queue: datagrams wait in the
     // queue rather than being dropped there, holding the sender's buffer.
-    run("tc qdisc add dev lo root tbf rate 20mbit burst 200kb limit 4mb");
+    // A 1000-byte datagram leaves every 2 ms, so any sender faster than
+    // that fills its buffer: at 20 Mbit/s (0.4 ms) one on a loaded machine
+    // once did not.
+    run("tc qdisc add dev lo root tbf rate 4mbit burst 20kb limit 4mb");
     let fabric = |btl: &Btl| btl.modules()[0].with_context(udbtl_fabric::Context::stats);
 
     // Unreliable: each refusal is a counted loss, never a silent one.
@@ -233,7 +236,7 @@ fn full_send_buffer_in_namespace() {
 
     // Reliable: the refusals are repaired.
     let (mut a, mut b, ab, got) = udp_pair(true);
-    let n = 3000;
+    let n = 1000;
     assert_eq!(blast(&mut a, &mut b, ab, n), u64::from(n));
     let got = got.lock().unwrap();
     let rel = a.modules()[0].reliability_stats().unwrap();
