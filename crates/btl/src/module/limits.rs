@@ -43,9 +43,9 @@ pub struct Limits {
     /// Largest payload of a fragment prepared from the caller's memory
     /// (`prepare_src`, `prepare_lent`), the reserve included: what a host
     /// such as ob1 takes as the BTL's maximum send size. On a reliable
-    /// module the `frag_size` parameter, or the eager limit if larger: such
-    /// a fragment leaves as a train of datagrams and arrives whole. On an
-    /// unreliable one, the eager limit.
+    /// module the `frag_size` parameter rounded down to whole datagrams (at
+    /// least one): such a fragment leaves as a train of full datagrams and
+    /// arrives whole. On an unreliable one, the eager limit.
     pub frag_limit: usize,
     /// Data size of the first fragment of a rendezvous (`min_send_size`).
     pub rndv_eager_limit: usize,
@@ -131,9 +131,14 @@ pub(super) fn limits_for(port: &PortAttr, params: &Params) -> Limits {
     };
     let eager_limit = max_send_size.saturating_sub(header_len(params));
     let (alloc_limit, frag_limit) = if params.reliable {
+        // Whole datagrams: a runt at the end of every fragment would cost a
+        // datagram more each, and on loopback, where `frag_size` is just
+        // over one 64 KiB datagram, double them and make the receiver
+        // reassemble what would otherwise arrive whole.
+        let datagram = eager_limit.max(1);
         (
             params.eager_max.max(eager_limit),
-            params.frag_size.max(eager_limit),
+            params.frag_size.max(eager_limit) / datagram * datagram,
         )
     } else {
         (eager_limit, eager_limit)

@@ -404,7 +404,8 @@ parameters! {
         "Largest fragment of a message one send carries from the caller's memory (the \
          BTL's max_send_size, what ob1 cuts a large message into) on a reliable module: \
          the BTL cuts it into a train of datagrams, each with its own sequence number, \
-         and the receiver delivers it whole; never less than one datagram's payload. An \
+         and the receiver delivers it whole; rounded down to whole datagrams, never less \
+         than one (64 KiB is 46 datagrams of an MTU-1500 path, and one of loopback's). An \
          unreliable module sends one datagram per fragment";
     reliable: bool = (true), BOOL, udbtl,
         "Reliable, ordered, exactly-once delivery per peer (sequence numbers, ACKs, \
