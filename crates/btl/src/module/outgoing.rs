@@ -263,13 +263,9 @@ impl<C: Context> Engine<C> {
     ) -> bool {
         let sealer = (self.protection(), self.sender());
         let user = self.frags.user_bytes(des).map_or(&[][..], |(_, data)| data);
-        let Ok((from, to)) = self.ctx.mr_bytes_pair(head_mr, ring) else {
-            return false;
-        };
-        let Some(head) = from.get(head.offset..head.offset + head.len) else {
-            return false;
-        };
-        let Some(out) = to.get_mut(slot.offset..slot.offset + slot.len + TAG_LEN) else {
+        let Some((head, out)) =
+            head_and_slot(&mut self.ctx, (head_mr, head), (ring, slot), TAG_LEN)
+        else {
             return false;
         };
         let Some((headers, payload)) = head.split_at_checked(SEALED_HEADER_LEN) else {
@@ -302,18 +298,16 @@ impl<C: Context> Engine<C> {
     ) -> bool {
         let sealer = (self.protection(), self.sender());
         let user = self.frags.user_bytes(des).map_or(&[][..], |(_, data)| data);
-        let Ok((from, to)) = self.ctx.mr_bytes_pair(head_mr, ring) else {
-            return false;
-        };
-        let Some(head) = from.get(head.offset..head.offset + head.len) else {
-            return false;
-        };
-        let Some(datagram) = to.get_mut(slot.offset..slot.offset + slot.len) else {
+        let Some((head, datagram)) = head_and_slot(&mut self.ctx, (head_mr, head), (ring, slot), 0)
+        else {
             return false;
         };
         let Some((in_head, in_user)) = datagram.split_at_mut_checked(head.len()) else {
             return false;
         };
+        if in_user.len() != user.len() {
+            return false;
+        }
         in_head.copy_from_slice(head);
         in_user.copy_from_slice(user);
         let unsealed = Unsealed::InPlace(&mut *datagram);
@@ -406,4 +400,19 @@ fn seal_to(
         return false;
     };
     pair.seal(datagram, (&peer_key, peer_qpn), own, epochs, protection)
+}
+
+/// A datagram's head in its fragment's registration and its seal buffer in
+/// the ring's, `extra` bytes longer than the slot, lent at once; `None` if
+/// either range is not there.
+fn head_and_slot<C: Context>(
+    ctx: &mut C,
+    (head_mr, head): (MrHandle, Sge),
+    (ring, slot): (MrHandle, Sge),
+    extra: usize,
+) -> Option<(&[u8], &mut [u8])> {
+    let (from, to) = ctx.mr_bytes_pair(head_mr, ring).ok()?;
+    let head = from.get(head.offset..head.offset + head.len)?;
+    let out = to.get_mut(slot.offset..slot.offset + slot.len + extra)?;
+    Some((head, out))
 }

@@ -176,12 +176,17 @@ impl<Q, A> Verbs<Q, A> {
         }
     }
 
-    /// Records a send that left: counts it, and queues its completion if it
-    /// was signaled.
-    pub(crate) fn complete_send(&mut self, qp: QpHandle, wr: &SendWr<'_>, len: usize) {
+    /// Records a send of `len` bytes that left, request `wr_id` with
+    /// `flags`: counts it, and queues its completion if it was signaled.
+    pub(crate) fn complete_send(
+        &mut self,
+        qp: QpHandle,
+        (wr_id, flags): (u64, SendFlags),
+        len: usize,
+    ) {
         self.stats.tx_datagrams += 1;
         self.stats.tx_bytes += len as u64;
-        if !wr.flags.contains(SendFlags::SIGNALED) {
+        if !flags.contains(SendFlags::SIGNALED) {
             return;
         }
         let Some(entry) = self.qps.get_mut(qp.0) else {
@@ -193,7 +198,7 @@ impl<Q, A> Verbs<Q, A> {
             cq,
             qp,
             WorkCompletion {
-                wr_id: wr.wr_id,
+                wr_id,
                 status: WcStatus::Success,
                 opcode: WcOpcode::Send,
                 byte_len: len as u32,

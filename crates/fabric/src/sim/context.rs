@@ -207,16 +207,7 @@ impl SimContext {
         self.net
             .lock()
             .transmit(src_port, dst_port, wr.remote_qpn, datagram);
-        let request = SendWr {
-            wr_id: wr.wr_id,
-            sg_list: &[],
-            ah: wr.ah,
-            remote_qpn: wr.remote_qpn,
-            remote_qkey: wr.remote_qkey,
-            imm: wr.imm,
-            flags: wr.flags,
-        };
-        self.verbs.complete_send(qp, &request, len);
+        self.verbs.complete_send(qp, (wr.wr_id, wr.flags), len);
         Ok(())
     }
 }

@@ -242,7 +242,7 @@ impl Sender {
                     continue;
                 }
             }
-            verbs.complete_send(qp, wr, lens[i]);
+            verbs.complete_send(qp, (wr.wr_id, wr.flags), lens[i]);
         }
         Ok(())
     }
