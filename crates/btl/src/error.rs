@@ -80,6 +80,9 @@ pub enum BtlError {
         /// How long the call waited.
         waited: std::time::Duration,
     },
+    /// A remote read that cannot be asked for.
+    #[error("read refused: {0}")]
+    BadRead(&'static str),
     /// Resources were still in use at finalize.
     #[error("finalize found {what} still in use")]
     Leak {

@@ -207,6 +207,9 @@ pub(crate) struct Frag {
     pub(crate) segment_crc: Option<SegmentCrc>,
     /// Where its last transmission is on its way out of this host.
     pub(crate) leaving: Leaving,
+    /// The BTL's own (a message of the read protocol): its completion is
+    /// not the host's to hear.
+    pub(crate) internal: bool,
 }
 
 /// Where a reliable fragment's last transmission is before it leaves this
@@ -337,6 +340,7 @@ impl FragPool {
             train: None,
             segment_crc: None,
             leaving: Leaving::No,
+            internal: false,
         }));
         Ok(true)
     }
@@ -369,6 +373,7 @@ impl FragPool {
         frag.train = None;
         frag.segment_crc = None;
         frag.leaving = Leaving::No;
+        frag.internal = false;
         let des = Descriptor::new(self.kind, index, frag.generation);
         self.high_water = self.high_water.max(self.in_use());
         Some(des)

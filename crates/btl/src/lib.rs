@@ -72,8 +72,9 @@ pub use convertor::Convertor;
 pub use error::{BtlError, SendFailure};
 pub use frag::{DesFlags, Descriptor, LentBytes};
 pub use module::{
-    AddProcs, ErrorCallback, ErrorEvent, HostEvent, Limits, Module, ModuleStats, Polled, Received,
-    RecvCallback, RecvEvent, Segment, SendArgs, SendCallback, SendEvent, SendStatus,
+    AddProcs, ErrorCallback, ErrorEvent, HostEvent, Limits, Module, ModuleStats, Polled,
+    ReadCallback, ReadEvent, ReadFailure, ReadTarget, Received, RecvCallback, RecvEvent, Region,
+    RegionKey, RemoteRange, Segment, SendArgs, SendCallback, SendEvent, SendStatus,
     USER_RESERVE_MAX, recv_buffer_len,
 };
 pub use params::{BtlConfig, Params};

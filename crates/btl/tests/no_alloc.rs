@@ -346,6 +346,7 @@ fn host_progress(side: &mut Side, len: &AtomicUsize) {
             }
             HostEvent::Sent { event, .. } => assert!(event.status.is_ok(), "{event:?}"),
             HostEvent::Error(event) => panic!("error event: {event:?}"),
+            HostEvent::ReadDone(event) => panic!("no read was asked for: {event:?}"),
         }
         module.finish(event);
     }

@@ -63,6 +63,13 @@ mod udp_sealed {
             suite::zero_copy_sends_through_the_registration_cache(&sealed(auth));
         }
     }
+
+    #[test]
+    fn remote_reads_copy_a_peers_region() {
+        for auth in ["on", "encrypt"] {
+            suite::remote_reads_copy_a_peers_region(&sealed(auth));
+        }
+    }
 }
 
 /// The suite on an RDMA device through libibverbs.

@@ -40,6 +40,7 @@ mod error;
 pub(crate) mod field;
 pub mod hash;
 pub mod modex;
+pub mod read;
 pub mod rel;
 pub mod seal;
 pub mod seq;

@@ -86,6 +86,10 @@ pub const FLAG_ECHO: u16 = 0x200;
 /// Flag: with [`FLAG_SEALED`], the payload is encrypted
 /// ([`crate::seal::Protection::Encrypt`]).
 pub const FLAG_ENCRYPTED: u16 = 0x400;
+/// Flag: the message belongs to the BTL's remote reads ([`crate::read`]), a
+/// request or a reply as its BTL tag says, not to the BTL's host. Set on
+/// every datagram of the message.
+pub const FLAG_READ: u16 = 0x800;
 const KNOWN_FLAGS: u16 = FLAG_ACK_ONLY
     | FLAG_ACK_REQ
     | FLAG_CHECKSUM
@@ -96,7 +100,8 @@ const KNOWN_FLAGS: u16 = FLAG_ACK_ONLY
     | FLAG_COALESCED
     | FLAG_SEALED
     | FLAG_ECHO
-    | FLAG_ENCRYPTED;
+    | FLAG_ENCRYPTED
+    | FLAG_READ;
 
 mod field {
     use super::Field;

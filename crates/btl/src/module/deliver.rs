@@ -16,6 +16,7 @@ use udbtl_wire::coalesced;
 use super::Module;
 use super::delivery::{Delivery, Held};
 use super::events::Notice;
+use super::read::ReadEvent;
 use super::{Engine, ErrorEvent, SendEvent};
 use crate::error::SendFailure;
 use crate::frag::{DesFlags, Descriptor, FragState};
@@ -53,6 +54,8 @@ pub enum HostEvent {
     },
     /// An error for the error callback.
     Error(ErrorEvent),
+    /// A remote read ([`Module::read`](super::Module::read)) is over.
+    ReadDone(ReadEvent),
 }
 
 /// A received message, whose bytes stay put until the event is finished.
@@ -114,6 +117,7 @@ impl<C: Context> Engine<C> {
             && self.host_split.is_none()
             && self.frags.send.in_use() == 0
             && self.frags.user.in_use() == 0
+            && self.reads.is_quiet()
     }
 
     /// The engine's side of `Module::next_event`, whose documentation is the
@@ -137,6 +141,7 @@ impl<C: Context> Engine<C> {
                 }
                 Notice::Sent { event, owned } => return Some(HostEvent::Sent { event, owned }),
                 Notice::Error(event) => return Some(HostEvent::Error(event)),
+                Notice::ReadDone(event) => return Some(HostEvent::ReadDone(event)),
             }
         }
     }
@@ -302,7 +307,7 @@ impl<C: Context> Engine<C> {
                     self.release(event.descriptor);
                 }
             }
-            HostEvent::Error(_) => {}
+            HostEvent::Error(_) | HostEvent::ReadDone(_) => {}
         }
     }
 
@@ -321,6 +326,11 @@ impl<C: Context> Engine<C> {
         let Some(frag) = self.frags.get_mut(des) else {
             return;
         };
+        if frag.internal {
+            // The read protocol's own: a lost peer fails its reads.
+            self.release(des);
+            return;
+        }
         frag.state = FragState::Allocated;
         let event = SendEvent {
             descriptor: des,

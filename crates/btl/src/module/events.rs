@@ -4,6 +4,7 @@
 use udbtl_fabric::QpAddr;
 
 use super::delivery::Delivery;
+use super::read::{ReadCallback, ReadEvent};
 use crate::error::SendFailure;
 use crate::frag::Descriptor;
 use crate::{EndpointId, Tag};
@@ -83,6 +84,8 @@ pub(super) enum Notice {
     Sent { event: SendEvent, owned: bool },
     /// An error for the error callback.
     Error(ErrorEvent),
+    /// A remote read is over.
+    ReadDone(ReadEvent),
 }
 
 /// The caller's callbacks. They run only inside the caller's own calls
@@ -92,6 +95,7 @@ pub(super) struct Callbacks {
     pub(super) recv: Vec<Option<RecvCallback>>,
     pub(super) send: Option<SendCallback>,
     pub(super) error: Option<ErrorCallback>,
+    pub(super) read: Option<ReadCallback>,
 }
 
 impl Callbacks {
@@ -100,6 +104,7 @@ impl Callbacks {
             recv: (0..=u8::MAX).map(|_| None).collect(),
             send: None,
             error: None,
+            read: None,
         }
     }
 }

@@ -67,6 +67,15 @@ pub struct Limits {
     pub header_len: usize,
 }
 
+impl Limits {
+    /// The most bytes one remote read ([`Module::read`](super::Module::read))
+    /// may ask for: its reply is one fragment of `frag_limit`, the reply's
+    /// header included.
+    pub const fn read_limit(&self) -> usize {
+        super::read::read_limit(self.frag_limit)
+    }
+}
+
 pub(super) fn round_up(value: usize, align: usize) -> usize {
     value.div_ceil(align) * align
 }

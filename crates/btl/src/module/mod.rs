@@ -25,6 +25,9 @@
 //!   event at a time (`delivery.rs`: a received datagram on its way);
 //!   `events.rs`: the events and callbacks themselves;
 //! * `messages.rs`: multi-datagram messages, cut and reassembled;
+//! * `read/`: remote reads (the BTL interface's `get`): requests, and
+//!   replies sent from registered memory and copied straight to their
+//!   destination;
 //! * `endpoints.rs`: the peers, the index from a sender's address to its
 //!   endpoint, and the route (address handle, queue pair) to each;
 //! * `descriptors.rs`: `alloc`, `prepare_src`, segments and `free`;
@@ -48,6 +51,7 @@ mod integrity;
 mod limits;
 mod messages;
 mod outgoing;
+mod read;
 mod recv;
 mod reliable;
 mod seal;
@@ -69,6 +73,7 @@ pub use events::{
 };
 pub use handle::{Module, Segment, SendArgs};
 pub use limits::{Limits, USER_RESERVE_MAX, recv_buffer_len};
+pub use read::{ReadCallback, ReadEvent, ReadFailure, ReadTarget, Region, RegionKey, RemoteRange};
 pub use stats::ModuleStats;
 
 use crate::error::{BtlError, SendFailure};
@@ -79,6 +84,7 @@ use descriptors::{Frags, bad};
 pub use endpoints::AddProcs;
 use endpoints::Endpoints;
 use events::Notice;
+use read::Reads;
 use recv::RecvPool;
 use reliable::{Coalescer, Reliable};
 use transmit::{TransmitQueue, WaitingSend};
@@ -179,6 +185,9 @@ struct Engine<C: Context> {
     /// This process's id, published in the modex and carried in reliable
     /// datagrams.
     proc_id: u32,
+    /// Remote reads: the regions peers may read, the reads asked for, the
+    /// requests waiting to be served.
+    reads: Reads,
 }
 
 impl<C: Context> std::fmt::Debug for Engine<C> {
@@ -332,6 +341,9 @@ impl<C: Context> Engine<C> {
             }
         } else if polled > 0 {
             self.post_waiting();
+        }
+        if self.reads.has_waiting() {
+            self.serve_reads();
         }
         self.flush_reposts();
         polled

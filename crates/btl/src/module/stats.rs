@@ -65,6 +65,13 @@ pub struct ModuleStats {
     /// Small messages sent inside the datagram of an earlier message to the
     /// same peer (the `coalesce` parameter), instead of in their own.
     pub messages_coalesced: u64,
+    /// Remote reads this module asked for.
+    pub reads_started: u64,
+    /// Read requests served with bytes of a registered region.
+    pub reads_served: u64,
+    /// Read requests refused: no registered region holds the range, or it
+    /// is too long.
+    pub reads_refused: u64,
 }
 
 impl ModuleStats {

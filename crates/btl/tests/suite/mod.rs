@@ -208,6 +208,7 @@ pub(crate) fn payload(index: usize, len: usize) -> Vec<u8> {
 
 mod across_processes;
 mod in_process;
+mod reads;
 
 // The bodies, where `provider_suite!` finds them; a test crate that writes
 // no suite uses none.
@@ -218,6 +219,8 @@ pub(crate) use in_process::{
     del_procs_fails_pending_sends, finalize_reports_leaked_descriptors, modex_and_add_procs,
     tagged_sends_arrive_once_in_order, zero_copy_sends_through_the_registration_cache,
 };
+#[allow(unused_imports)]
+pub(crate) use reads::{reads_of_a_deleted_peer_fail, remote_reads_copy_a_peers_region};
 
 /// Writes the suite's `#[test]`s for one provider into the calling module.
 ///
@@ -235,7 +238,8 @@ macro_rules! provider_suite {
     (@absent $reason:literal) => {
         $crate::suite::provider_suite!(@absent $reason, modex_and_add_procs
             tagged_sends_arrive_once_in_order zero_copy_sends_through_the_registration_cache
-            del_procs_fails_pending_sends finalize_reports_leaked_descriptors two_processes);
+            del_procs_fails_pending_sends finalize_reports_leaked_descriptors two_processes
+            remote_reads_copy_a_peers_region reads_of_a_deleted_peer_fail);
     };
     (@absent $reason:literal, $($test:ident)*) => {
         $(#[test] #[ignore = $reason] fn $test() {})*
@@ -262,6 +266,22 @@ macro_rules! provider_suite {
         fn zero_copy_sends_through_the_registration_cache() {
             if let Some(make) = $make {
                 $crate::suite::zero_copy_sends_through_the_registration_cache(&make);
+            }
+        }
+
+        #[test]
+        $(#[$attr])*
+        fn remote_reads_copy_a_peers_region() {
+            if let Some(make) = $make {
+                $crate::suite::remote_reads_copy_a_peers_region(&make);
+            }
+        }
+
+        #[test]
+        $(#[$attr])*
+        fn reads_of_a_deleted_peer_fail() {
+            if let Some(make) = $make {
+                $crate::suite::reads_of_a_deleted_peer_fail(&make);
             }
         }
 

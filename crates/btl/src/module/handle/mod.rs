@@ -16,6 +16,7 @@ use udbtl_wire::modex;
 mod diagnostics;
 mod fragments;
 mod host;
+mod read;
 
 pub use host::SendArgs;
 
@@ -439,6 +440,12 @@ fn run_events<C: Context>(engine: &mut Engine<C>, callbacks: &mut Callbacks) -> 
             }
             HostEvent::Error(event) => {
                 if let Some(callback) = callbacks.error.as_mut() {
+                    callback(event);
+                }
+                true
+            }
+            HostEvent::ReadDone(event) => {
+                if let Some(callback) = callbacks.read.as_mut() {
                     callback(event);
                 }
                 true

@@ -225,10 +225,11 @@ pub(in crate::module) fn may_carry(frags: &Frags, peer: PeerId, des: Descriptor)
 }
 
 /// Whether a fragment's message may travel as a record of a coalesced
-/// datagram: whole, not aborted, in BTL memory, short enough for a record.
+/// datagram: whole, not aborted, not the read protocol's, in BTL memory,
+/// short enough for a record.
 pub(in crate::module) fn may_ride(f: &crate::frag::Frag) -> bool {
     let whole = rel::FLAG_FIRST | rel::FLAG_LAST;
     f.user.is_none()
-        && f.msg_flags & (whole | rel::FLAG_ABORT) == whole
+        && f.msg_flags & (whole | rel::FLAG_ABORT | rel::FLAG_READ) == whole
         && f.seg_len <= coalesced::MAX_RECORD_LEN
 }

@@ -236,6 +236,7 @@ impl<C: Context> Engine<C> {
                 ),
                 Event::PeerLost { peer, reason } => {
                     reliable.reassembly.discard(EndpointId(peer.0));
+                    self.forget_reads_of(EndpointId(peer.0));
                     let message = match reason {
                         LossReason::Reset => format!(
                             "endpoint {} broke the stream: it declared this process lost",
@@ -248,7 +249,10 @@ impl<C: Context> Engine<C> {
                     };
                     self.report_error(Some(EndpointId(peer.0)), false, message);
                 }
-                Event::PeerClosed { peer } => reliable.reassembly.discard(EndpointId(peer.0)),
+                Event::PeerClosed { peer } => {
+                    reliable.reassembly.discard(EndpointId(peer.0));
+                    self.forget_reads_of(EndpointId(peer.0));
+                }
             }
         }
     }

@@ -192,6 +192,10 @@ impl<C: Context> Engine<C> {
 
     /// Hands one in-order datagram to the application's next progress.
     fn deliver_in_order(&mut self, held: Held, endpoint: EndpointId, tag: Tag, flags: u16) {
+        if flags & rel::FLAG_READ != 0 {
+            self.on_read_datagram(held, endpoint, tag, (payload_offset(flags), flags));
+            return;
+        }
         let Some(src) = self.endpoints.get(endpoint).map(Endpoint::remote) else {
             // Held for a peer whose endpoint the caller deleted since.
             self.stats.recv_unknown_peer += 1;

@@ -226,6 +226,8 @@ impl<C: Context> Engine<C> {
         let frag = self.frags.checked_mut(head)?;
         let (endpoint, tag) = (frag.endpoint, frag.tag);
         let in_head = eager.saturating_sub(frag.seg_len);
+        // A reply of the read protocol is one on every datagram.
+        let read = frag.msg_flags & rel::FLAG_READ;
         let user = frag
             .user
             .as_mut()
@@ -233,7 +235,7 @@ impl<C: Context> Engine<C> {
         let end = user.range.end;
         let mut at = (user.range.start + in_head).min(end);
         user.range.end = at;
-        frag.msg_flags = rel::FLAG_FIRST;
+        frag.msg_flags = rel::FLAG_FIRST | read;
         let mut cars = 0;
         let mut car = self.train_next(head);
         let mut last = head;
@@ -253,7 +255,7 @@ impl<C: Context> Engine<C> {
             frag.endpoint = endpoint;
             frag.tag = tag;
             frag.flags = DesFlags::BTL_OWNERSHIP;
-            frag.msg_flags = 0;
+            frag.msg_flags = read;
             at += take;
             cars += 1;
             last = des;

@@ -1,0 +1,190 @@
+//! The engine's side of remote reads: sending a request, serving one, and
+//! taking a reply's datagrams as the reliable stream delivers them.
+
+use udbtl_fabric::Context;
+use udbtl_wire::read::{self, ReplyHeader, Request};
+use udbtl_wire::rel;
+
+use super::{ReadTarget, RemoteRange, Reply};
+use crate::error::BtlError;
+use crate::frag::{DesFlags, Descriptor, WHOLE_MESSAGE};
+use crate::module::delivery::Held;
+use crate::module::events::Notice;
+use crate::module::{Engine, Flush};
+use crate::{EndpointId, NO_ORDER, Tag};
+
+/// Bytes a read may ask for at most, with fragments of `frag_limit` bytes:
+/// the reply is one fragment, its header included.
+pub(crate) const fn read_limit(frag_limit: usize) -> usize {
+    frag_limit.saturating_sub(read::REPLY_HEADER_LEN)
+}
+
+impl<C: Context> Engine<C> {
+    /// The engine's side of `Module::read`, whose documentation is the
+    /// contract.
+    pub(in crate::module) fn start_read(
+        &mut self,
+        endpoint: EndpointId,
+        target: Box<dyn ReadTarget>,
+        len: usize,
+        from: RemoteRange,
+        context: u64,
+    ) -> Result<(), BtlError> {
+        if !self.path.is_reliable() {
+            return Err(BtlError::BadRead("remote reads need a reliable module"));
+        }
+        if len > read_limit(self.limits.frag_limit) {
+            return Err(BtlError::BadRead(
+                "longer than the module's read limit (Limits::read_limit)",
+            ));
+        }
+        if self.endpoints.get(endpoint).is_none() {
+            return Err(BtlError::BadEndpoint {
+                endpoint: endpoint.0,
+            });
+        }
+        let flags = DesFlags::BTL_OWNERSHIP | DesFlags::PRIORITY;
+        let des = self
+            .alloc(NO_ORDER, read::REQUEST_LEN, flags)
+            .ok_or(BtlError::NoFragment {
+                waited: std::time::Duration::ZERO,
+            })?;
+        let id = self.reads.start(endpoint, target, len, context);
+        let request = Request {
+            id,
+            key: from.key.0,
+            addr: from.addr,
+            len: len as u64,
+        };
+        let sent = self.segment_mut(des).map(|segment| request.emit(segment));
+        let sent =
+            sent.and_then(|()| self.send_internal(endpoint, des, read::TAG_REQUEST, Flush::Now));
+        if let Err(err) = sent {
+            self.reads.cancel(id);
+            self.release(des);
+            return Err(err);
+        }
+        self.stats.reads_started += 1;
+        Ok(())
+    }
+
+    /// Sends a descriptor of the read protocol: BTL-owned, a whole message
+    /// (or a train) marked [`rel::FLAG_READ`], never coalesced, and
+    /// completed without telling the host.
+    fn send_internal(
+        &mut self,
+        endpoint: EndpointId,
+        des: Descriptor,
+        tag: u8,
+        flush: Flush,
+    ) -> Result<(), BtlError> {
+        let frag = self.frags.checked_mut(des)?;
+        frag.internal = true;
+        frag.flags = DesFlags::BTL_OWNERSHIP;
+        frag.msg_flags = WHOLE_MESSAGE | rel::FLAG_READ;
+        self.send_as(endpoint, des, Tag(tag), flush).map(|_| ())
+    }
+
+    /// A delivered, in-order datagram of the read protocol from `endpoint`:
+    /// a request is queued to be served, a reply's bytes go to their read.
+    /// Its buffer goes straight back to the pool.
+    pub(in crate::module) fn on_read_datagram(
+        &mut self,
+        held: Held,
+        endpoint: EndpointId,
+        tag: Tag,
+        (header_len, flags): (usize, u16),
+    ) {
+        let bounds = (
+            flags & rel::FLAG_FIRST != 0,
+            flags & rel::FLAG_LAST != 0,
+            flags & rel::FLAG_ABORT != 0,
+        );
+        let payload = self
+            .recv
+            .datagram(&self.ctx, held)
+            .and_then(|d| d.get(header_len..));
+        match (tag.0, payload) {
+            (read::TAG_REQUEST, Some(payload)) if bounds == (true, true, false) => {
+                match Request::parse(payload) {
+                    Ok(request) => self.reads.queue_request(endpoint, request),
+                    Err(_) => self.stats.recv_malformed += 1,
+                }
+            }
+            (read::TAG_REPLY, Some(payload)) => {
+                match self.reads.on_reply(endpoint, bounds, payload) {
+                    Ok(Some(event)) => self.notices.push_back(Notice::ReadDone(event)),
+                    Ok(None) => {}
+                    Err(()) => self.stats.recv_orphan_pieces += 1,
+                }
+            }
+            _ => self.stats.recv_malformed += 1,
+        }
+        self.recv.repost(held.slot);
+    }
+
+    /// Serves the requests waiting, oldest first, until one finds no free
+    /// fragment (it waits for the next call). Their replies leave in one
+    /// flush.
+    pub(in crate::module) fn serve_reads(&mut self) {
+        let limit = read_limit(self.limits.frag_limit);
+        let mut served = false;
+        while let Some((endpoint, request)) = self.reads.next_request() {
+            let des = match self.reads.serve(&request, limit) {
+                Reply::Bytes(header, bytes) => {
+                    let des = self
+                        .prepare_lent(bytes, NO_ORDER, read::REPLY_HEADER_LEN, DesFlags::NONE)
+                        .ok();
+                    des.map(|des| (des, header, true))
+                }
+                Reply::Refusal(header) => self
+                    .alloc(NO_ORDER, read::REPLY_HEADER_LEN, DesFlags::NONE)
+                    .map(|des| (des, header, false)),
+            };
+            let Some((des, header, with_bytes)) = des else {
+                self.reads.requeue_request(endpoint, request);
+                break;
+            };
+            if self.send_reply(endpoint, des, header).is_err() {
+                // The peer is gone or unknown: its reads end with it.
+                self.release_unsent(des);
+                continue;
+            }
+            served = true;
+            if with_bytes {
+                self.stats.reads_served += 1;
+            } else {
+                self.stats.reads_refused += 1;
+            }
+        }
+        if served {
+            let now = self.clock();
+            self.flush_transmits(now);
+        }
+    }
+
+    /// Writes a reply's header and sends it.
+    fn send_reply(
+        &mut self,
+        endpoint: EndpointId,
+        des: Descriptor,
+        header: ReplyHeader,
+    ) -> Result<(), BtlError> {
+        header.emit(self.segment_mut(des)?);
+        self.send_internal(endpoint, des, read::TAG_REPLY, Flush::Later)
+    }
+
+    /// Gives back a descriptor that was never sent, and its train's cars.
+    fn release_unsent(&mut self, des: Descriptor) {
+        self.uncouple_cars(des);
+        self.release(des);
+    }
+
+    /// Fails the reads from `endpoint` and drops its requests: it was lost
+    /// or deleted.
+    pub(in crate::module) fn forget_reads_of(&mut self, endpoint: EndpointId) {
+        for event in self.reads.forget_peer(endpoint) {
+            self.notices.push_back(Notice::ReadDone(event));
+        }
+    }
+}

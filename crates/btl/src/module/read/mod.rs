@@ -1,0 +1,391 @@
+//! Remote reads: the BTL interface's `get`, emulated over the reliable
+//! stream ([`udbtl_wire::read`]).
+//!
+//! A host lets its peers read memory it registered ([`Region`]); a reader
+//! asks a peer for a range of it with a small request and names where the
+//! bytes go ([`ReadTarget`]). The peer answers with one message whose
+//! datagrams gather the bytes straight from the registered memory (a train,
+//! as a fragment prepared from the caller's memory leaves), and the reader
+//! copies each datagram's bytes straight into the target as it is
+//! delivered, in order, right after its checksum was checked, while it is
+//! still in the cache. Compared with sending the same bytes through the
+//! host's fragments, nothing is copied on the sending side, nothing is
+//! reassembled on the receiving side, and the host handles one request
+//! per read instead of one fragment per `frag_size`.
+//!
+//! The reader may only be written by a reply to a read it asked for, from
+//! the peer it asked, at most up to the length it asked; the owner serves
+//! only ranges inside a region it registered, named by a key it drew.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::Arc;
+
+use udbtl_wire::read::{self, ReplyHeader, Request};
+
+use crate::EndpointId;
+use crate::frag::LentBytes;
+
+mod engine;
+pub(super) use engine::read_limit;
+
+/// Memory a host lets its peers read ([`Module::register_region`]).
+///
+/// The contract, which the BTL relies on: [`bytes`](LentBytes::bytes)
+/// returns the same bytes from registration until the region is
+/// deregistered and every reply sent from it is acknowledged. A host that
+/// deregisters only once the reader said it has everything (as ob1 does,
+/// on its FIN message, which the reader sends after the last reply
+/// datagram arrived and which acknowledges it) meets the second half.
+///
+/// [`Module::register_region`]: super::Module::register_region
+pub type Region = Arc<dyn LentBytes>;
+
+/// Where a read's bytes go.
+pub trait ReadTarget: Send + 'static {
+    /// The bytes to fill: exactly as many as the read asks for. The BTL
+    /// writes them, in order, between the read's start and its
+    /// completion event, and nothing else does meanwhile.
+    fn bytes_mut(&mut self) -> &mut [u8];
+}
+
+/// A registered region's name, which a host passes to the peers that may
+/// read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RegionKey(pub u64);
+
+/// Where a read takes its bytes from: a region of the peer's, and the
+/// address of the first byte in the peer's address space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteRange {
+    /// The region, as the peer registered it.
+    pub key: RegionKey,
+    /// The first byte wanted.
+    pub addr: u64,
+}
+
+/// Why a read did not complete.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReadFailure {
+    /// The peer refused: the range is in no region it registered (or the
+    /// region was deregistered), or is too long.
+    #[error("the peer refused the read (status {status})")]
+    Refused {
+        /// The reply's status ([`udbtl_wire::read`]).
+        status: u32,
+    },
+    /// The reply did not match the read: more or fewer bytes than asked
+    /// for, or cut short by its sender.
+    #[error("the reply was malformed: {0}")]
+    Malformed(&'static str),
+    /// The peer was lost (or deleted) before the reply was complete.
+    #[error("the peer was lost before the read completed")]
+    PeerLost,
+}
+
+/// What the read callback sees when a read is over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadEvent {
+    /// The peer read from.
+    pub endpoint: EndpointId,
+    /// The caller's value given with the read.
+    pub context: u64,
+    /// Whether every byte arrived.
+    pub status: Result<(), ReadFailure>,
+}
+
+/// The read completion callback.
+pub type ReadCallback = Box<dyn FnMut(&ReadEvent) + Send>;
+
+/// A read this module asked for.
+struct Pending {
+    endpoint: EndpointId,
+    target: Box<dyn ReadTarget>,
+    len: usize,
+    context: u64,
+}
+
+/// The reply a peer is sending: which read, and the bytes written so far.
+#[derive(Debug, Clone, Copy)]
+struct Incoming {
+    id: u32,
+    at: usize,
+}
+
+/// A reply's bytes: a range of a registered region, lent to a send.
+struct RegionSlice {
+    region: Region,
+    start: usize,
+    len: usize,
+}
+
+impl LentBytes for RegionSlice {
+    fn bytes(&self) -> &[u8] {
+        // In range: checked against the region when the request was served.
+        self.region
+            .bytes()
+            .get(self.start..self.start + self.len)
+            .unwrap_or_default()
+    }
+}
+
+/// A request served, as the engine sends it: the region's bytes (or why
+/// none) for the reply to `endpoint`.
+pub(super) enum Reply {
+    /// The bytes, and the reply's header.
+    Bytes(ReplyHeader, Box<dyn LentBytes>),
+    /// No bytes: the header says why.
+    Refusal(ReplyHeader),
+}
+
+/// A module's remote reads: the regions it serves, the reads it asked for,
+/// and the requests waiting for fragments.
+#[derive(Default)]
+pub(super) struct Reads {
+    regions: HashMap<u64, Region>,
+    next_key: u64,
+    pending: HashMap<u32, Pending>,
+    next_id: u32,
+    /// The reply in progress from each peer, by endpoint.
+    incoming: HashMap<u32, Incoming>,
+    /// Requests not served yet (no fragment was free), oldest first.
+    waiting: VecDeque<(EndpointId, Request)>,
+}
+
+impl fmt::Debug for Reads {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reads")
+            .field("regions", &self.regions.len())
+            .field("pending", &self.pending.len())
+            .field("waiting", &self.waiting.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reads {
+    /// Reads whose keys start at `first_key` (drawn at random, so that keys
+    /// of earlier runs and other modules do not name this one's regions).
+    pub(super) fn new(first_key: u64) -> Self {
+        Self {
+            next_key: first_key,
+            ..Self::default()
+        }
+    }
+
+    /// Whether requests wait to be served.
+    pub(super) fn has_waiting(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
+    /// Whether nothing is asked for or waiting to be served.
+    pub(super) fn is_quiet(&self) -> bool {
+        self.pending.is_empty() && self.waiting.is_empty()
+    }
+
+    /// Registers `region` and returns its key.
+    pub(super) fn register(&mut self, region: Region) -> RegionKey {
+        let key = self.next_key;
+        self.next_key = self.next_key.wrapping_add(1);
+        self.regions.insert(key, region);
+        RegionKey(key)
+    }
+
+    /// Forgets a region; `false` if the key named none.
+    pub(super) fn deregister(&mut self, key: RegionKey) -> bool {
+        self.regions.remove(&key.0).is_some()
+    }
+
+    /// Notes a read of `len` bytes from `endpoint` into `target`; returns
+    /// its id for the request.
+    pub(super) fn start(
+        &mut self,
+        endpoint: EndpointId,
+        target: Box<dyn ReadTarget>,
+        len: usize,
+        context: u64,
+    ) -> u32 {
+        let mut id = self.next_id;
+        while self.pending.contains_key(&id) {
+            id = id.wrapping_add(1);
+        }
+        self.next_id = id.wrapping_add(1);
+        self.pending.insert(
+            id,
+            Pending {
+                endpoint,
+                target,
+                len,
+                context,
+            },
+        );
+        id
+    }
+
+    /// Takes back a read whose request could not be sent.
+    pub(super) fn cancel(&mut self, id: u32) {
+        self.pending.remove(&id);
+    }
+
+    /// Queues a request from `endpoint` to be served.
+    pub(super) fn queue_request(&mut self, endpoint: EndpointId, request: Request) {
+        self.waiting.push_back((endpoint, request));
+    }
+
+    /// The oldest request waiting, if any.
+    pub(super) fn next_request(&mut self) -> Option<(EndpointId, Request)> {
+        self.waiting.pop_front()
+    }
+
+    /// Puts back a request that could not be served yet (it stays first).
+    pub(super) fn requeue_request(&mut self, endpoint: EndpointId, request: Request) {
+        self.waiting.push_front((endpoint, request));
+    }
+
+    /// What to send for `request`: the bytes of a registered region, or a
+    /// refusal when the range is in none or longer than `limit`.
+    pub(super) fn serve(&self, request: &Request, limit: usize) -> Reply {
+        let refuse = |status| {
+            Reply::Refusal(ReplyHeader {
+                id: request.id,
+                status,
+            })
+        };
+        let Ok(len) = usize::try_from(request.len) else {
+            return refuse(read::STATUS_TOO_LONG);
+        };
+        if len > limit {
+            return refuse(read::STATUS_TOO_LONG);
+        }
+        let Some(region) = self.regions.get(&request.key) else {
+            return refuse(read::STATUS_NO_REGION);
+        };
+        let base = region.bytes().as_ptr() as u64;
+        let start = request
+            .addr
+            .checked_sub(base)
+            .and_then(|s| usize::try_from(s).ok());
+        let Some(start) = start.filter(|s| {
+            s.checked_add(len)
+                .is_some_and(|end| end <= region.bytes().len())
+        }) else {
+            return refuse(read::STATUS_NO_REGION);
+        };
+        let header = ReplyHeader {
+            id: request.id,
+            status: read::STATUS_OK,
+        };
+        Reply::Bytes(
+            header,
+            Box::new(RegionSlice {
+                region: Arc::clone(region),
+                start,
+                len,
+            }),
+        )
+    }
+
+    /// One delivered datagram of a reply from `endpoint`, with its message
+    /// bounds: copies its bytes into the read's target. Returns the read
+    /// that it completed or failed, with its outcome; `Err` when it belongs
+    /// to no read in progress (counted by the caller as an orphan).
+    pub(super) fn on_reply(
+        &mut self,
+        endpoint: EndpointId,
+        (first, last, abort): (bool, bool, bool),
+        payload: &[u8],
+    ) -> Result<Option<ReadEvent>, ()> {
+        let bytes = if first {
+            self.incoming.remove(&endpoint.0);
+            let header = ReplyHeader::parse(payload).map_err(|_| ())?;
+            let known = self
+                .pending
+                .get(&header.id)
+                .is_some_and(|p| p.endpoint == endpoint);
+            if !known {
+                return Err(());
+            }
+            if header.status != read::STATUS_OK {
+                return Ok(Some(self.finish(
+                    header.id,
+                    Err(ReadFailure::Refused {
+                        status: header.status,
+                    }),
+                )));
+            }
+            self.incoming.insert(
+                endpoint.0,
+                Incoming {
+                    id: header.id,
+                    at: 0,
+                },
+            );
+            &payload[read::REPLY_HEADER_LEN..]
+        } else {
+            payload
+        };
+        let Some(incoming) = self.incoming.get(&endpoint.0).copied() else {
+            return Err(());
+        };
+        if abort {
+            self.incoming.remove(&endpoint.0);
+            let failure = ReadFailure::Malformed("its sender gave up on it");
+            return Ok(Some(self.finish(incoming.id, Err(failure))));
+        }
+        let Some(read) = self.pending.get_mut(&incoming.id) else {
+            self.incoming.remove(&endpoint.0);
+            return Err(());
+        };
+        let at = incoming.at + bytes.len();
+        let Some(dest) = read
+            .target
+            .bytes_mut()
+            .get_mut(incoming.at..at)
+            .filter(|_| at <= read.len)
+        else {
+            self.incoming.remove(&endpoint.0);
+            let failure = ReadFailure::Malformed("more bytes than were asked for");
+            return Ok(Some(self.finish(incoming.id, Err(failure))));
+        };
+        dest.copy_from_slice(bytes);
+        if !last {
+            if let Some(incoming) = self.incoming.get_mut(&endpoint.0) {
+                incoming.at = at;
+            }
+            return Ok(None);
+        }
+        self.incoming.remove(&endpoint.0);
+        let status = if at == read.len {
+            Ok(())
+        } else {
+            Err(ReadFailure::Malformed("fewer bytes than were asked for"))
+        };
+        Ok(Some(self.finish(incoming.id, status)))
+    }
+
+    /// Ends read `id` with `status`.
+    fn finish(&mut self, id: u32, status: Result<(), ReadFailure>) -> ReadEvent {
+        let read = self.pending.remove(&id);
+        ReadEvent {
+            endpoint: read.as_ref().map_or(EndpointId(u32::MAX), |r| r.endpoint),
+            context: read.map_or(0, |r| r.context),
+            status,
+        }
+    }
+
+    /// Fails every read from `endpoint` and drops its waiting requests and
+    /// its reply in progress: the peer is gone.
+    pub(super) fn forget_peer(&mut self, endpoint: EndpointId) -> Vec<ReadEvent> {
+        self.incoming.remove(&endpoint.0);
+        self.waiting.retain(|(e, _)| *e != endpoint);
+        let ids: Vec<u32> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.endpoint == endpoint)
+            .map(|(id, _)| *id)
+            .collect();
+        ids.into_iter()
+            .map(|id| self.finish(id, Err(ReadFailure::PeerLost)))
+            .collect()
+    }
+}
