@@ -235,7 +235,7 @@ impl Context for UdpContext {
     }
 
     fn post_recv(&mut self, qp: QpHandle, wrs: &[RecvWr]) -> Result<(), PostError> {
-        self.verbs.post_recv(qp, wrs)?;
+        self.verbs.post_recv_newest_first(qp, wrs)?;
         if let Ok(entry) = self.verbs.qp_mut(qp) {
             entry.transport.rx.posted();
         }
