@@ -22,6 +22,7 @@ const C_FILES: &[&str] = &[
     "src/module.c",
     "src/procs.c",
     "src/params.c",
+    "src/rdma.c",
 ];
 
 fn showme(mpicc: &str, what: &str) -> Option<Vec<String>> {

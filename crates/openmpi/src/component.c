@@ -176,6 +176,7 @@ int udbtl_finalize(struct mca_btl_base_module_t *btl)
         c->modules[i] = NULL;
     }
     udbtl_module_free_frags(m);
+    udbtl_module_free_gets(m);
     udbtl_module_free_endpoints(m);
     OBJ_DESTRUCT(&m->lock);
     free(m);

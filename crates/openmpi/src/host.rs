@@ -77,7 +77,7 @@ pub fn describe_address(module: &Mod) -> String {
 
 /// The module's `key=value` counters for the `udbtl-stats:` line: device,
 /// messages, the limits ob1 was given, and with reliability its
-/// retransmission, integrity, coalescing and train counters.
+/// retransmission, integrity, coalescing, train and get counters.
 pub fn stats_line(module: &Mod) -> String {
     let s = module.stats();
     let limits = module.limits();
@@ -98,7 +98,8 @@ pub fn stats_line(module: &Mod) -> String {
             line,
             " retransmitted={} fast_retransmits={} timeouts={} tail_probes={} spurious={} \
              duplicates={} keepalives={} lost_peers={} integrity={} bad_checksum={} \
-             unauthenticated={} replayed={} unacceptable={} coalesced={} trains={}",
+             unauthenticated={} replayed={} unacceptable={} coalesced={} trains={} gets={} \
+             gets_served={}",
             r.retransmitted,
             r.fast_retransmits,
             r.timeouts,
@@ -113,7 +114,9 @@ pub fn stats_line(module: &Mod) -> String {
             s.recv_replayed,
             r.unacceptable_acks + r.unacceptable_resets,
             s.messages_coalesced,
-            s.trains_sent
+            s.trains_sent,
+            s.reads_started,
+            s.reads_served
         );
     }
     line

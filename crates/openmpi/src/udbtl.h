@@ -10,6 +10,7 @@
  *   module.c     descriptors and sends, and ob1's flow control
  *   procs.c      peers: add, delete, adopt on first contact, loss reports
  *   params.c     typed MCA variables and the MPI_T counters
+ *   rdma.c       get (ob1's RGET), emulated over the reliable stream
  *
  * Each forwards to the small `udbtl_rs_*` surface in Rust (src/ffi.rs),
  * which owns the transport. Rust calls back through the `udbtl_c_*`
@@ -64,6 +65,8 @@ struct udbtl_rs_limits {
     uint32_t exclusivity;
     uint32_t bandwidth;
     int loopback;
+    /* Most bytes one get may read; 0: the module cannot get (unreliable). */
+    size_t get_limit;
 };
 
 /* Who this process is, and where its job runs. */
@@ -100,10 +103,25 @@ extern int udbtl_rs_prepare_lent(void *module, uint8_t order, size_t reserve, co
 extern int udbtl_rs_free(void *module, uint32_t des);
 extern int udbtl_rs_send(void *module, uint32_t endpoint, uint32_t des, size_t len, uint8_t tag,
                          int owned, uint64_t context);
+extern int udbtl_rs_register(void *module, const void *base, size_t len, uint64_t *key);
+extern int udbtl_rs_deregister(void *module, uint64_t key);
+extern int udbtl_rs_get(void *module, uint32_t endpoint, void *local, size_t len,
+                        uint64_t remote_addr, uint64_t remote_key, uint64_t context);
 extern size_t udbtl_rs_dump(void *module, char *text, size_t capacity);
 extern size_t udbtl_rs_stats_line(void *module, char *text, size_t capacity);
 
+/* udbtl_c_got statuses (src/ffi/rdma.rs). */
+#define UDBTL_GOT_OK 0
+#define UDBTL_GOT_REFUSED 1
+#define UDBTL_GOT_PEER_LOST 2
+
 /* ----- types ------------------------------------------------------------ */
+
+/* What ob1 passes to a peer to let it read a registered buffer: the key of
+ * the Rust region (0 for a registration of local memory only). */
+struct mca_btl_base_registration_handle_t {
+    uint64_t key;
+};
 
 typedef struct udbtl_module udbtl_module_t;
 
@@ -148,6 +166,9 @@ struct udbtl_module {
     size_t send_frags_max;
     size_t silent_max;
     size_t throttle_at;
+    /* Get records not in use, and every one ever made (rdma.c). */
+    struct udbtl_get *free_gets;
+    struct udbtl_get *all_gets;
 };
 
 /* An Open MPI descriptor around a Rust send fragment: one segment, or, when
@@ -194,6 +215,10 @@ void udbtl_params_free_explicit(char **values);
 extern const mca_btl_base_module_t udbtl_module_template;
 void udbtl_module_apply_limits(udbtl_module_t *m);
 void udbtl_module_free_frags(udbtl_module_t *m);
+
+/* rdma.c */
+void udbtl_rdma_enable(mca_btl_base_module_t *btl, size_t get_limit, unsigned flags);
+void udbtl_module_free_gets(udbtl_module_t *m);
 
 /* procs.c */
 int udbtl_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs, struct opal_proc_t **procs,

@@ -345,6 +345,9 @@ impl<C: Context> Engine<C> {
         if self.reads.has_waiting() {
             self.serve_reads();
         }
+        if self.reads.has_unsent() {
+            self.send_read_requests();
+        }
         self.flush_reposts();
         polled
     }

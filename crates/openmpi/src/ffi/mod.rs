@@ -11,6 +11,8 @@
 //! (ob1 sends from inside its receive and completion callbacks).
 #![allow(unsafe_code)]
 
+pub mod rdma;
+
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,6 +50,8 @@ pub struct Limits {
     exclusivity: u32,
     bandwidth: u32,
     loopback: c_int,
+    /// Most bytes one get may read; 0 when the module cannot (unreliable).
+    get_limit: usize,
 }
 
 /// Who this process is, laid out as `struct udbtl_rs_identity`.
@@ -365,6 +369,11 @@ pub unsafe extern "C" fn udbtl_rs_limits(module: *mut c_void, limits: *mut Limit
             exclusivity: found.exclusivity,
             bandwidth: found.bandwidth,
             loopback: c_int::from(host::is_loopback(module)),
+            get_limit: if module.reliability_stats().is_some() {
+                found.read_limit()
+            } else {
+                0
+            },
         };
     }
     OK
@@ -595,6 +604,12 @@ unsafe fn deliver(module: &Mod, btl: *mut c_void, event: &HostEvent) -> bool {
             unsafe { udbtl_c_error(btl, context, c_int::from(error.fatal), message.as_ptr()) };
             true
         }
+        HostEvent::ReadDone(read) => {
+            // SAFETY: `btl` is the C module; the context is what C gave
+            // `udbtl_rs_get`, which it keeps until this call.
+            unsafe { rdma::got(btl, read.context, &read.status) };
+            true
+        }
     }
 }
 
@@ -661,7 +676,8 @@ pub unsafe extern "C" fn udbtl_rs_alloc(
     }
 }
 
-/// A user buffer ob1 lends for a zero-copy send.
+/// A user buffer ob1 lends for a zero-copy send, or registers for its
+/// peers to read.
 #[derive(Debug)]
 struct UserBuffer {
     addr: usize,
@@ -673,7 +689,9 @@ impl LentBytes for UserBuffer {
         // SAFETY: built by `udbtl_rs_prepare_lent` from memory its caller
         // keeps readable and unchanged until the send completes or the
         // descriptor is freed, which is as long as the BTL reads it (ob1
-        // completes the request only from the send callback).
+        // completes the request only from the send callback); or by
+        // `udbtl_rs_register` from memory kept so until deregistered and
+        // the replies read from it are acknowledged (see its contract).
         unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
     }
 }

@@ -33,10 +33,13 @@ impl<C: Context> Module<C> {
     /// exactly once for every read this call accepted: complete, refused by
     /// the peer, or failed with its lost peer.
     ///
+    /// At most 32 reads are out at a time; the others wait their turn in
+    /// the module, so a host may ask for many at once.
+    ///
     /// # Errors
     /// An unreliable module, a read longer than
-    /// [`Limits::read_limit`](crate::Limits::read_limit), an unknown
-    /// endpoint, or no free fragment for the request (try again later).
+    /// [`Limits::read_limit`](crate::Limits::read_limit), or an unknown
+    /// endpoint.
     pub fn read(
         &self,
         endpoint: EndpointId,

@@ -43,29 +43,32 @@ impl<C: Context> Engine<C> {
                 endpoint: endpoint.0,
             });
         }
-        let flags = DesFlags::BTL_OWNERSHIP | DesFlags::PRIORITY;
-        let des = self
-            .alloc(NO_ORDER, read::REQUEST_LEN, flags)
-            .ok_or(BtlError::NoFragment {
-                waited: std::time::Duration::ZERO,
-            })?;
-        let id = self.reads.start(endpoint, target, len, context);
-        let request = Request {
-            id,
-            key: from.key.0,
-            addr: from.addr,
-            len: len as u64,
-        };
-        let sent = self.segment_mut(des).map(|segment| request.emit(segment));
-        let sent =
-            sent.and_then(|()| self.send_internal(endpoint, des, read::TAG_REQUEST, Flush::Now));
-        if let Err(err) = sent {
-            self.reads.cancel(id);
-            self.release(des);
-            return Err(err);
-        }
+        self.reads.start(endpoint, target, (len, from), context);
         self.stats.reads_started += 1;
+        self.send_read_requests();
         Ok(())
+    }
+
+    /// Sends the requests of the reads waiting their turn, oldest first,
+    /// while fewer than `READS_IN_FLIGHT` are out and fragments are free.
+    pub(in crate::module) fn send_read_requests(&mut self) {
+        let flags = DesFlags::BTL_OWNERSHIP | DesFlags::PRIORITY;
+        while let Some((endpoint, request)) = self.reads.next_unsent() {
+            let Some(des) = self.alloc(NO_ORDER, read::REQUEST_LEN, flags) else {
+                self.reads.request_unsent(request.id);
+                return;
+            };
+            let sent = self.segment_mut(des).map(|segment| request.emit(segment));
+            let sent = sent
+                .and_then(|()| self.send_internal(endpoint, des, read::TAG_REQUEST, Flush::Now));
+            if sent.is_err() {
+                // Its peer was lost since (it is being failed) or deleted.
+                self.release(des);
+                for event in self.reads.forget_peer(endpoint) {
+                    self.notices.push_back(Notice::ReadDone(event));
+                }
+            }
+        }
     }
 
     /// Sends a descriptor of the read protocol: BTL-owned, a whole message

@@ -98,12 +98,23 @@ pub struct ReadEvent {
 /// The read completion callback.
 pub type ReadCallback = Box<dyn FnMut(&ReadEvent) + Send>;
 
+/// Reads whose request is out and whose reply is not complete, at most:
+/// the others wait their turn in the module. Each in flight holds a send
+/// fragment until its request is acknowledged, and its reply a train at
+/// the peer; 32 replies of a `frag_size` (64 KiB) are 2 MiB in flight, well
+/// over the reliable window's worth, and leave the fragment pool to the
+/// host, which cannot tell that the module's own messages took it.
+const READS_IN_FLIGHT: usize = 32;
+
 /// A read this module asked for.
 struct Pending {
     endpoint: EndpointId,
     target: Box<dyn ReadTarget>,
     len: usize,
+    from: RemoteRange,
     context: u64,
+    /// Its request is out.
+    sent: bool,
 }
 
 /// The reply a peer is sending: which read, and the bytes written so far.
@@ -147,6 +158,10 @@ pub(super) struct Reads {
     next_key: u64,
     pending: HashMap<u32, Pending>,
     next_id: u32,
+    /// Reads whose request is not out yet, oldest first.
+    unsent: VecDeque<u32>,
+    /// Reads whose request is out and whose reply is not complete.
+    in_flight: usize,
     /// The reply in progress from each peer, by endpoint.
     incoming: HashMap<u32, Incoming>,
     /// Requests not served yet (no fragment was free), oldest first.
@@ -159,6 +174,8 @@ impl fmt::Debug for Reads {
             .field("regions", &self.regions.len())
             .field("pending", &self.pending.len())
             .field("waiting", &self.waiting.len())
+            .field("unsent", &self.unsent.len())
+            .field("in_flight", &self.in_flight)
             .finish_non_exhaustive()
     }
 }
@@ -176,6 +193,41 @@ impl Reads {
     /// Whether requests wait to be served.
     pub(super) fn has_waiting(&self) -> bool {
         !self.waiting.is_empty()
+    }
+
+    /// Whether reads wait for their turn to send their request.
+    pub(super) fn has_unsent(&self) -> bool {
+        !self.unsent.is_empty()
+    }
+
+    /// The next read whose request may go now, with the request; it counts
+    /// as in flight until [`request_unsent`](Self::request_unsent) takes it
+    /// back or it finishes.
+    pub(super) fn next_unsent(&mut self) -> Option<(EndpointId, Request)> {
+        if self.in_flight >= READS_IN_FLIGHT {
+            return None;
+        }
+        let id = self.unsent.pop_front()?;
+        let read = self.pending.get_mut(&id)?;
+        read.sent = true;
+        self.in_flight += 1;
+        let request = Request {
+            id,
+            key: read.from.key.0,
+            addr: read.from.addr,
+            len: read.len as u64,
+        };
+        Some((read.endpoint, request))
+    }
+
+    /// Puts back a read whose request could not be sent now (no free
+    /// fragment); it stays first.
+    pub(super) fn request_unsent(&mut self, id: u32) {
+        if let Some(read) = self.pending.get_mut(&id) {
+            read.sent = false;
+            self.in_flight -= 1;
+            self.unsent.push_front(id);
+        }
     }
 
     /// Whether nothing is asked for or waiting to be served.
@@ -196,15 +248,15 @@ impl Reads {
         self.regions.remove(&key.0).is_some()
     }
 
-    /// Notes a read of `len` bytes from `endpoint` into `target`; returns
-    /// its id for the request.
+    /// Queues a read of `len` bytes at `from` in `endpoint`'s memory into
+    /// `target`, for its request to go when its turn comes.
     pub(super) fn start(
         &mut self,
         endpoint: EndpointId,
         target: Box<dyn ReadTarget>,
-        len: usize,
+        (len, from): (usize, RemoteRange),
         context: u64,
-    ) -> u32 {
+    ) {
         let mut id = self.next_id;
         while self.pending.contains_key(&id) {
             id = id.wrapping_add(1);
@@ -216,15 +268,12 @@ impl Reads {
                 endpoint,
                 target,
                 len,
+                from,
                 context,
+                sent: false,
             },
         );
-        id
-    }
-
-    /// Takes back a read whose request could not be sent.
-    pub(super) fn cancel(&mut self, id: u32) {
-        self.pending.remove(&id);
+        self.unsent.push_back(id);
     }
 
     /// Queues a request from `endpoint` to be served.
@@ -366,6 +415,9 @@ impl Reads {
     /// Ends read `id` with `status`.
     fn finish(&mut self, id: u32, status: Result<(), ReadFailure>) -> ReadEvent {
         let read = self.pending.remove(&id);
+        if read.as_ref().is_some_and(|r| r.sent) {
+            self.in_flight -= 1;
+        }
         ReadEvent {
             endpoint: read.as_ref().map_or(EndpointId(u32::MAX), |r| r.endpoint),
             context: read.map_or(0, |r| r.context),
@@ -378,6 +430,9 @@ impl Reads {
     pub(super) fn forget_peer(&mut self, endpoint: EndpointId) -> Vec<ReadEvent> {
         self.incoming.remove(&endpoint.0);
         self.waiting.retain(|(e, _)| *e != endpoint);
+        let pending = &self.pending;
+        self.unsent
+            .retain(|id| pending.get(id).is_some_and(|p| p.endpoint != endpoint));
         let ids: Vec<u32> = self
             .pending
             .iter()
