@@ -4,13 +4,19 @@
 
 mod common;
 
+use std::process::Output;
+
 use common::{Run, parse_size, run_ok, stats_fields, threshold_args, total};
 
-/// `p2p` with the thresholds; sizes up to `max` bytes.
-fn p2p(np: u32, max: &str) {
+/// `p2p` with the thresholds; sizes up to `max` bytes. Returns the run.
+fn p2p(np: u32, max: &str) -> Output {
+    p2p_with(&Run::udbtl(np), max)
+}
+
+fn p2p_with(run: &Run, max: &str) -> Output {
     let mut args = vec!["--max", max];
     args.extend(threshold_args().iter().map(String::as_str));
-    run_ok("p2p", &Run::udbtl(np), &args);
+    run_ok("p2p", run, &args)
 }
 
 #[test]
@@ -24,7 +30,8 @@ fn p2p_1_rank() {
 }
 
 /// The only run up to 64 MiB between processes: large sizes are what take
-/// the time.
+/// the time. Large contiguous messages go by ob1's RGET protocol, whose
+/// data udbtl's gets carry: both ranks asked for some and served some.
 #[test]
 #[cfg_attr(
     udbtl_missing = "openmpi",
@@ -32,7 +39,9 @@ fn p2p_1_rank() {
 )]
 fn p2p_2_ranks() {
     require_openmpi!();
-    p2p(2, "67108864");
+    let out = p2p(2, "67108864");
+    assert!(total(&out, "gets") > 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(total(&out, "gets"), total(&out, "gets_served"));
 }
 
 #[test]
@@ -43,6 +52,19 @@ fn p2p_2_ranks() {
 fn p2p_3_ranks() {
     require_openmpi!();
     p2p(3, "4194304");
+}
+
+/// Without get (`btl_udbtl_flags send`), large messages go as ob1's
+/// pipeline of `max_send_size` fragments, and arrive the same.
+#[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
+fn p2p_2_ranks_without_get() {
+    require_openmpi!();
+    let out = p2p_with(&Run::udbtl(2).mca("btl_udbtl_flags", "send"), "4194304");
+    assert_eq!(total(&out, "gets"), 0, "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]
@@ -91,6 +113,7 @@ fn p2p_2_ranks_sealed() {
         for refused in ["unauthenticated", "replayed"] {
             assert_eq!(total(&out, refused), 0, "auth {auth}: {refused}");
         }
+        assert!(total(&out, "gets") > 0, "auth {auth}: gets sealed too");
     }
 }
 
