@@ -40,7 +40,11 @@ fn p2p_1_rank() {
 fn p2p_2_ranks() {
     require_openmpi!();
     let out = p2p(2, "67108864");
-    assert!(total(&out, "gets") > 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        total(&out, "gets") > 0,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(total(&out, "gets"), total(&out, "gets_served"));
 }
 
@@ -64,7 +68,12 @@ fn p2p_3_ranks() {
 fn p2p_2_ranks_without_get() {
     require_openmpi!();
     let out = p2p_with(&Run::udbtl(2).mca("btl_udbtl_flags", "send"), "4194304");
-    assert_eq!(total(&out, "gets"), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        total(&out, "gets"),
+        0,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
