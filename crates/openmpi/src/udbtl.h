@@ -12,7 +12,7 @@
  *   params.c     typed MCA variables and the MPI_T counters
  *   rdma.c       get (ob1's RGET), emulated over the reliable stream
  *
- * Each forwards to the small `udbtl_rs_*` surface in Rust (src/ffi.rs),
+ * Each forwards to the small `udbtl_rs_*` surface in Rust (src/ffi/),
  * which owns the transport. Rust calls back through the `udbtl_c_*`
  * functions, from progress, holding no lock of its own.
  *
@@ -38,7 +38,7 @@
 #include "opal/threads/mutex.h"
 #include "opal/util/proc.h"
 
-/* ----- the Rust surface (src/ffi.rs) ------------------------------------ */
+/* ----- the Rust surface (src/ffi/) ------------------------------------ */
 
 #define UDBTL_RS_OK 0
 #define UDBTL_RS_BUSY (-1)
