@@ -72,6 +72,9 @@ pub struct ModuleStats {
     /// Read requests refused: no registered region holds the range, or it
     /// is too long.
     pub reads_refused: u64,
+    /// Read requests dropped: their peer had more waiting than a reader
+    /// ever keeps out.
+    pub read_requests_dropped: u64,
 }
 
 impl ModuleStats {

@@ -110,7 +110,11 @@ impl<C: Context> Engine<C> {
         match (tag.0, payload) {
             (read::TAG_REQUEST, Some(payload)) if bounds == (true, true, false) => {
                 match Request::parse(payload) {
-                    Ok(request) => self.reads.queue_request(endpoint, request),
+                    Ok(request) => {
+                        if !self.reads.queue_request(endpoint, request) {
+                            self.stats.read_requests_dropped += 1;
+                        }
+                    }
                     Err(_) => self.stats.recv_malformed += 1,
                 }
             }

@@ -106,6 +106,11 @@ pub type ReadCallback = Box<dyn FnMut(&ReadEvent) + Send>;
 /// host, which cannot tell that the module's own messages took it.
 const READS_IN_FLIGHT: usize = 32;
 
+/// Requests a peer may have waiting to be served: twice what a reader
+/// keeps out, so a peer that asks for more (a broken or hostile one) has
+/// the excess dropped, counted, instead of growing the queue without bound.
+const WAITING_PER_PEER: usize = 2 * READS_IN_FLIGHT;
+
 /// A read this module asked for.
 struct Pending {
     endpoint: EndpointId,
@@ -166,6 +171,8 @@ pub(super) struct Reads {
     incoming: HashMap<u32, Incoming>,
     /// Requests not served yet (no fragment was free), oldest first.
     waiting: VecDeque<(EndpointId, Request)>,
+    /// How many of them each peer has, by endpoint.
+    waiting_from: HashMap<u32, usize>,
 }
 
 impl fmt::Debug for Reads {
@@ -276,18 +283,34 @@ impl Reads {
         self.unsent.push_back(id);
     }
 
-    /// Queues a request from `endpoint` to be served.
-    pub(super) fn queue_request(&mut self, endpoint: EndpointId, request: Request) {
+    /// Queues a request from `endpoint` to be served; `false`, with
+    /// nothing queued, when that peer already has [`WAITING_PER_PEER`]
+    /// waiting, which a reader that keeps to `READS_IN_FLIGHT` never has.
+    pub(super) fn queue_request(&mut self, endpoint: EndpointId, request: Request) -> bool {
+        let count = self.waiting_from.entry(endpoint.0).or_default();
+        if *count >= WAITING_PER_PEER {
+            return false;
+        }
+        *count += 1;
         self.waiting.push_back((endpoint, request));
+        true
     }
 
     /// The oldest request waiting, if any.
     pub(super) fn next_request(&mut self) -> Option<(EndpointId, Request)> {
-        self.waiting.pop_front()
+        let (endpoint, request) = self.waiting.pop_front()?;
+        if let Some(count) = self.waiting_from.get_mut(&endpoint.0) {
+            *count -= 1;
+            if *count == 0 {
+                self.waiting_from.remove(&endpoint.0);
+            }
+        }
+        Some((endpoint, request))
     }
 
     /// Puts back a request that could not be served yet (it stays first).
     pub(super) fn requeue_request(&mut self, endpoint: EndpointId, request: Request) {
+        *self.waiting_from.entry(endpoint.0).or_default() += 1;
         self.waiting.push_front((endpoint, request));
     }
 
@@ -430,6 +453,7 @@ impl Reads {
     pub(super) fn forget_peer(&mut self, endpoint: EndpointId) -> Vec<ReadEvent> {
         self.incoming.remove(&endpoint.0);
         self.waiting.retain(|(e, _)| *e != endpoint);
+        self.waiting_from.remove(&endpoint.0);
         let pending = &self.pending;
         self.unsent
             .retain(|id| pending.get(id).is_some_and(|p| p.endpoint != endpoint));
@@ -442,5 +466,85 @@ impl Reads {
         ids.into_iter()
             .map(|id| self.finish(id, Err(ReadFailure::PeerLost)))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Bytes(Vec<u8>);
+
+    impl LentBytes for Bytes {
+        fn bytes(&self) -> &[u8] {
+            &self.0
+        }
+    }
+
+    fn request(id: u32, key: RegionKey, addr: u64, len: u64) -> Request {
+        Request {
+            id,
+            key: key.0,
+            addr,
+            len,
+        }
+    }
+
+    #[test]
+    fn a_peer_that_asks_for_more_than_a_reader_keeps_out_has_the_excess_dropped() {
+        let mut reads = Reads::new(1);
+        let (a, b) = (EndpointId(1), EndpointId(2));
+        for id in 0..WAITING_PER_PEER as u32 {
+            assert!(reads.queue_request(a, request(id, RegionKey(1), 0, 1)));
+        }
+        assert!(!reads.queue_request(a, request(99, RegionKey(1), 0, 1)));
+        assert!(reads.queue_request(b, request(0, RegionKey(1), 0, 1)));
+        let (first, taken) = reads.next_request().unwrap();
+        assert_eq!((first, taken.id), (a, 0));
+        assert!(
+            reads.queue_request(a, request(100, RegionKey(1), 0, 1)),
+            "room again"
+        );
+        reads.requeue_request(first, taken);
+        assert!(
+            !reads.queue_request(a, request(101, RegionKey(1), 0, 1)),
+            "full again"
+        );
+        reads.forget_peer(a);
+        assert!(reads.queue_request(a, request(102, RegionKey(1), 0, 1)));
+    }
+
+    #[test]
+    fn only_ranges_inside_a_registered_region_are_served() {
+        let mut reads = Reads::new(u64::MAX - 1);
+        let region: Region = Arc::new(Bytes(vec![7; 100]));
+        let base = region.bytes().as_ptr() as u64;
+        let key = reads.register(Arc::clone(&region));
+        let status = |reply: Reply| match reply {
+            Reply::Bytes(header, bytes) => (header.status, bytes.bytes().len()),
+            Reply::Refusal(header) => (header.status, 0),
+        };
+        assert_eq!(
+            status(reads.serve(&request(1, key, base, 100), 1000)),
+            (0, 100)
+        );
+        assert_eq!(
+            status(reads.serve(&request(1, key, base + 99, 1), 1000)),
+            (0, 1)
+        );
+        let no_region = read::STATUS_NO_REGION;
+        for (addr, len) in [(base + 99, 2), (base - 1, 1), (base + 1, u64::MAX), (0, 1)] {
+            let reply = reads.serve(&request(1, key, addr, len), usize::MAX);
+            assert_eq!(status(reply), (no_region, 0), "{addr:#x} {len}");
+        }
+        let too_long = reads.serve(&request(1, key, base, 100), 99);
+        assert_eq!(status(too_long), (read::STATUS_TOO_LONG, 0));
+        let other = reads.serve(&request(1, RegionKey(key.0.wrapping_add(1)), base, 1), 99);
+        assert_eq!(status(other), (no_region, 0));
+        assert!(reads.deregister(key));
+        assert_eq!(
+            status(reads.serve(&request(1, key, base, 1), 99)),
+            (no_region, 0)
+        );
     }
 }
