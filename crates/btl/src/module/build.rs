@@ -408,6 +408,7 @@ impl<C: Context> Engine<C> {
         for des in self.frags.owned_by_btl() {
             self.release(des);
         }
+        self.deregister_regions();
         let live = self.frags.live();
         if live > 0 {
             problems.push(format!("{live} descriptors"));

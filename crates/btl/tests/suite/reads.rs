@@ -211,6 +211,11 @@ where
     let served = b.modules()[0].stats();
     assert_eq!(served.reads_served, pieces.len() as u64);
     assert_eq!(served.reads_refused, refused.len() as u64);
+    assert_eq!(
+        b.modules()[0].rcache_stats().misses,
+        1,
+        "the region was registered once, whole; every reply found it"
+    );
     assert!(b.modules()[0].deregister_region(key));
     finalize_clean(a);
     finalize_clean(b);

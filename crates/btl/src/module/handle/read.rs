@@ -11,16 +11,16 @@ use crate::module::{ReadCallback, ReadTarget, Region, RegionKey, RemoteRange};
 impl<C: Context> Module<C> {
     /// Lets this module's peers read `region` (see [`Region`] for how long
     /// its bytes must stay put), and returns the key they name it by. The
-    /// key is drawn at random per module, then counts up.
+    /// key is drawn at random per module, then counts up; it is never 0.
     pub fn register_region(&self, region: Region) -> RegionKey {
-        self.lock().reads.register(region)
+        self.lock().register_region(region)
     }
 
     /// Stops serving reads of a region. Returns `false` if the key names
     /// none. Replies already sent from it may still be resent until they
     /// are acknowledged ([`Region`]).
     pub fn deregister_region(&self, key: RegionKey) -> bool {
-        self.lock().reads.deregister(key)
+        self.lock().deregister_region(key)
     }
 
     /// Reads `target`'s length in bytes from `endpoint`'s memory at `from`

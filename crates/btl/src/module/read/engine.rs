@@ -5,12 +5,12 @@ use udbtl_fabric::Context;
 use udbtl_wire::read::{self, ReplyHeader, Request};
 use udbtl_wire::rel;
 
-use super::{ReadTarget, RemoteRange, Reply};
+use super::{ReadTarget, Region, RegionKey, RemoteRange, Reply};
 use crate::error::BtlError;
 use crate::frag::{DesFlags, Descriptor, WHOLE_MESSAGE};
 use crate::module::delivery::Held;
 use crate::module::events::Notice;
-use crate::module::{Engine, Flush};
+use crate::module::{Engine, Flush, deregister};
 use crate::{EndpointId, NO_ORDER, Tag};
 
 /// Bytes a read may ask for at most, with fragments of `frag_limit` bytes:
@@ -20,6 +20,52 @@ pub(crate) const fn read_limit(frag_limit: usize) -> usize {
 }
 
 impl<C: Context> Engine<C> {
+    /// The engine's side of `Module::register_region`, whose documentation
+    /// is the contract. The region is registered with the fabric once, whole,
+    /// through the registration cache, so that each reply from it finds its
+    /// registration there; a refusal only leaves each reply to register its
+    /// own bytes.
+    pub(in crate::module) fn register_region(&mut self, region: Region) -> RegionKey {
+        let pd = self.pd;
+        let reg = self
+            .rcache
+            .acquire(
+                &mut self.ctx,
+                region.bytes(),
+                |c, r| c.reg_user_mr(pd, r),
+                deregister,
+            )
+            .ok()
+            .map(|(reg, _)| reg);
+        self.reads.register(region, reg)
+    }
+
+    /// The engine's side of `Module::deregister_region`, whose
+    /// documentation is the contract.
+    pub(in crate::module) fn deregister_region(&mut self, key: RegionKey) -> bool {
+        let Some(reg) = self.reads.deregister(key) else {
+            return false;
+        };
+        if let Some(reg) = reg {
+            self.release_registration(reg);
+        }
+        true
+    }
+
+    /// Drops every region still registered (the module is closing): they
+    /// are the host's to deregister, but nothing reads them any more.
+    pub(in crate::module) fn deregister_regions(&mut self) {
+        for reg in self.reads.deregister_all() {
+            self.release_registration(reg);
+        }
+    }
+
+    fn release_registration(&mut self, reg: crate::rcache::RegId) {
+        if let Err(err) = self.rcache.release(&mut self.ctx, reg, deregister) {
+            tracing::error!(%err, "a region held no registration reference");
+        }
+    }
+
     /// The engine's side of `Module::read`, whose documentation is the
     /// contract.
     pub(in crate::module) fn start_read(
@@ -64,9 +110,7 @@ impl<C: Context> Engine<C> {
             if sent.is_err() {
                 // Its peer was lost since (it is being failed) or deleted.
                 self.release(des);
-                for event in self.reads.forget_peer(endpoint) {
-                    self.notices.push_back(Notice::ReadDone(event));
-                }
+                self.forget_reads_of(endpoint);
             }
         }
     }
@@ -119,11 +163,10 @@ impl<C: Context> Engine<C> {
                 }
             }
             (read::TAG_REPLY, Some(payload)) => {
-                match self.reads.on_reply(endpoint, bounds, payload) {
-                    Ok(Some(event)) => self.notices.push_back(Notice::ReadDone(event)),
-                    Ok(None) => {}
-                    Err(()) => self.stats.recv_orphan_pieces += 1,
+                if self.reads.on_reply(endpoint, bounds, payload).is_err() {
+                    self.stats.recv_orphan_pieces += 1;
                 }
+                self.report_finished_reads();
             }
             _ => self.stats.recv_malformed += 1,
         }
@@ -190,7 +233,13 @@ impl<C: Context> Engine<C> {
     /// Fails the reads from `endpoint` and drops its requests: it was lost
     /// or deleted.
     pub(in crate::module) fn forget_reads_of(&mut self, endpoint: EndpointId) {
-        for event in self.reads.forget_peer(endpoint) {
+        self.reads.forget_peer(endpoint);
+        self.report_finished_reads();
+    }
+
+    /// Queues the reads that are over for the host.
+    fn report_finished_reads(&mut self) {
+        while let Some(event) = self.reads.pop_finished() {
             self.notices.push_back(Notice::ReadDone(event));
         }
     }

@@ -25,6 +25,7 @@ use udbtl_wire::read::{self, ReplyHeader, Request};
 
 use crate::EndpointId;
 use crate::frag::LentBytes;
+use crate::rcache::RegId;
 
 mod engine;
 pub(super) use engine::read_limit;
@@ -122,10 +123,12 @@ struct Pending {
     sent: bool,
 }
 
-/// The reply a peer is sending: which read, and the bytes written so far.
-#[derive(Debug, Clone, Copy)]
+/// The reply a peer is sending: its read, taken out of `pending` for the
+/// reply's duration so that each datagram costs one lookup, and the bytes
+/// written so far.
 struct Incoming {
     id: u32,
+    read: Pending,
     at: usize,
 }
 
@@ -159,7 +162,10 @@ pub(super) enum Reply {
 /// and the requests waiting for fragments.
 #[derive(Default)]
 pub(super) struct Reads {
-    regions: HashMap<u64, Region>,
+    /// Registered regions by key, with the registration-cache reference
+    /// each holds over its whole length (so that every reply from it hits
+    /// the cache), if the fabric took it.
+    regions: HashMap<u64, (Region, Option<RegId>)>,
     next_key: u64,
     pending: HashMap<u32, Pending>,
     next_id: u32,
@@ -169,6 +175,8 @@ pub(super) struct Reads {
     in_flight: usize,
     /// The reply in progress from each peer, by endpoint.
     incoming: HashMap<u32, Incoming>,
+    /// Reads over, for the engine to report, oldest first.
+    finished: VecDeque<ReadEvent>,
     /// Requests not served yet (no fragment was free), oldest first.
     waiting: VecDeque<(EndpointId, Request)>,
     /// How many of them each peer has, by endpoint.
@@ -239,20 +247,39 @@ impl Reads {
 
     /// Whether nothing is asked for or waiting to be served.
     pub(super) fn is_quiet(&self) -> bool {
-        self.pending.is_empty() && self.waiting.is_empty()
+        self.pending.is_empty() && self.incoming.is_empty() && self.waiting.is_empty()
     }
 
-    /// Registers `region` and returns its key.
-    pub(super) fn register(&mut self, region: Region) -> RegionKey {
+    /// The oldest read that is over, to be reported.
+    pub(super) fn pop_finished(&mut self) -> Option<ReadEvent> {
+        self.finished.pop_front()
+    }
+
+    /// Registers `region` and returns its key, never 0 (a host may use 0
+    /// for "no region", as the Open MPI component does).
+    pub(super) fn register(&mut self, region: Region, reg: Option<RegId>) -> RegionKey {
+        if self.next_key == 0 {
+            self.next_key = 1;
+        }
         let key = self.next_key;
         self.next_key = self.next_key.wrapping_add(1);
-        self.regions.insert(key, region);
+        self.regions.insert(key, (region, reg));
         RegionKey(key)
     }
 
-    /// Forgets a region; `false` if the key named none.
-    pub(super) fn deregister(&mut self, key: RegionKey) -> bool {
-        self.regions.remove(&key.0).is_some()
+    /// Forgets a region: `None` if the key named none, else the
+    /// registration-cache reference it held, for the caller to release.
+    pub(super) fn deregister(&mut self, key: RegionKey) -> Option<Option<RegId>> {
+        self.regions.remove(&key.0).map(|(_, reg)| reg)
+    }
+
+    /// Forgets every region (the module is closing); returns the
+    /// registration-cache references they held.
+    pub(super) fn deregister_all(&mut self) -> Vec<RegId> {
+        self.regions
+            .drain()
+            .filter_map(|(_, (_, reg))| reg)
+            .collect()
     }
 
     /// Queues a read of `len` bytes at `from` in `endpoint`'s memory into
@@ -265,7 +292,7 @@ impl Reads {
         context: u64,
     ) {
         let mut id = self.next_id;
-        while self.pending.contains_key(&id) {
+        while self.pending.contains_key(&id) || self.incoming.values().any(|i| i.id == id) {
             id = id.wrapping_add(1);
         }
         self.next_id = id.wrapping_add(1);
@@ -329,7 +356,7 @@ impl Reads {
         if len > limit {
             return refuse(read::STATUS_TOO_LONG);
         }
-        let Some(region) = self.regions.get(&request.key) else {
+        let Some((region, _)) = self.regions.get(&request.key) else {
             return refuse(read::STATUS_NO_REGION);
         };
         let base = region.bytes().as_ptr() as u64;
@@ -358,100 +385,95 @@ impl Reads {
     }
 
     /// One delivered datagram of a reply from `endpoint`, with its message
-    /// bounds: copies its bytes into the read's target. Returns the read
-    /// that it completed or failed, with its outcome; `Err` when it belongs
-    /// to no read in progress (counted by the caller as an orphan).
+    /// bounds: copies its bytes into the read's target. A read it completes
+    /// or fails goes to the finished ones. `Err` when it belongs to no read
+    /// in progress (counted by the caller as an orphan).
     pub(super) fn on_reply(
         &mut self,
         endpoint: EndpointId,
         (first, last, abort): (bool, bool, bool),
         payload: &[u8],
-    ) -> Result<Option<ReadEvent>, ()> {
+    ) -> Result<(), ()> {
         let bytes = if first {
-            self.incoming.remove(&endpoint.0);
+            // On an in-order stream a reply starts only after the last one
+            // ended; one its sender never ended is over.
+            if let Some(stale) = self.incoming.remove(&endpoint.0) {
+                let failure = ReadFailure::Malformed("cut short by the next reply");
+                self.finish(stale.read, Err(failure));
+            }
             let header = ReplyHeader::parse(payload).map_err(|_| ())?;
-            let known = self
+            let ours = self
                 .pending
                 .get(&header.id)
-                .is_some_and(|p| p.endpoint == endpoint);
-            if !known {
+                .is_some_and(|p| p.endpoint == endpoint && p.sent);
+            let Some(read) = self.pending.remove(&header.id).filter(|_| ours) else {
                 return Err(());
-            }
+            };
             if header.status != read::STATUS_OK {
-                return Ok(Some(self.finish(
-                    header.id,
-                    Err(ReadFailure::Refused {
-                        status: header.status,
-                    }),
-                )));
+                let status = header.status;
+                self.finish(read, Err(ReadFailure::Refused { status }));
+                return Ok(());
             }
-            self.incoming.insert(
-                endpoint.0,
-                Incoming {
-                    id: header.id,
-                    at: 0,
-                },
-            );
+            let incoming = Incoming {
+                id: header.id,
+                read,
+                at: 0,
+            };
+            self.incoming.insert(endpoint.0, incoming);
             &payload[read::REPLY_HEADER_LEN..]
         } else {
             payload
         };
-        let Some(incoming) = self.incoming.get(&endpoint.0).copied() else {
-            return Err(());
-        };
-        if abort {
-            self.incoming.remove(&endpoint.0);
-            let failure = ReadFailure::Malformed("its sender gave up on it");
-            return Ok(Some(self.finish(incoming.id, Err(failure))));
-        }
-        let Some(read) = self.pending.get_mut(&incoming.id) else {
-            self.incoming.remove(&endpoint.0);
+        let Some(incoming) = self.incoming.get_mut(&endpoint.0) else {
             return Err(());
         };
         let at = incoming.at + bytes.len();
-        let Some(dest) = read
+        let fits = !abort && at <= incoming.read.len;
+        let dest = incoming
+            .read
             .target
             .bytes_mut()
             .get_mut(incoming.at..at)
-            .filter(|_| at <= read.len)
-        else {
-            self.incoming.remove(&endpoint.0);
-            let failure = ReadFailure::Malformed("more bytes than were asked for");
-            return Ok(Some(self.finish(incoming.id, Err(failure))));
-        };
-        dest.copy_from_slice(bytes);
-        if !last {
-            if let Some(incoming) = self.incoming.get_mut(&endpoint.0) {
+            .filter(|_| fits);
+        let failure = match dest {
+            Some(dest) => {
+                dest.copy_from_slice(bytes);
                 incoming.at = at;
+                if !last {
+                    return Ok(());
+                }
+                (at < incoming.read.len).then_some("fewer bytes than were asked for")
             }
-            return Ok(None);
-        }
-        self.incoming.remove(&endpoint.0);
-        let status = if at == read.len {
-            Ok(())
-        } else {
-            Err(ReadFailure::Malformed("fewer bytes than were asked for"))
+            None if abort => Some("its sender gave up on it"),
+            None => Some("more bytes than were asked for"),
         };
-        Ok(Some(self.finish(incoming.id, status)))
+        if let Some(incoming) = self.incoming.remove(&endpoint.0) {
+            self.finish(
+                incoming.read,
+                failure.map_or(Ok(()), |f| Err(ReadFailure::Malformed(f))),
+            );
+        }
+        Ok(())
     }
 
-    /// Ends read `id` with `status`.
-    fn finish(&mut self, id: u32, status: Result<(), ReadFailure>) -> ReadEvent {
-        let read = self.pending.remove(&id);
-        if read.as_ref().is_some_and(|r| r.sent) {
+    /// Ends `read` with `status`.
+    fn finish(&mut self, read: Pending, status: Result<(), ReadFailure>) {
+        if read.sent {
             self.in_flight -= 1;
         }
-        ReadEvent {
-            endpoint: read.as_ref().map_or(EndpointId(u32::MAX), |r| r.endpoint),
-            context: read.map_or(0, |r| r.context),
+        self.finished.push_back(ReadEvent {
+            endpoint: read.endpoint,
+            context: read.context,
             status,
-        }
+        });
     }
 
     /// Fails every read from `endpoint` and drops its waiting requests and
     /// its reply in progress: the peer is gone.
-    pub(super) fn forget_peer(&mut self, endpoint: EndpointId) -> Vec<ReadEvent> {
-        self.incoming.remove(&endpoint.0);
+    pub(super) fn forget_peer(&mut self, endpoint: EndpointId) {
+        if let Some(incoming) = self.incoming.remove(&endpoint.0) {
+            self.finish(incoming.read, Err(ReadFailure::PeerLost));
+        }
         self.waiting.retain(|(e, _)| *e != endpoint);
         self.waiting_from.remove(&endpoint.0);
         let pending = &self.pending;
@@ -463,9 +485,11 @@ impl Reads {
             .filter(|(_, p)| p.endpoint == endpoint)
             .map(|(id, _)| *id)
             .collect();
-        ids.into_iter()
-            .map(|id| self.finish(id, Err(ReadFailure::PeerLost)))
-            .collect()
+        for id in ids {
+            if let Some(read) = self.pending.remove(&id) {
+                self.finish(read, Err(ReadFailure::PeerLost));
+            }
+        }
     }
 }
 
@@ -516,10 +540,15 @@ mod tests {
 
     #[test]
     fn only_ranges_inside_a_registered_region_are_served() {
-        let mut reads = Reads::new(u64::MAX - 1);
+        let mut reads = Reads::new(u64::MAX);
         let region: Region = Arc::new(Bytes(vec![7; 100]));
         let base = region.bytes().as_ptr() as u64;
-        let key = reads.register(Arc::clone(&region));
+        assert_eq!(
+            reads.register(Arc::clone(&region), None),
+            RegionKey(u64::MAX)
+        );
+        let key = reads.register(Arc::clone(&region), None);
+        assert_eq!(key, RegionKey(1), "0 is skipped");
         let status = |reply: Reply| match reply {
             Reply::Bytes(header, bytes) => (header.status, bytes.bytes().len()),
             Reply::Refusal(header) => (header.status, 0),
@@ -541,7 +570,8 @@ mod tests {
         assert_eq!(status(too_long), (read::STATUS_TOO_LONG, 0));
         let other = reads.serve(&request(1, RegionKey(key.0.wrapping_add(1)), base, 1), 99);
         assert_eq!(status(other), (no_region, 0));
-        assert!(reads.deregister(key));
+        assert_eq!(reads.deregister(key), Some(None));
+        assert_eq!(reads.deregister(key), None, "once");
         assert_eq!(
             status(reads.serve(&request(1, key, base, 1), 99)),
             (no_region, 0)
