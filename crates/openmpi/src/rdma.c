@@ -12,7 +12,7 @@
  * copied on the sending side, and nothing is reassembled.
  *
  * A handle carries the key of the Rust region (registered only for
- * REMOTE_READ; a local registration has key 0 and costs nothing). The
+ * REMOTE_READ; every local registration shares one handle of key 0). The
  * sender deregisters on FIN, which the reader sends after the last reply
  * datagram and which acknowledges it, so no reply is resent from memory
  * that ob1 gave back.
@@ -24,19 +24,25 @@
 
 /* ----- registration ----------------------------------------------------- */
 
+/* The handle of every registration without REMOTE_READ: a get's local
+ * buffer needs nothing from udbtl, and ob1 registers one per get, so it
+ * costs no allocation. */
+static mca_btl_base_registration_handle_t local_only = {.key = 0};
+
 static mca_btl_base_registration_handle_t *
 udbtl_register_mem(struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoint_t *endpoint,
                    void *base, size_t size, uint32_t flags)
 {
     udbtl_module_t *m = (udbtl_module_t *) btl;
     (void) endpoint;
+    if (0 == (flags & MCA_BTL_REG_FLAG_REMOTE_READ)) {
+        return &local_only;
+    }
     mca_btl_base_registration_handle_t *handle = malloc(sizeof(*handle));
     if (NULL == handle) {
         return NULL;
     }
-    handle->key = 0;
-    if ((flags & MCA_BTL_REG_FLAG_REMOTE_READ)
-        && UDBTL_RS_OK != udbtl_rs_register(m->rs, base, size, &handle->key)) {
+    if (UDBTL_RS_OK != udbtl_rs_register(m->rs, base, size, &handle->key)) {
         free(handle);
         return NULL;
     }
@@ -47,8 +53,11 @@ static int udbtl_deregister_mem(struct mca_btl_base_module_t *btl,
                                 mca_btl_base_registration_handle_t *handle)
 {
     udbtl_module_t *m = (udbtl_module_t *) btl;
+    if (&local_only == handle) {
+        return OPAL_SUCCESS;
+    }
     int rc = OPAL_SUCCESS;
-    if (0 != handle->key && UDBTL_RS_OK != udbtl_rs_deregister(m->rs, handle->key)) {
+    if (UDBTL_RS_OK != udbtl_rs_deregister(m->rs, handle->key)) {
         rc = OPAL_ERROR;
     }
     free(handle);
@@ -104,6 +113,10 @@ static int udbtl_get(struct mca_btl_base_module_t *btl, struct mca_btl_base_endp
     (void) order;
     if (size > btl->btl_get_limit) {
         return OPAL_ERR_NOT_AVAILABLE;
+    }
+    if (NULL == remote_handle || 0 == remote_handle->key) {
+        /* Not a handle of a REMOTE_READ registration of udbtl's. */
+        return OPAL_ERROR;
     }
     udbtl_get_t *get = get_record(m);
     if (NULL == get) {

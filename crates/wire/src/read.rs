@@ -49,6 +49,9 @@ pub const STATUS_OK: u32 = 0;
 pub const STATUS_NO_REGION: u32 = 1;
 /// Reply status: the owner cannot send that many bytes in one reply.
 pub const STATUS_TOO_LONG: u32 = 2;
+/// Reply status: the owner cannot send from the region (the fabric refused
+/// to register it).
+pub const STATUS_UNAVAILABLE: u32 = 3;
 
 mod field {
     use super::Field;

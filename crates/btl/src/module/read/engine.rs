@@ -182,10 +182,25 @@ impl<C: Context> Engine<C> {
         while let Some((endpoint, request)) = self.reads.next_request() {
             let des = match self.reads.serve(&request, limit) {
                 Reply::Bytes(header, bytes) => {
-                    let des = self
-                        .prepare_lent(bytes, NO_ORDER, read::REPLY_HEADER_LEN, DesFlags::NONE)
-                        .ok();
-                    des.map(|des| (des, header, true))
+                    let len = bytes.bytes().len();
+                    match self.prepare_lent(bytes, NO_ORDER, read::REPLY_HEADER_LEN, DesFlags::NONE)
+                    {
+                        Ok(des) => Some((des, header, true)),
+                        // Fragments enough were free: the registration was
+                        // refused, which waiting would not change.
+                        Err(_)
+                            if self.user_frags_free()
+                                > self.cars_needed(read::REPLY_HEADER_LEN, len) =>
+                        {
+                            let refusal = ReplyHeader {
+                                status: read::STATUS_UNAVAILABLE,
+                                ..header
+                            };
+                            self.alloc(NO_ORDER, read::REPLY_HEADER_LEN, DesFlags::NONE)
+                                .map(|des| (des, refusal, false))
+                        }
+                        Err(_) => None,
+                    }
                 }
                 Reply::Refusal(header) => self
                     .alloc(NO_ORDER, read::REPLY_HEADER_LEN, DesFlags::NONE)
@@ -211,6 +226,14 @@ impl<C: Context> Engine<C> {
             let now = self.clock();
             self.flush_transmits(now);
         }
+    }
+
+    /// User fragments the free list can still give.
+    fn user_frags_free(&self) -> usize {
+        self.frags
+            .user
+            .max()
+            .saturating_sub(self.frags.user.in_use())
     }
 
     /// Writes a reply's header and sends it.

@@ -70,7 +70,8 @@ pub struct RemoteRange {
 #[non_exhaustive]
 pub enum ReadFailure {
     /// The peer refused: the range is in no region it registered (or the
-    /// region was deregistered), or is too long.
+    /// region was deregistered), is too long, or the peer's fabric refused
+    /// to register the region.
     #[error("the peer refused the read (status {status})")]
     Refused {
         /// The reply's status ([`udbtl_wire::read`]).

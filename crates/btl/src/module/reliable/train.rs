@@ -30,7 +30,7 @@ impl<C: Context> Engine<C> {
     /// Datagrams beyond its own that a user fragment with `reserve` bytes
     /// of the caller's header and `data` caller bytes needs, at the eager
     /// limit in force.
-    fn cars_needed(&self, reserve: usize, data: usize) -> usize {
+    pub(in crate::module) fn cars_needed(&self, reserve: usize, data: usize) -> usize {
         let eager = self.limits.eager_limit.max(1);
         data.saturating_sub(eager.saturating_sub(reserve))
             .div_ceil(eager)
