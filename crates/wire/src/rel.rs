@@ -360,6 +360,7 @@ mod tests {
             FLAG_SEALED,
             FLAG_ECHO,
             FLAG_SEALED | FLAG_ENCRYPTED,
+            FLAG_READ,
         ] {
             let mut bytes = BYTES;
             bytes[22..24].copy_from_slice(&flag.to_be_bytes());
@@ -367,7 +368,7 @@ mod tests {
             assert!(parsed.has(flag), "flag {flag:#x}");
         }
         let mut bytes = BYTES;
-        bytes[22..24].copy_from_slice(&(FLAG_ENCRYPTED << 1).to_be_bytes());
+        bytes[22..24].copy_from_slice(&(FLAG_READ << 1).to_be_bytes());
         assert!(Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()).is_err());
         bytes[22..24].copy_from_slice(&FLAG_ENCRYPTED.to_be_bytes());
         assert!(Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()).is_err());
