@@ -157,7 +157,11 @@ fn collectives_with_duplicates_and_reordering() {
 )]
 fn connectivity_with_drops() {
     require_openmpi!();
-    run_faulty("connectivity", 8, Faults::Drop, 15, &[]);
+    // Each rank sends only a dozen datagrams or so, and every rank draws
+    // the same fault stream (one context each, seeded alike). Seed 15 first
+    // dropped the 17th send, which a rank did not always reach (CI once
+    // saw no drop at all); seed 14 drops the first send of every rank.
+    run_faulty("connectivity", 8, Faults::Drop, 14, &[]);
 }
 
 #[test]
