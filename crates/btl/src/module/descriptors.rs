@@ -340,11 +340,21 @@ impl<C: Context> Engine<C> {
         reserve: usize,
         flags: DesFlags,
     ) -> Result<Descriptor, Box<dyn LentBytes>> {
+        let max = self.limits.frag_limit;
+        self.prepare_lent_up_to((lent, order, reserve, flags), max)
+    }
+
+    /// [`prepare_lent`](Self::prepare_lent) of up to `max` bytes, reserve
+    /// included, rather than a fragment's: the module's own replies to
+    /// remote reads.
+    pub(super) fn prepare_lent_up_to(
+        &mut self,
+        (lent, order, reserve, flags): (Box<dyn LentBytes>, u8, usize, DesFlags),
+        max: usize,
+    ) -> Result<Descriptor, Box<dyn LentBytes>> {
         let len = lent.bytes().len();
         let fits = reserve <= super::USER_RESERVE_MAX
-            && reserve
-                .checked_add(len)
-                .is_some_and(|total| total <= self.limits.frag_limit);
+            && reserve.checked_add(len).is_some_and(|total| total <= max);
         if !fits {
             return Err(lent);
         }

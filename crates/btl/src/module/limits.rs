@@ -69,10 +69,11 @@ pub struct Limits {
 
 impl Limits {
     /// The most bytes one remote read ([`Module::read`](super::Module::read))
-    /// may ask for: its reply is one fragment of `frag_limit`, the reply's
-    /// header included.
+    /// may ask for: its reply, header included, is whole datagrams, one to
+    /// four fragments of `frag_limit` and at most 32 datagrams where a
+    /// fragment is fewer (65 128 bytes at MTU 1500, 261 796 on loopback).
     pub const fn read_limit(&self) -> usize {
-        super::read::read_limit(self.frag_limit)
+        super::read::read_limit(self.eager_limit, self.frag_limit)
     }
 }
 

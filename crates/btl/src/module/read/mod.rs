@@ -540,6 +540,28 @@ mod tests {
     }
 
     #[test]
+    fn reads_are_one_to_four_fragments_of_whole_datagrams() {
+        use super::engine::{READ_MAX, read_limit};
+        let header = read::REPLY_HEADER_LEN;
+        // Loopback: four 64 KiB datagrams.
+        assert_eq!(read_limit(65_451, 65_451), 4 * 65_451 - header);
+        // MTU 1500: one fragment of 46 datagrams.
+        assert_eq!(read_limit(1_416, 46 * 1_416), 46 * 1_416 - header);
+        // MTU 9000: 28 datagrams, four fragments of 7.
+        assert_eq!(read_limit(8_948, 7 * 8_948), 28 * 8_948 - header);
+        for datagram in [312, 1_416, 4_000, 8_948, 65_451] {
+            for frags in [1, 2, 46, 200] {
+                let frag = (datagram * frags).min(16 << 20);
+                let limit = read_limit(datagram, frag) + header;
+                assert_eq!(limit % datagram, 0, "{datagram} {frag}");
+                assert!(limit <= READ_MAX, "{datagram} {frag}");
+                assert!(limit >= frag.min(READ_MAX / datagram * datagram), "{datagram} {frag}");
+            }
+        }
+        assert_eq!(read_limit(0, 0), 0);
+    }
+
+    #[test]
     fn only_ranges_inside_a_registered_region_are_served() {
         let mut reads = Reads::new(u64::MAX);
         let region: Region = Arc::new(Bytes(vec![7; 100]));
