@@ -555,7 +555,10 @@ mod tests {
                 let limit = read_limit(datagram, frag) + header;
                 assert_eq!(limit % datagram, 0, "{datagram} {frag}");
                 assert!(limit <= READ_MAX, "{datagram} {frag}");
-                assert!(limit >= frag.min(READ_MAX / datagram * datagram), "{datagram} {frag}");
+                assert!(
+                    limit >= frag.min(READ_MAX / datagram * datagram),
+                    "{datagram} {frag}"
+                );
             }
         }
         assert_eq!(read_limit(0, 0), 0);
