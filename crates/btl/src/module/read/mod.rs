@@ -103,9 +103,11 @@ pub type ReadCallback = Box<dyn FnMut(&ReadEvent) + Send>;
 /// Reads whose request is out and whose reply is not complete, at most:
 /// the others wait their turn in the module. Each in flight holds a send
 /// fragment until its request is acknowledged, and its reply a train at
-/// the peer; 32 replies of a `frag_size` (64 KiB) are 2 MiB in flight, well
-/// over the reliable window's worth, and leave the fragment pool to the
-/// host, which cannot tell that the module's own messages took it.
+/// the peer. 32 replies are 2 MiB in flight at MTU 1500 (64 KiB each) and
+/// 8 MiB where replies are four fragments, well over the reliable window's
+/// worth either way, and leave the fragment pool to the host, which cannot
+/// tell that the module's own messages took it (a window of 64 gets of
+/// 1 MiB through Open MPI, 1 024 reads at once, hung without this bound).
 const READS_IN_FLIGHT: usize = 32;
 
 /// Requests a peer may have waiting to be served: twice what a reader
