@@ -224,6 +224,11 @@ impl<C: Context> fmt::Display for Engine<C> {
                     "off"
                 }
             )?;
+            writeln!(
+                f,
+                "                     reads started {} served {} refused {} requests dropped {}",
+                s.reads_started, s.reads_served, s.reads_refused, s.read_requests_dropped
+            )?;
             let rtos: Vec<std::time::Duration> = self
                 .endpoints
                 .ids()

@@ -13,11 +13,12 @@ use crate::module::events::Notice;
 use crate::module::{Engine, Flush, deregister};
 use crate::{EndpointId, NO_ORDER, Tag};
 
-/// The longest reply a module serves, its header included: more than any
-/// reader asks for ([`Limits::read_limit`](crate::Limits::read_limit) is at
-/// most a quarter of it), so that peers whose datagrams differ in size
-/// (which sets each one's read limit) never refuse each other. Its train
-/// takes at most 741 user fragments at MTU 1500.
+/// The longest reply a module serves, its header included: no reader asks
+/// for more ([`Limits::read_limit`](crate::Limits::read_limit) is capped at
+/// it, and is a quarter of it or less at the default `frag_size`), so that
+/// peers whose datagrams differ in size (which sets each one's read limit)
+/// never refuse each other. Its train takes at most 741 user fragments at
+/// MTU 1500.
 pub(crate) const READ_MAX: usize = 1 << 20;
 
 /// Bytes a read of a module with datagram payloads of `datagram` and
