@@ -14,3 +14,4 @@ pub mod net;
 pub mod record;
 pub mod stats;
 pub mod sys;
+pub mod targets;

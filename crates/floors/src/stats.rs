@@ -202,7 +202,8 @@ fn path_labels(meds: &BTreeMap<Key, (f64, usize)>) -> BTreeSet<(&str, &str)> {
     meds.keys().map(|k| (k.0.as_str(), k.1.as_str())).collect()
 }
 
-fn get(
+/// The median of one figure, if `meds` has it.
+pub(crate) fn get(
     meds: &BTreeMap<Key, (f64, usize)>,
     path: &str,
     label: &str,
@@ -279,134 +280,6 @@ pub fn ratio_table(meds: &BTreeMap<Key, (f64, usize)>, subject: &str) -> Option<
         out.push_str("\n|---|---|---:|---:|---:|\n");
         out + &rows
     })
-}
-
-/// A performance target: on `path`, `metric` at `size` of `subject`
-/// divided by that of `other` must be at least (or at most) `bound`.
-#[derive(Debug, Clone, Copy)]
-pub struct Target {
-    /// The path it is measured on.
-    pub path: &'static str,
-    /// What it says, for the table.
-    pub what: &'static str,
-    /// The figure compared.
-    pub metric: Metric,
-    /// The message size of the figure.
-    pub size: u64,
-    /// The label measured.
-    pub subject: &'static str,
-    /// The label it is measured against.
-    pub other: &'static str,
-    /// The ratio `subject / other` it needs.
-    pub bound: Bound,
-}
-
-/// Which side of its bound a target's ratio must be on.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Bound {
-    /// The ratio is at least this.
-    AtLeast(f64),
-    /// The ratio is at most this.
-    AtMost(f64),
-}
-
-impl Bound {
-    /// Whether `ratio` meets the bound.
-    #[must_use]
-    pub fn met(self, ratio: f64) -> bool {
-        match self {
-            Self::AtLeast(b) => ratio >= b,
-            Self::AtMost(b) => ratio <= b,
-        }
-    }
-}
-
-/// The network-performance targets udbtl's `udbench` is held to (issue 10).
-pub const TARGETS: [Target; 6] = [
-    Target {
-        path: "veth1500",
-        what: "1 MiB bandwidth against Open MPI's tcp BTL",
-        metric: Metric::Bandwidth,
-        size: 1 << 20,
-        subject: "udbtl udbench",
-        other: "ompi tcp",
-        bound: Bound::AtLeast(3.0),
-    },
-    Target {
-        path: "veth1500",
-        what: "1 MiB bandwidth against the raw GSO/GRO floor",
-        metric: Metric::Bandwidth,
-        size: 1 << 20,
-        subject: "udbtl udbench",
-        other: "udp gso",
-        bound: Bound::AtLeast(0.3),
-    },
-    Target {
-        path: "veth1500",
-        what: "8 B latency against Open MPI's tcp BTL",
-        metric: Metric::Latency,
-        size: 8,
-        subject: "udbtl udbench",
-        other: "ompi tcp",
-        bound: Bound::AtMost(1.0),
-    },
-    Target {
-        path: "loopback",
-        what: "8 B latency against the raw UDP ping-pong",
-        metric: Metric::Latency,
-        size: 8,
-        subject: "udbtl udbench",
-        other: "udp pingpong",
-        bound: Bound::AtMost(1.15),
-    },
-    Target {
-        path: "loopback",
-        what: "8 B message rate against raw UDP datagrams, one per send",
-        metric: Metric::MessageRate,
-        size: 8,
-        subject: "udbtl udbench",
-        other: "udp single",
-        bound: Bound::AtLeast(2.0),
-    },
-    Target {
-        path: "loopback",
-        what: "1 MiB bandwidth against raw UDP streaming with 64 KiB datagrams",
-        metric: Metric::Bandwidth,
-        size: 1 << 20,
-        subject: "udbtl udbench",
-        other: "udp single",
-        bound: Bound::AtLeast(0.8),
-    },
-];
-
-/// Every target of `targets` whose two figures `meds` holds: the ratio, the
-/// bound and whether it is met.
-#[must_use]
-pub fn target_table(meds: &BTreeMap<Key, (f64, usize)>, targets: &[Target]) -> Option<String> {
-    let mut rows = String::new();
-    for t in targets {
-        let Some(r) = ratio(
-            get(meds, t.path, t.subject, t.metric, t.size),
-            get(meds, t.path, t.other, t.metric, t.size),
-        ) else {
-            continue;
-        };
-        let (sign, bound) = match t.bound {
-            Bound::AtLeast(b) => ("≥", b),
-            Bound::AtMost(b) => ("≤", b),
-        };
-        let _ = writeln!(
-            rows,
-            "| {} | {} / {}: {} | {r:.2} | {sign} {bound} | {} |",
-            t.path,
-            t.subject,
-            t.other,
-            t.what,
-            if t.bound.met(r) { "met" } else { "missed" }
-        );
-    }
-    (!rows.is_empty())
-        .then(|| format!("| path | target | ratio | needs | |\n|---|---|---:|---:|---|\n{rows}"))
 }
 
 #[cfg(test)]
@@ -537,27 +410,5 @@ mod tests {
         let t = table(&series(&m, "loopback", Metric::Latency));
         assert!(t.contains("| 1 | 1.00 | – |"), "{t}");
         assert!(t.contains("| 2 | – | 2.00 |"), "{t}");
-    }
-
-    #[test]
-    fn targets_give_ratio_bound_and_verdict_and_skip_missing_figures() {
-        let mut udbench_bw = rec("udbtl udbench", "bw", 1 << 20, 900.0);
-        udbench_bw.path = Some("veth1500".into());
-        let mut tcp_bw = rec("ompi tcp", "bw", 1 << 20, 300.0);
-        tcp_bw.path = Some("veth1500".into());
-        let rs = vec![
-            udbench_bw,
-            tcp_bw,
-            rec("udbtl udbench", "latency", 8, 3.0),
-            rec("udp pingpong", "latency", 8, 2.0),
-        ];
-        let table = target_table(&medians(&rs), &TARGETS).unwrap();
-        let rows: Vec<&str> = table.lines().skip(2).collect();
-        assert_eq!(rows.len(), 2, "{table}");
-        assert!(rows[0].starts_with("| veth1500 |"), "{table}");
-        assert!(rows[0].ends_with("| 3.00 | ≥ 3 | met |"), "{table}");
-        assert!(rows[1].starts_with("| loopback |"), "{table}");
-        assert!(rows[1].ends_with("| 1.50 | ≤ 1.15 | missed |"), "{table}");
-        assert_eq!(target_table(&medians(&[]), &TARGETS), None);
     }
 }

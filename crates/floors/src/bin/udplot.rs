@@ -22,6 +22,7 @@ use clap::Parser;
 use plotters::prelude::*;
 use udbtl_floors::record::Record;
 use udbtl_floors::stats::{self, Metric, Series};
+use udbtl_floors::targets;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -121,8 +122,20 @@ fn run(args: &Args) -> Result<(), Error> {
             args.subject, args.subject
         );
     }
-    if let Some(t) = stats::target_table(&meds, &stats::TARGETS) {
+    if let Some(t) = targets::target_table(&meds, &targets::TARGETS) {
         let _ = writeln!(md, "### Targets\n\n{t}");
+    }
+    if let Some(t) = targets::size_ratio_table(
+        &meds,
+        "ompi udbtl",
+        "ompi tcp",
+        Metric::Bandwidth,
+        16 << 10..=4 << 20,
+    ) {
+        let _ = writeln!(
+            md,
+            "### Open MPI bandwidth by size, udbtl / tcp (issue 27 asks at least 1 from 16 KiB to 4 MiB)\n\n{t}"
+        );
     }
     for path in &paths {
         let _ = writeln!(md, "## {path}\n");
