@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use udbtl_btl::{BtlError, EndpointId, ReadFailure, ReadTarget, RegionKey, RemoteRange};
 
-use super::{BUSY, ERROR, OK, UNREACH, UserBuffer, handle};
+use super::traffic::UserBuffer;
+use super::{BUSY, ERROR, OK, UNREACH, handle};
 
 /// `udbtl_c_got` statuses, as `udbtl.h` defines them.
 const GOT_OK: c_int = 0;
