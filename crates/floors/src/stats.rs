@@ -282,24 +282,27 @@ pub fn ratio_table(meds: &BTreeMap<Key, (f64, usize)>, subject: &str) -> Option<
     })
 }
 
+/// A record of `label`'s `bench` at `size` with value `v` (mean latency
+/// for `latency`, MB/s otherwise), for the tests here and in `targets`.
+#[cfg(test)]
+pub(crate) fn rec(label: &str, bench: &str, size: u64, v: f64) -> Record {
+    let mut r = Record {
+        tool: "t".into(),
+        bench: bench.into(),
+        size,
+        label: Some(label.into()),
+        ..Record::default()
+    };
+    match bench {
+        "latency" => r.avg_us = Some(v),
+        _ => r.mb_per_s = Some(v),
+    }
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn rec(label: &str, bench: &str, size: u64, v: f64) -> Record {
-        let mut r = Record {
-            tool: "t".into(),
-            bench: bench.into(),
-            size,
-            label: Some(label.into()),
-            ..Record::default()
-        };
-        match bench {
-            "latency" => r.avg_us = Some(v),
-            _ => r.mb_per_s = Some(v),
-        }
-        r
-    }
 
     #[test]
     fn median_of_odd_even_and_empty() {

@@ -228,22 +228,7 @@ pub fn size_ratio_table(
 mod tests {
     use super::*;
     use crate::record::Record;
-    use crate::stats::medians;
-
-    fn rec(label: &str, bench: &str, size: u64, v: f64) -> Record {
-        let mut r = Record {
-            tool: "t".into(),
-            bench: bench.into(),
-            size,
-            label: Some(label.into()),
-            ..Record::default()
-        };
-        match bench {
-            "latency" => r.avg_us = Some(v),
-            _ => r.mb_per_s = Some(v),
-        }
-        r
-    }
+    use crate::stats::{medians, rec};
 
     fn on(path: &str, mut r: Record) -> Record {
         r.path = Some(path.into());
