@@ -154,6 +154,11 @@ pub struct PortAttr {
     /// Largest payload of one datagram, excluding the GRH. A send larger than
     /// this is rejected when posted.
     pub max_msg_size: usize,
+    /// Largest payload of a datagram that leaves as one packet: less than
+    /// `max_msg_size` on a port that cuts longer datagrams into pieces
+    /// (the `udp` provider's `segment`), equal elsewhere. A peer whose
+    /// packets are smaller than this port's cannot take its pieces.
+    pub packet_size: usize,
     /// The network the port is attached to: ports with equal ids can reach
     /// each other. The BTL pairs a local module with the peer address on its
     /// own network, never by position.
@@ -449,6 +454,9 @@ pub struct FabricStats {
     pub tx_gso_trains: u64,
     /// Reads that returned a train of several datagrams with UDP GRO.
     pub rx_gro_trains: u64,
+    /// Datagrams longer than the path's MTU, sent in pieces (`udp`
+    /// provider, [`udbtl_wire::segment`]).
+    pub tx_segmented: u64,
     /// Datagrams the kernel refused (ENOBUFS, EAGAIN, EPERM...); to the
     /// peer they look lost.
     pub tx_kernel_drops: u64,
@@ -469,6 +477,9 @@ pub struct FabricStats {
     pub rx_too_long: u64,
     /// Dropped: arrived at a queue pair not yet ready to receive.
     pub rx_not_ready: u64,
+    /// Dropped: datagrams sent in pieces of which one never arrived (or
+    /// came out of order), counted once per datagram.
+    pub rx_incomplete: u64,
     /// Dropped by the kernel before the fabric saw them, because the
     /// socket's receive buffer was full (UDP: the sockets' drop counters,
     /// read when the stats are; 0 where the kernel does not say).
@@ -485,6 +496,7 @@ impl FabricStats {
             + self.rx_malformed
             + self.rx_too_long
             + self.rx_not_ready
+            + self.rx_incomplete
     }
 }
 

@@ -43,6 +43,7 @@ pub mod modex;
 pub mod read;
 pub mod rel;
 pub mod seal;
+pub mod segment;
 pub mod seq;
 pub mod ud;
 

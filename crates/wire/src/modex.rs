@@ -188,7 +188,8 @@ impl<T: AsRef<[u8]>> Entry<T> {
         out
     }
 
-    /// The largest payload the port accepts.
+    /// The raw datagram size field: see [`Address::max_msg_size`] and
+    /// [`Address::packet_size`] for what it holds.
     pub fn max_msg_size(&self) -> u32 {
         read_u32(self.buffer.as_ref(), field::MAX_MSG)
     }
@@ -252,7 +253,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Entry<T> {
             write_u32(buffer, start..start + 4, *qpn);
         }
         buffer[field::ADDRESS].copy_from_slice(&bytes);
-        write_u32(buffer, field::MAX_MSG, address.max_msg_size);
+        write_u32(buffer, field::MAX_MSG, sizes_field(address));
         write_u32(buffer, field::STREAM_NONCE, address.stream_nonce);
         write_u32(buffer, field::NETWORK_HI, (address.network >> 32) as u32);
         write_u32(buffer, field::NETWORK_LO, address.network as u32);
@@ -275,6 +276,14 @@ pub struct Address {
     pub proc_id: u32,
     /// The largest payload the port accepts.
     pub max_msg_size: u32,
+    /// The largest payload of a datagram that leaves as one packet: less
+    /// than `max_msg_size` where the port cuts longer ones into pieces.
+    /// In the entry's size field, a port that cuts sets the top bit, its
+    /// packet size in bits 16 to 30 and its largest payload in the low 16
+    /// bits; any other port writes its largest payload (below 2^31), which
+    /// is also its packet size. A size pair the field cannot hold is
+    /// published as the packet size alone.
+    pub packet_size: u32,
     /// The network the port is attached to.
     pub network: u64,
     /// Drawn at random by the module: with a peer's, where the two streams
@@ -284,6 +293,31 @@ pub struct Address {
     pub admission: Admission,
     /// Whether the module authenticates datagrams, and with what key.
     pub auth: Auth,
+}
+
+/// The top bit of an entry's size field: the port cuts long datagrams
+/// into pieces, and the field holds two sizes ([`Address::packet_size`]).
+const CUTS: u32 = 1 << 31;
+
+/// The size field of `address`'s entry.
+fn sizes_field(address: &Address) -> u32 {
+    let (size, packet) = (address.max_msg_size, address.packet_size);
+    if packet >= size {
+        size & !CUTS
+    } else if size <= 0xffff && packet <= 0x7fff {
+        CUTS | (packet << 16) | size
+    } else {
+        packet & !CUTS
+    }
+}
+
+/// The largest payload and the packet size an entry's size field holds.
+const fn sizes_of(field: u32) -> (u32, u32) {
+    if field & CUTS != 0 {
+        (field & 0xffff, (field >> 16) & 0x7fff)
+    } else {
+        (field, field)
+    }
 }
 
 /// What a datagram must carry for a module to take it in: 63 bits drawn at
@@ -414,12 +448,14 @@ impl Address {
         if entry.qkey() > Admission::MAX_QKEY {
             return Err(Error);
         }
+        let sizes = sizes_of(entry.max_msg_size());
         Ok(Self {
             location,
             port: entry.port(),
             qpns: entry.qpns(),
             proc_id: entry.proc_id(),
-            max_msg_size: entry.max_msg_size(),
+            max_msg_size: sizes.0,
+            packet_size: sizes.1,
             network: entry.network(),
             stream_nonce: entry.stream_nonce(),
             admission: Admission {

@@ -35,7 +35,7 @@ pub fn udp_config(params: &Params) -> UdpConfig {
 /// The `udp` provider configuration the parameters ask for, for a job laid
 /// out as `layout`: the devices and subnets of `if_include` as interfaces,
 /// else those `layout` calls for; those of `if_exclude` left out;
-/// `udp_ipv6`, `udp_mtu`, `udp_gso`, `udp_gro`, `udp_busy_poll`,
+/// `udp_ipv6`, `udp_mtu`, `udp_gso`, `udp_gro`, `udp_segment`, `udp_busy_poll`,
 /// `udp_sockbuf`.
 pub fn udp_config_in(params: &Params, layout: JobLayout) -> UdpConfig {
     UdpConfig {
@@ -59,6 +59,7 @@ pub fn udp_config_in(params: &Params, layout: JobLayout) -> UdpConfig {
         mtu: params.udp_mtu,
         gso: params.udp_gso,
         gro: params.udp_gro,
+        segment: params.udp_segment,
         busy_poll_us: params.udp_busy_poll,
         send_buffer: params.udp_sockbuf,
         recv_buffer: params.udp_sockbuf,

@@ -18,6 +18,7 @@ use super::seal::PairSeal;
 use udbtl_wire::modex;
 
 use super::Engine;
+use super::limits::usable_size;
 use crate::error::{BtlError, SendFailure};
 use crate::params::MIN_EAGER_PAYLOAD;
 use crate::{EndpointId, sending_qp};
@@ -258,6 +259,7 @@ pub(super) fn module_address(
         qpns: core::array::from_fn(|i| qps.get(i).map_or(0, |qp| qp.qp_num)),
         proc_id,
         max_msg_size: u32::try_from(port.max_msg_size).unwrap_or(u32::MAX),
+        packet_size: u32::try_from(port.packet_size).unwrap_or(u32::MAX),
         network: port.network,
         stream_nonce,
         admission,
@@ -313,7 +315,9 @@ impl<C: Context> Engine<C> {
                 mismatched.get_or_insert((i, chosen.auth));
                 continue;
             };
-            if !self.fit_peer_datagrams(chosen.max_msg_size as usize) {
+            let own = (self.port.max_msg_size, self.port.packet_size);
+            let peer = (chosen.max_msg_size as usize, chosen.packet_size as usize);
+            if !self.fit_peer_datagrams(usable_size(own, peer)) {
                 continue;
             }
             match self.add_endpoint(&chosen, peer_key) {
@@ -348,7 +352,7 @@ impl<C: Context> Engine<C> {
     }
 
     /// Makes every datagram this module sends fit a peer whose port takes
-    /// at most `peer_max` bytes (its published `max_msg_size`): on a network
+    /// at most `peer_max` bytes ([`usable_size`]): on a network
     /// that mixes jumbo frames and 1500-byte hosts, the larger datagrams
     /// would be dropped on the way and resent until the peer was declared
     /// lost. The module's payload limits shrink to the peer's, for every

@@ -168,3 +168,57 @@ pub(super) fn limits_for(port: &PortAttr, params: &Params) -> Limits {
         header_len: header_len(params),
     }
 }
+
+/// The longest datagram a module whose port takes `own` (its largest
+/// datagram, and its largest that leaves as one packet) may send a peer
+/// whose port takes `peer`: the peer's largest where both ports cut long
+/// datagrams into pieces and this port's pieces fit the peer's packets;
+/// else the smaller packet size of the two, a datagram that leaves whole
+/// and crosses both links. A port that does not cut has packets as large
+/// as its datagrams, so between two such ports this is the smaller
+/// datagram.
+pub(super) fn usable_size(
+    (own_size, own_packet): (usize, usize),
+    (size, packet): (usize, usize),
+) -> usize {
+    let both_cut = own_packet < own_size && packet < size;
+    if both_cut && own_packet <= packet {
+        size
+    } else {
+        packet.min(own_packet)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::usable_size;
+
+    /// MTU 1500 with pieces: 64 360-byte datagrams of 1 416-byte packets.
+    const CUT_1500: (usize, usize) = (64_360, 1_416);
+    /// MTU 9000, whose datagrams leave whole.
+    const WHOLE_9000: (usize, usize) = (8_916, 8_916);
+
+    #[test]
+    fn two_ports_that_cut_send_long_datagrams() {
+        assert_eq!(usable_size(CUT_1500, CUT_1500), 64_360);
+    }
+
+    #[test]
+    fn a_port_that_cuts_and_one_that_does_not_send_single_packets() {
+        assert_eq!(usable_size(CUT_1500, WHOLE_9000), 1_416);
+        assert_eq!(usable_size(WHOLE_9000, CUT_1500), 1_416);
+    }
+
+    #[test]
+    fn pieces_too_long_for_the_peers_packets_are_not_sent() {
+        let cut_4000 = (59_000, 3_940);
+        assert_eq!(usable_size(CUT_1500, cut_4000), 59_000);
+        assert_eq!(usable_size(cut_4000, CUT_1500), 1_416);
+    }
+
+    #[test]
+    fn ports_that_do_not_cut_take_the_smaller_datagram() {
+        assert_eq!(usable_size(WHOLE_9000, (65_491, 65_491)), 8_916);
+        assert_eq!(usable_size((1_416, 1_416), WHOLE_9000), 1_416);
+    }
+}

@@ -244,9 +244,10 @@ impl<C: Context> fmt::Display for Engine<C> {
         }
         write!(
             f,
-            "  fabric             tx {} ({} GSO trains; refused by the kernel {}) rx {} ({} GRO trains) dropped: socket full {} no buffer {} bad qkey {} malformed {} too long {}",
+            "  fabric             tx {} ({} GSO trains, {} in pieces; refused by the kernel {}) rx {} ({} GRO trains) dropped: socket full {} no buffer {} bad qkey {} malformed {} too long {} missing a piece {}",
             fabric.tx_datagrams,
             fabric.tx_gso_trains,
+            fabric.tx_segmented,
             fabric.tx_kernel_drops,
             fabric.rx_datagrams,
             fabric.rx_gro_trains,
@@ -255,6 +256,7 @@ impl<C: Context> fmt::Display for Engine<C> {
             fabric.rx_bad_qkey,
             fabric.rx_malformed,
             fabric.rx_too_long,
+            fabric.rx_incomplete,
         )
     }
 }

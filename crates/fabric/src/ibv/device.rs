@@ -91,6 +91,7 @@ impl VerbsProvider {
                     gid: gid.raw(),
                 },
                 max_msg_size,
+                packet_size: max_msg_size,
                 network: logic::network_id(link_layer, gid),
                 pkeys: if pkeys.is_empty() {
                     vec![0xffff]

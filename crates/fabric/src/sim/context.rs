@@ -98,6 +98,7 @@ impl SimContext {
                 state: PortState::Active,
                 addr: NodeAddr::Sim(id),
                 max_msg_size: spec.max_msg_size,
+                packet_size: spec.max_msg_size,
                 network: spec.network,
                 pkeys: vec![0xffff],
                 link_layer: "sim",

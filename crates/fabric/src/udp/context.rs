@@ -27,6 +27,9 @@ use crate::{
 pub struct UdpContext {
     verbs: Verbs<UdpQp, IpAddr>,
     ip: IpAddr,
+    /// The UDP payload of each piece of a long datagram, if the port
+    /// segments (`segment.rs`).
+    segment: Option<usize>,
     config: UdpConfig,
     /// Posting sends.
     tx: Sender,
@@ -40,17 +43,20 @@ pub struct UdpContext {
 
 impl UdpContext {
     /// A context over `verbs` whose queue pairs bind to `ip`; `gro` says
-    /// whether new queue pairs turn UDP GRO on.
+    /// whether new queue pairs turn UDP GRO on, `segment` the UDP payload
+    /// of the pieces a long datagram is cut into, if the port segments.
     pub(super) fn new(
         verbs: Verbs<UdpQp, IpAddr>,
         ip: IpAddr,
         config: UdpConfig,
         gro: bool,
+        segment: Option<usize>,
     ) -> Self {
         Self {
             verbs,
             ip,
-            tx: Sender::new(config.gso),
+            segment,
+            tx: Sender::new(config.gso, segment),
             rx: Receiver::new(gro),
             config,
             channels: Vec::new(),
@@ -192,7 +198,7 @@ impl Context for UdpContext {
                 source: io::Error::other("no local address"),
             })?;
         let slot = self.verbs.port(1)?.max_msg_size + udbtl_wire::ud::HEADER_LEN;
-        let rx = self.rx.new_qp(&socket, slot);
+        let rx = self.rx.new_qp(&socket, slot, self.segment.is_some());
         // Should anything below fail, closing the socket takes it out of
         // every epoll set it joined.
         for (_, channel) in self.channels.iter().filter(|(c, _)| *c == attr.recv_cq) {
@@ -210,6 +216,7 @@ impl Context for UdpContext {
     fn destroy_qp(&mut self, qp: QpHandle) -> Result<()> {
         let recv_cq = self.verbs.qp(qp)?.recv_cq;
         let transport = self.verbs.remove_qp(qp)?;
+        self.rx.partials.forget(qp);
         // Closing the socket would end its epoll registrations too; removing
         // them first keeps that independent of who else holds the socket.
         for (_, channel) in self.channels.iter().filter(|(c, _)| *c == recv_cq) {

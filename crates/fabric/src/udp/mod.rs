@@ -26,6 +26,7 @@
 mod context;
 mod netif;
 mod recv;
+mod segment;
 mod send;
 mod sys;
 mod train;
@@ -82,6 +83,18 @@ pub struct UdpConfig {
     /// at most half the largest UDP payload (an MTU-sized path, not
     /// loopback's 64 KiB datagrams).
     pub gro: bool,
+    /// Carry datagrams longer than the path's MTU, cut into MTU-sized
+    /// pieces that leave as one GSO send and that the receiver puts back
+    /// together ([`udbtl_wire::segment`]): a port whose packets hold at
+    /// most 4 KiB (an MTU-1500 path) then takes datagrams of up to about
+    /// 64 KiB, as loopback does, and the layers above pay their
+    /// per-datagram costs once per 64 KiB. Needs `gso`. Off, a datagram is
+    /// at most one packet.
+    pub segment: bool,
+    /// The UDP payload of each piece where it should not be the
+    /// interface's (its MTU less the IP and UDP headers); set, ports on
+    /// loopback segment too, which tests use to stand in for a real path.
+    pub segment_wire: Option<usize>,
     /// Microseconds a receive on an empty socket may spend polling the
     /// device's queue itself (`SO_BUSY_POLL`), instead of waiting for the
     /// softirq to deliver; 0 leaves it off. Acts only on devices with NAPI
@@ -103,6 +116,8 @@ impl Default for UdpConfig {
             recv_buffer: 4 << 20,
             gso: true,
             gro: true,
+            segment: true,
+            segment_wire: None,
             busy_poll_us: 0,
         }
     }
@@ -193,30 +208,45 @@ impl UdpProvider {
         iface.addrs.iter().filter(family).find(usable).copied()
     }
 
-    fn max_msg_size(&self, iface: &sys::Interface, ip: IpAddr) -> Result<usize> {
-        let limit = if iface.loopback {
-            if ip.is_ipv6() {
-                MAX_UDP_PAYLOAD_V6
-            } else {
-                MAX_UDP_PAYLOAD_V4
-            }
-        } else {
+    /// The largest datagram payload of a port on `iface` at `ip`, and the
+    /// UDP payload of the pieces its longer datagrams are cut into, if it
+    /// segments.
+    fn port_size(&self, iface: &sys::Interface, ip: IpAddr) -> Result<(usize, Option<usize>)> {
+        let link = (!iface.loopback).then(|| {
             let link_mtu = std::fs::read_to_string(format!("/sys/class/net/{}/mtu", iface.name))
                 .ok()
                 .and_then(|s| s.trim().parse::<usize>().ok())
                 .unwrap_or(1500);
             let ip_header = if ip.is_ipv6() { 40 } else { 20 };
             link_mtu.saturating_sub(ip_header + 8)
+        });
+        let packet = link.unwrap_or(if ip.is_ipv6() {
+            MAX_UDP_PAYLOAD_V6
+        } else {
+            MAX_UDP_PAYLOAD_V4
+        });
+        let wire = if self.config.segment && self.config.gso {
+            self.config.segment_wire.or(link).filter(|&w| w <= packet)
+        } else {
+            None
+        };
+        let pieces = wire.and_then(|w| segment::pieces_per_send(w).map(|n| (w, n)));
+        let limit = match pieces {
+            Some((wire, count)) => count * (wire - udbtl_wire::segment::HEADER_LEN),
+            None => packet,
         };
         let limit = limit.saturating_sub(ud::HEADER_LEN);
-        match self.config.mtu {
-            None => Ok(limit),
-            Some(mtu) if mtu > 0 && mtu <= limit => Ok(mtu),
-            Some(mtu) => Err(FabricError::InvalidArgument {
-                what: "udp mtu",
-                detail: format!("{mtu} is outside 1..={limit} for {}", iface.name),
-            }),
-        }
+        let size = match self.config.mtu {
+            None => limit,
+            Some(mtu) if mtu > 0 && mtu <= limit => mtu,
+            Some(mtu) => {
+                return Err(FabricError::InvalidArgument {
+                    what: "udp mtu",
+                    detail: format!("{mtu} is outside 1..={limit} for {}", iface.name),
+                });
+            }
+        };
+        Ok((size, pieces.map(|(wire, _)| wire)))
     }
 }
 
@@ -269,6 +299,9 @@ impl Provider for UdpProvider {
         } else {
             (IpAddr::from([0u8; 4]), 0)
         });
+        let (max_msg_size, segment_wire) = self.port_size(&iface, ip)?;
+        let packet_size =
+            segment_wire.map_or(max_msg_size, |wire| max_msg_size.min(wire - ud::HEADER_LEN));
         let port = PortAttr {
             port_num: 1,
             state: if iface.up && addr.is_some() {
@@ -277,7 +310,8 @@ impl Provider for UdpProvider {
                 PortState::Down
             },
             addr: NodeAddr::Ip(ip),
-            max_msg_size: self.max_msg_size(&iface, ip)?,
+            max_msg_size,
+            packet_size,
             network: netif::network_id(&iface, ip, prefix, &netif::loopback_identity()),
             pkeys: vec![0xffff],
             link_layer: if ip.is_ipv6() { "udp/ipv6" } else { "udp/ipv4" },
@@ -291,11 +325,14 @@ impl Provider for UdpProvider {
         };
         // A train forms only where two datagrams fit one UDP payload.
         let gro = self.config.gro && port.max_msg_size + ud::HEADER_LEN <= MAX_UDP_PAYLOAD_V4 / 2;
+        // A segmenting port's pieces form trains whatever its datagrams.
+        let gro = gro || (self.config.gro && segment_wire.is_some());
         Ok(UdpContext::new(
             Verbs::new(info, vec![port]),
             ip,
             self.config.clone(),
             gro,
+            segment_wire,
         ))
     }
 }

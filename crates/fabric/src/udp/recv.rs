@@ -15,6 +15,7 @@ use std::os::fd::AsFd;
 use socket2::Socket;
 use udbtl_wire::ud;
 
+use super::segment::Partials;
 use super::{MAX_UDP_PAYLOAD_V6, sys};
 use std::collections::VecDeque;
 
@@ -55,9 +56,12 @@ pub(super) struct Receiver {
     pub(super) spill: Option<Box<[u8]>>,
     polls: u32,
     /// Where datagrams that no receive was posted for are read and discarded.
-    drop_scratch: Box<[u8]>,
+    /// Also where a segmenting port's reads land.
+    pub(super) drop_scratch: Box<[u8]>,
     /// Per-batch receive bookkeeping, kept here so a poll prepares nothing.
     pub(super) scratch: Box<RecvScratch>,
+    /// Datagrams whose pieces came apart, on ports that segment.
+    pub(super) partials: Partials,
 }
 
 /// A queue pair's socket.
@@ -95,6 +99,9 @@ pub(super) struct RecvState {
     /// Consecutive GRO receives that found nothing: after
     /// [`SCATTER_IDLE_POLLS`] of them `scatter` falls back to one.
     pub(super) idle_polls: u32,
+    /// The port segments: a read may bring pieces of datagrams
+    /// (`segment.rs`).
+    pub(super) segmented: bool,
 }
 
 /// Empty GRO receives in a row after which a queue pair offers one buffer
@@ -122,13 +129,14 @@ impl Receiver {
                 targets: [(0, 0); sys::MAX_SCATTER],
                 meta: [sys::RecvMeta::EMPTY; sys::MAX_BATCH],
             }),
+            partials: Partials::default(),
         }
     }
 
     /// The receive state of a new queue pair on `socket`, whose port
     /// carries datagrams of up to `slot` bytes (UD header included), with
     /// GRO on if the kernel still takes it.
-    pub(super) fn new_qp(&mut self, socket: &Socket, slot: usize) -> RecvState {
+    pub(super) fn new_qp(&mut self, socket: &Socket, slot: usize, segmented: bool) -> RecvState {
         let gro = self.gro && self.enable_gro(socket);
         RecvState {
             receives: false,
@@ -138,6 +146,7 @@ impl Receiver {
             slot,
             scatter: 1,
             idle_polls: 0,
+            segmented,
         }
     }
 
@@ -198,6 +207,9 @@ impl Receiver {
         qp: QpHandle,
         budget: usize,
     ) -> Result<usize> {
+        if verbs.qp(qp)?.transport.rx.segmented {
+            return self.receive_segmented(verbs, qp, budget);
+        }
         if verbs.qp(qp)?.transport.rx.gro {
             return self.receive_trains(verbs, qp, budget);
         }

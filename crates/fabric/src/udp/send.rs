@@ -13,7 +13,7 @@ use std::os::fd::AsFd;
 use udbtl_wire::ud;
 
 use super::recv::UdpQp;
-use super::{MAX_SEND_SGE, MAX_UDP_PAYLOAD_V4, sys};
+use super::{MAX_SEND_SGE, MAX_UDP_PAYLOAD_V4, segment, sys};
 use crate::bookkeeping::{QpEntry, Verbs};
 use crate::{FabricError, PostError, QpHandle, Result, SendWr, WcOpcode, WcStatus, WorkCompletion};
 
@@ -25,12 +25,41 @@ const MAX_GSO_SEGMENTS: usize = 64;
 pub(super) struct Sender {
     /// GSO is used until the kernel refuses it once.
     gso: bool,
+    /// The UDP payload of each piece of a long datagram, if the port
+    /// segments (`segment.rs`).
+    segment: Option<usize>,
+    /// Where long datagrams are laid out as their pieces: one largest UDP
+    /// payload per datagram of a batch, made with the sender of a port
+    /// that segments.
+    pieces: Box<[u8]>,
+    /// The number of the next datagram sent in pieces.
+    unit: u32,
+}
+
+/// Bytes of [`Sender::pieces`] one datagram may take.
+const PIECES_SPACE: usize = MAX_UDP_PAYLOAD_V4;
+
+/// An empty gather part, to fill an array of them with.
+const fn empty_part<'a>() -> &'a [u8] {
+    &[]
 }
 
 impl Sender {
-    /// A sender that coalesces datagrams with GSO if `gso`.
-    pub(super) const fn new(gso: bool) -> Self {
-        Self { gso }
+    /// A sender that coalesces datagrams with GSO if `gso`, and cuts
+    /// those longer than `segment` bytes (UD header included) into pieces
+    /// of that size, if set.
+    pub(super) fn new(gso: bool, segment: Option<usize>) -> Self {
+        let space = if segment.is_some() {
+            sys::MAX_BATCH * PIECES_SPACE
+        } else {
+            0
+        };
+        Self {
+            gso,
+            segment,
+            pieces: vec![0; space].into_boxed_slice(),
+            unit: 0,
+        }
     }
 
     /// Posts sends, in order, as [`Context::post_send`](crate::Context::post_send)
@@ -130,7 +159,7 @@ impl Sender {
         lens: &[usize],
     ) -> Result<()> {
         let mut outcome = [Outcome::Sent; N];
-        let trains = {
+        let (trains, segmented) = {
             let entry = verbs.qp(qp)?;
             let (qp_qkey, pkey) = (entry.qkey, entry.pkey);
             let mut headers = [[0u8; ud::HEADER_LEN]; N];
@@ -150,12 +179,42 @@ impl Sender {
                 let ip = verbs.ah(wr.ah)?.route;
                 dests[i] = SocketAddr::new(ip, wr.remote_qpn as u16);
             }
+            // Datagrams longer than a packet, laid out as their pieces:
+            // how many bytes each takes in `self.pieces` (0: not cut).
+            let mut cut = [0usize; N];
+            // Without GSO a long datagram leaves whole, and IP fragments it.
+            if let Some(wire) = self.segment.filter(|_| self.gso) {
+                for (i, wr) in chunk.iter().enumerate() {
+                    if lens[i] + ud::HEADER_LEN <= wire {
+                        continue;
+                    }
+                    let mut parts = [empty_part(); 1 + MAX_SEND_SGE as usize];
+                    parts[0] = &headers[i];
+                    for (part, gather) in parts[1..].iter_mut().zip(wr.sg_list) {
+                        *part = verbs.gather_bytes(gather);
+                    }
+                    self.unit = self.unit.wrapping_add(1);
+                    let space = &mut self.pieces[i * PIECES_SPACE..(i + 1) * PIECES_SPACE];
+                    let parts = &parts[..1 + wr.sg_list.len()];
+                    // The port's limit keeps every datagram within one
+                    // GSO send; one that is not goes as it is, and IP
+                    // fragments it.
+                    cut[i] = segment::build(space, parts, wire, self.unit).unwrap_or(0);
+                }
+            }
             let empty: &[u8] = &[];
             let mut iov = [IoSlice::new(empty); IOV];
             let mut spans = [(0usize, 0usize); N];
             let mut used = 0;
             for (i, wr) in chunk.iter().enumerate() {
                 let start = used;
+                if cut[i] > 0 {
+                    let at = i * PIECES_SPACE;
+                    iov[used] = IoSlice::new(&self.pieces[at..at + cut[i]]);
+                    used += 1;
+                    spans[i] = (start, used);
+                    continue;
+                }
                 iov[used] = IoSlice::new(&headers[i]);
                 used += 1;
                 for gather in wr.sg_list {
@@ -176,11 +235,26 @@ impl Sender {
             let mut i = 0;
             while i < chunk.len() {
                 let size = lens[i] + ud::HEADER_LEN;
+                if cut[i] > 0 {
+                    // One GSO send of its pieces, on its own.
+                    let wire = self.segment.unwrap_or(size);
+                    msgs[msg_count] = sys::OutMsg {
+                        dest: dests[i],
+                        iov: &iov[spans[i].0..spans[i].1],
+                        segment_size: Some(wire as u16),
+                    };
+                    members[msg_count] = (i, i + 1);
+                    msg_count += 1;
+                    i += 1;
+                    continue;
+                }
                 let end = if self.gso {
                     gso_train_end(&dests[..chunk.len()], lens, i)
                 } else {
                     i + 1
                 };
+                // A datagram in pieces joins no train.
+                let end = (i + 1..end).find(|&j| cut[j] > 0).unwrap_or(end);
                 msgs[msg_count] = sys::OutMsg {
                     dest: dests[i],
                     iov: &iov[spans[i].0..spans[end - 1].1],
@@ -211,6 +285,12 @@ impl Sender {
                             // Resend this train one datagram at a time.
                             self.gso = false;
                             for j in first..end {
+                                if cut[j] > 0 {
+                                    // Its pieces need GSO: lost this once,
+                                    // it is resent whole.
+                                    outcome[j] = Outcome::Lost;
+                                    continue;
+                                }
                                 let single = sys::OutMsg {
                                     dest: dests[j],
                                     iov: &iov[spans[j].0..spans[j].1],
@@ -230,9 +310,10 @@ impl Sender {
                     }
                 }
             }
-            trains
+            (trains, cut.iter().filter(|&&n| n > 0).count())
         };
         verbs.stats.tx_gso_trains += trains as u64;
+        verbs.stats.tx_segmented += segmented as u64;
         for (i, wr) in chunk.iter().enumerate() {
             match outcome[i] {
                 Outcome::Sent => {}

@@ -22,6 +22,7 @@ fn ipv4() -> Address {
         qpns: [50_000, 50_001, 50_002, 50_003],
         proc_id: 42,
         max_msg_size: 65_483,
+        packet_size: 65_483,
         network: 0x0102_0304_0506_0708,
         stream_nonce: 0,
         admission: Admission {
@@ -181,9 +182,20 @@ proptest! {
     ) {
         let addresses: Vec<Address> = entries
             .into_iter()
-            .map(|(location, port, qpns, (max_msg_size, proc_id, stream_nonce), network, random)| Address { location, port, qpns, proc_id, max_msg_size, network, stream_nonce, admission: Admission::from_random(random), auth: [Auth::Off, Auth::Key(AuthKey([port; KEY_LEN])), Auth::Derived][usize::from(auth)] })
+            .map(|(location, port, qpns, (max_msg_size, proc_id, stream_nonce), network, random)| Address { location, port, qpns, proc_id, max_msg_size: max_msg_size >> 1, packet_size: max_msg_size >> 1, network, stream_nonce, admission: Admission::from_random(random), auth: [Auth::Off, Auth::Key(AuthKey([port; KEY_LEN])), Auth::Derived][usize::from(auth)] })
             .collect();
         prop_assert_eq!(parse_blob(&emit_blob(&addresses).unwrap()).unwrap(), addresses);
+    }
+
+    /// A port that cuts long datagrams publishes both sizes in one field.
+    #[test]
+    fn both_sizes_of_a_port_that_cuts_round_trip(size in 2u32..=0xffff, packet in 1u32..0x8000) {
+        let address = Address {
+            max_msg_size: size,
+            packet_size: packet.min(size - 1),
+            ..ipv4()
+        };
+        prop_assert_eq!(parse_blob(&emit_blob(&[address]).unwrap()).unwrap(), vec![address]);
     }
 
     #[test]

@@ -101,6 +101,7 @@ pub(crate) fn devices(out: &mut Listing<'_>, udp: &UdpProvider, params: &Params)
                     out.field(&key("state"), state(attr.state))?;
                     out.field(&key("address"), attr.addr)?;
                     out.field(&key("max_msg_size"), attr.max_msg_size)?;
+                    out.field(&key("packet_size"), attr.packet_size)?;
                     out.field(&key("link_layer"), attr.link_layer)?;
                     out.field(&key("network"), format_args!("{:#018x}", attr.network))?;
                 }
@@ -120,6 +121,7 @@ pub(crate) fn devices(out: &mut Listing<'_>, udp: &UdpProvider, params: &Params)
         "state",
         "address",
         "max_msg_size",
+        "packet",
         "link layer",
         "network",
         "eligible",
@@ -132,6 +134,7 @@ pub(crate) fn devices(out: &mut Listing<'_>, udp: &UdpProvider, params: &Params)
                 state(attr.state).to_owned(),
                 attr.addr.to_string(),
                 attr.max_msg_size.to_string(),
+                attr.packet_size.to_string(),
                 attr.link_layer.to_owned(),
                 format!("{:#018x}", attr.network),
                 port.eligible.to_owned(),
@@ -140,6 +143,7 @@ pub(crate) fn devices(out: &mut Listing<'_>, udp: &UdpProvider, params: &Params)
                 port.device.clone(),
                 port.num.to_string(),
                 "error".to_owned(),
+                "-".to_owned(),
                 "-".to_owned(),
                 "-".to_owned(),
                 "-".to_owned(),
@@ -300,5 +304,10 @@ pub(crate) fn udp_settings(config: &UdpConfig) -> String {
         Some(mtu) => format!("mtu {mtu} from udp_mtu"),
         None => "mtu from the interface".to_owned(),
     };
-    format!("{interfaces}; {family}; {mtu}")
+    let pieces = if config.segment && config.gso {
+        "datagrams cut into packet-sized pieces where packets hold at most 4 KiB"
+    } else {
+        "a datagram is one packet (udp_segment off)"
+    };
+    format!("{interfaces}; {family}; {mtu}; {pieces}")
 }
