@@ -71,7 +71,7 @@ fn send(a: &mut Endpoint<UdpContext>, ah: AhHandle, qpn: u32, payload: &[u8], wr
 #[test]
 fn a_port_that_segments_takes_datagrams_of_one_gso_send() {
     let ctx = open(true);
-    let pieces = 65_507 / WIRE;
+    let pieces = 16;
     let expected = pieces * (WIRE - segment::HEADER_LEN) - ud::HEADER_LEN;
     assert_eq!(ctx.query_port(1).unwrap().max_msg_size, expected);
     // Off, a datagram is one packet at most.
@@ -92,7 +92,7 @@ fn long_datagrams_arrive_whole_and_in_order_with_gro_and_without() {
         let ah = a.ah(NodeAddr::Ip(b.ctx.ip()));
         let max = a.ctx.query_port(1).unwrap().max_msg_size;
         let one_packet = WIRE - ud::HEADER_LEN;
-        let lens = [1, one_packet, one_packet + 1, 5000, 30_000, max - 1, max];
+        let lens = [1, one_packet, one_packet + 1, 5000, 20_000, max - 1, max];
         for round in 0..3 {
             for (i, &len) in lens.iter().enumerate() {
                 send(&mut a, ah, b.qp.qp_num, &pattern(len, i + round), i as u64);

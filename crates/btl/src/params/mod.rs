@@ -465,8 +465,8 @@ parameters! {
     udp_ipv6: bool = (false), BOOL, udbtl,
         "Prefer IPv6 addresses for the udp provider";
     udp_mtu: usize = unset, size(MIN_UDP_MTU as u64, MAX_UDP_PAYLOAD), udbtl,
-        "Largest payload per UDP datagram; unset: about 64 KiB where udp_segment cuts datagrams \
-         into pieces (and on loopback), else the interface MTU less the IP and UDP headers. \
+        "Largest payload per UDP datagram; unset: 16 packets where udp_segment cuts datagrams \
+         into pieces, about 64 KiB on loopback, else the interface MTU less the IP and UDP headers. \
          At least 312: the 16-byte UD header, the 40-byte BTL header with its reliability \
          extension and a 256-byte payload";
     udp_sockbuf: usize = (4 << 20), size(MIN_UDP_SOCKBUF, 1 << 30), udbtl,
@@ -479,9 +479,9 @@ parameters! {
         "Receive coalesced trains (UDP GRO) where datagrams are small enough to form them";
     udp_segment: bool = (true), BOOL, udbtl,
         "On paths whose packets hold at most 4 KiB (MTU 1500, not 9000), carry datagrams of up \
-         to about 64 KiB, each cut into MTU-sized pieces \
-         that leave as one GSO send and are put back together on arrival: headers, checksums \
-         and acknowledgements are then paid per 64 KiB, not per packet. Needs udp_gso; a \
+         to 16 packets (23 408 bytes at MTU 1500), each cut into packet-sized pieces that leave \
+         as one GSO send and are put back together on arrival: headers, checksums and \
+         acknowledgements are then paid per 16 packets, not per packet. Needs udp_gso; a \
          datagram missing a piece is lost whole. Off: a datagram is at most one packet";
     udp_busy_poll: u32 = (0), int(0, 1_000_000), udbtl,
         "Microseconds a receive may busy-poll the network device's queue (SO_BUSY_POLL, needs \
