@@ -225,8 +225,9 @@ struct Landing<'a> {
 impl Landing<'_> {
     /// Delivers the datagram `parts` (UD header onwards, in pieces) into
     /// the front posted buffer; says whether it was queued as a completion.
-    /// A datagram nothing is posted for, or whose header is refused, is
-    /// dropped and counted.
+    /// A datagram nothing is posted for (or whose completion would not fit
+    /// the completion queue), or whose header is refused, is dropped and
+    /// counted; the buffer stays posted.
     fn deliver(&mut self, parts: &mut dyn Iterator<Item = &[u8]>, len: usize) -> bool {
         let Some(wr) = self
             .entry
@@ -259,7 +260,11 @@ impl Landing<'_> {
             self.stats.rx_malformed += 1;
             return false;
         };
-        if !self.entry.admit(repr.pkey, repr.qkey, self.stats) || self.cq.room() == 0 {
+        if !self.entry.admit(repr.pkey, repr.qkey, self.stats) {
+            return false;
+        }
+        if self.cq.room() == 0 {
+            self.stats.rx_no_buffer += 1;
             return false;
         }
         self.entry.recv_queue.pop_front();
