@@ -46,23 +46,7 @@ fn pattern(len: usize, seed: usize) -> Vec<u8> {
 /// modulo 4) and waits for the send to complete.
 fn send(a: &mut Endpoint<UdpContext>, ah: AhHandle, qpn: u32, payload: &[u8], wr_id: u64) {
     let offset = (wr_id as usize % 4) << 16;
-    a.ctx.mr_bytes_mut(a.send_mr.handle).unwrap()[offset..offset + payload.len()]
-        .copy_from_slice(payload);
-    let sg = [Gather::Registered(Sge {
-        lkey: a.send_mr.lkey,
-        offset,
-        len: payload.len(),
-    })];
-    let wr = SendWr {
-        wr_id,
-        sg_list: &sg,
-        ah,
-        remote_qpn: qpn,
-        remote_qkey: QKEY,
-        imm: None,
-        flags: SendFlags::SIGNALED,
-    };
-    a.ctx.post_send(a.qp.handle, &[wr]).unwrap();
+    a.send_from(offset, ah, qpn, QKEY, payload, wr_id).unwrap();
     let sent = a.poll_for(1, WAIT);
     assert_eq!(sent.len(), 1);
     assert_eq!(sent[0].status, WcStatus::Success);

@@ -55,9 +55,9 @@ pub(super) struct Receiver {
     /// first queue pair that has GRO on.
     pub(super) spill: Option<Box<[u8]>>,
     polls: u32,
-    /// Where datagrams that no receive was posted for are read and discarded.
-    /// Also where a segmenting port's reads land.
-    pub(super) drop_scratch: Box<[u8]>,
+    /// Where a segmenting port's reads land, and where datagrams that no
+    /// receive was posted for are read and discarded.
+    pub(super) read_scratch: Box<[u8]>,
     /// Per-batch receive bookkeeping, kept here so a poll prepares nothing.
     pub(super) scratch: Box<RecvScratch>,
     /// Datagrams whose pieces came apart, on ports that segment.
@@ -124,7 +124,7 @@ impl Receiver {
             gro,
             spill: None,
             polls: 0,
-            drop_scratch: vec![0u8; MAX_UDP_PAYLOAD_V6 + GRH_LEN].into_boxed_slice(),
+            read_scratch: vec![0u8; MAX_UDP_PAYLOAD_V6 + GRH_LEN].into_boxed_slice(),
             scratch: Box::new(RecvScratch {
                 targets: [(0, 0); sys::MAX_SCATTER],
                 meta: [sys::RecvMeta::EMPTY; sys::MAX_BATCH],
@@ -342,11 +342,11 @@ impl Receiver {
         const SKIP: usize = GRH_LEN - ud::HEADER_LEN;
         let transport = &verbs.qp(qp)?.transport;
         let (socket, gro) = (&transport.socket, transport.rx.gro);
-        let target = [(0, self.drop_scratch.len())];
+        let target = [(0, self.read_scratch.len())];
         let meta = &mut self.scratch.meta[..1];
         let (mut dropped, mut malformed) = (0, 0);
         for _ in 0..DISCARD_MAX {
-            let n = sys::recv_batch(socket.as_fd(), &mut self.drop_scratch, &target, meta, gro)
+            let n = sys::recv_batch(socket.as_fd(), &mut self.read_scratch, &target, meta, gro)
                 .map_err(|source| FabricError::Io {
                     operation: "recvmsg",
                     source,
@@ -364,7 +364,7 @@ impl Receiver {
                 let at = SKIP + begin;
                 let have = ud::HEADER_LEN.min(len - begin);
                 let mut header = [0; ud::HEADER_LEN];
-                header[..have].copy_from_slice(&self.drop_scratch[at..at + have]);
+                header[..have].copy_from_slice(&self.read_scratch[at..at + have]);
                 if parse_header(&header, len - begin).is_some() {
                     dropped += 1;
                 } else {

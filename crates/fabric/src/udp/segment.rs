@@ -73,7 +73,7 @@ pub(super) fn build(out: &mut [u8], parts: &[&[u8]], wire: usize, unit: u32) -> 
         return None;
     }
     let mut at = 0;
-    let mut bytes = parts.iter().flat_map(|p| p.chunks(chunk)).peekable();
+    let mut bytes = parts.iter().copied();
     let mut pending: &[u8] = &[];
     for index in 0..count {
         segment::Repr { count, index, unit }.emit(&mut out[at..]);
@@ -193,6 +193,21 @@ impl Partials {
         (partial.next == partial.count).then_some(slot)
     }
 
+    /// Drops (and counts) the partial datagram from `source` on `qp`, if
+    /// any: one of its pieces never came, since a whole datagram from the
+    /// same sender came after it.
+    fn abandon(&mut self, (qp, source): (QpHandle, SocketAddr), stats: &mut FabricStats) {
+        for slot in &mut self.slots {
+            if slot
+                .as_ref()
+                .is_some_and(|p| p.qp == qp && p.source == source)
+            {
+                *slot = None;
+                stats.rx_incomplete += 1;
+            }
+        }
+    }
+
     /// The bytes of the datagram completed in `slot`, which frees it.
     fn take(&mut self, slot: usize) -> Option<&[u8]> {
         let partial = self.slots.get_mut(slot)?.take()?;
@@ -298,10 +313,10 @@ impl Receiver {
             let mr = verbs.owned_range(front.sge, entry.pd)?;
             let entry = verbs.qp(qp)?;
             let (socket, gro) = (&entry.transport.socket, entry.transport.rx.gro);
-            let target = [(0, self.drop_scratch.len())];
+            let target = [(0, self.read_scratch.len())];
             let meta = &mut self.scratch.meta[..1];
             let received =
-                sys::recv_batch(socket.as_fd(), &mut self.drop_scratch, &target, meta, gro)
+                sys::recv_batch(socket.as_fd(), &mut self.read_scratch, &target, meta, gro)
                     .map_err(|source| FabricError::Io {
                         operation: "recvmsg",
                         source,
@@ -341,7 +356,7 @@ impl Receiver {
                 landing.stats.rx_too_long += 1;
                 continue;
             }
-            let data = &self.drop_scratch[SKIP..SKIP + meta.len];
+            let data = &self.read_scratch[SKIP..SKIP + meta.len];
             let stride = match meta.stride {
                 s if s > 0 && meta.len > s => s,
                 _ => meta.len.max(1),
@@ -384,6 +399,9 @@ fn land_pieces(
         // `count` packets, each the next index of the same unit.
         let whole = repr.index == 0 && data_holds(rest, stride, count, repr.unit);
         if whole {
+            if let Some(source) = landing.source {
+                partials.abandon((landing.qp, source), landing.stats);
+            }
             let span = (count * stride).min(rest.len());
             let (own, after) = rest.split_at(span);
             let len = own.len() - count * segment::HEADER_LEN;
@@ -530,5 +548,26 @@ mod tests {
             None
         );
         assert_eq!(stats.rx_incomplete, 2);
+        // So does one that came whole, and only that sender's.
+        let other = "127.0.0.1:10".parse().expect("addr");
+        assert_eq!(
+            partials.feed((qp, other), piece(0, 5), b"ab", &mut stats),
+            None
+        );
+        partials.abandon((qp, from), &mut stats);
+        assert_eq!(stats.rx_incomplete, 3);
+        assert_eq!(
+            partials.feed((qp, from), piece(1, 4), b"cd", &mut stats),
+            None
+        );
+        assert_eq!(stats.rx_incomplete, 4);
+        assert_eq!(
+            partials.feed((qp, other), piece(1, 5), b"cd", &mut stats),
+            None
+        );
+        let slot = partials
+            .feed((qp, other), piece(2, 5), b"e", &mut stats)
+            .expect("complete");
+        assert_eq!(partials.take(slot), Some(&b"abcde"[..]));
     }
 }

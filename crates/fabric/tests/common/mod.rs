@@ -87,7 +87,8 @@ impl<C: Context> Endpoint<C> {
             .unwrap()
     }
 
-    /// Sends `payload` (copied into the send slab at `offset`).
+    /// Sends `payload` (copied into the send slab, at a 4 KiB slot of its
+    /// own per `wr_id` modulo 64).
     pub fn send(
         &mut self,
         ah: AhHandle,
@@ -97,6 +98,19 @@ impl<C: Context> Endpoint<C> {
         wr_id: u64,
     ) -> Result<(), PostError> {
         let offset = (wr_id as usize % 64) * 4096;
+        self.send_from(offset, ah, qpn, qkey, payload, wr_id)
+    }
+
+    /// Sends `payload`, copied into the send slab at `offset`.
+    pub fn send_from(
+        &mut self,
+        offset: usize,
+        ah: AhHandle,
+        qpn: u32,
+        qkey: u32,
+        payload: &[u8],
+        wr_id: u64,
+    ) -> Result<(), PostError> {
         self.ctx.mr_bytes_mut(self.send_mr.handle).unwrap()[offset..offset + payload.len()]
             .copy_from_slice(payload);
         let sg = [Gather::Registered(Sge {
