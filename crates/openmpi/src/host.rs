@@ -77,7 +77,7 @@ pub fn describe_address(module: &Mod) -> String {
 
 /// The module's `key=value` counters for the `udbtl-stats:` line: device,
 /// messages, the limits ob1 was given, and with reliability its
-/// retransmission, integrity, coalescing, train and get counters.
+/// datagram, retransmission, integrity, coalescing, train and get counters.
 pub fn stats_line(module: &Mod) -> String {
     let s = module.stats();
     let limits = module.limits();
@@ -96,10 +96,11 @@ pub fn stats_line(module: &Mod) -> String {
     if let Some(r) = module.reliability_stats() {
         let _ = write!(
             line,
-            " retransmitted={} fast_retransmits={} timeouts={} tail_probes={} spurious={} \
-             duplicates={} keepalives={} lost_peers={} integrity={} bad_checksum={} \
+            " datagrams={} retransmitted={} fast_retransmits={} timeouts={} tail_probes={} \
+             spurious={} duplicates={} keepalives={} lost_peers={} integrity={} bad_checksum={} \
              unauthenticated={} replayed={} unacceptable={} coalesced={} trains={} gets={} \
              gets_served={}",
+            r.sent,
             r.retransmitted,
             r.fast_retransmits,
             r.timeouts,

@@ -10,7 +10,9 @@
 //!   one burst, and a timeout found spurious gives the window back and
 //!   stretches the timeout to cover the delay it met;
 //! * a lone datagram, which the receiver acknowledges only after its delayed
-//!   acknowledgement, sets off no tail-loss probe.
+//!   acknowledgement, sets off no tail-loss probe;
+//! * a peer descheduled now and then for a time slice costs tail-loss
+//!   probes (acknowledgement requests), never a resend.
 
 #![allow(clippy::unwrap_used)]
 
@@ -197,4 +199,41 @@ fn a_timeout_found_spurious_gives_the_congestion_window_back() {
     let rto = net.nodes[0].rel.rto(peer).unwrap();
     assert!(rto >= config.rto_initial.mul_f64(1.6), "{rto:?}");
     assert_eq!(s.timeouts, 1, "{s:?}");
+}
+
+/// Two nodes exchange three datagrams each way every millisecond, as ranks
+/// of a halo exchange do, and every third step one of them is descheduled
+/// for 3 ms (4 ranks on 2 CPUs) right after sending. The tail-loss probes
+/// that the silence sets off ask for an acknowledgement and resend nothing;
+/// the timeout (`rto_min` 5 ms, the Open MPI component's) never fires.
+#[test]
+fn a_descheduled_peer_draws_probes_not_resends() {
+    let config = Config {
+        rto_min: Duration::from_millis(5),
+        rto_initial: Duration::from_millis(5),
+        ..Config::default()
+    };
+    let mut net = Net::new(2, &config, 43);
+    net.latency = Duration::from_micros(5);
+    let steps = 100;
+    for step in 0..steps {
+        for i in 0..3 {
+            net.send(0, 1, payload(0, 3 * step + i, 64));
+            net.send(1, 0, payload(1, 3 * step + i, 64));
+        }
+        if step % 3 == 1 {
+            net.sleep((step as usize / 3) % 2, Duration::from_millis(3));
+        }
+        let until = net.now + Duration::from_millis(1);
+        net.run_while(Duration::from_secs(1), |n| n.now < until);
+    }
+    net.run_until_idle(Duration::from_secs(2));
+    let mut probes = 0;
+    for (me, other) in [(0, 1), (1, 0)] {
+        assert_eq!(net.nodes[other].delivered[&me].len(), 3 * steps as usize);
+        let s = net.nodes[me].rel.stats();
+        assert_eq!((s.retransmitted, s.timeouts), (0, 0), "node {me}: {s:?}");
+        probes += s.tail_probes;
+    }
+    assert!(probes > 0, "no probe: the test no longer deschedules anyone");
 }

@@ -213,6 +213,9 @@ impl<F: Clone, R> Reliability<F, R> {
             p.resumed = false;
             p.timers.stop(Timer::Rto);
         }
+        if header.has(rel::FLAG_ECHO) {
+            self.on_probe_answer(now, peer, header.seq);
+        }
         self.detect_losses(now, peer);
         self.fill_window(now, peer);
         self.arm_probe(now, peer);

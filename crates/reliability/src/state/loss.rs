@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
+use udbtl_wire::SeqNum;
+
 use super::peer::{CWND_UNIT, LOST, NIL, Peer, QUEUED, RETRANSMITTED, SACKED, SENT};
+use super::recv::probe_token;
 use super::timer_table::{Timer, earliest};
 use super::{Pending, Reliability};
 use crate::time::Instant;
@@ -181,34 +184,48 @@ impl<F: Clone, R> Reliability<F, R> {
         }
     }
 
-    /// Sends the tail-loss probe: the newest datagram in flight that is
-    /// neither known delivered nor queued goes again, asking for an
-    /// acknowledgement at once. Whether it or an earlier one was lost, the
-    /// answer lets RACK see it.
+    /// Sends the tail-loss probe: an acknowledgement request, not a resend.
+    /// Its answer shows what the peer had by the time the probe left
+    /// (RACK takes it for a datagram delivered that was sent then, see
+    /// [`on_probe_answer`](Self::on_probe_answer)): a datagram sent a
+    /// reordering window before it and still not acknowledged is lost, and
+    /// goes again as the congestion window allows. Where nothing was lost,
+    /// and the peer only answered late (descheduled on a shared CPU, or
+    /// its delayed acknowledgement), the probe cost a header, not a resend
+    /// of up to a whole datagram, and the late answer's round trip enters
+    /// the estimate, as a resend would have kept it out (Karn's rule).
     pub(super) fn probe_tail(&mut self, peer: u32) {
         let p = &mut self.peers[peer as usize];
         if p.head == NIL || p.probed {
             return;
         }
         p.probed = true;
-        let mut newest = None;
-        let mut at = p.head;
-        while at != NIL {
-            let slot = &self.slots[at as usize];
-            if slot.flags & (SACKED | QUEUED) == 0 && slot.flags & SENT != 0 {
-                newest = Some(at);
+        self.stats.tail_probes += 1;
+        self.queue_probe(peer);
+    }
+
+    /// An answer from `peer` echoing `token` came in at `now`. If it
+    /// answers this side's last probe, everything sent before the probe
+    /// either reached the peer or never will (a datagram overtaken by the
+    /// probe is covered by RACK's reordering window): for RACK, a datagram
+    /// sent when the probe left was delivered. Call before
+    /// [`detect_losses`](Self::detect_losses), which then finds what the
+    /// answer shows lost.
+    pub(super) fn on_probe_answer(&mut self, now: Instant, peer: u32, token: SeqNum) {
+        let ack_delay = self.config.ack_delay;
+        let p = &mut self.peers[peer as usize];
+        // Tokens count in units of about a millisecond: a late answer to an
+        // earlier probe within the same unit reads as this one's, which at
+        // worst finds lost a datagram that only was late, and its resend is
+        // undone as spurious.
+        if p.probe_sent != Instant::ZERO && token == probe_token(p.probe_sent) {
+            p.rack_delivered(now, p.probe_sent, 0);
+            // The path works: what the answer finds lost goes again now,
+            // and gets a full timeout from here, not what is left of the
+            // one running since before the probe.
+            if p.head != NIL && p.timers.is_set(Timer::Rto) {
+                p.timers.set(Timer::Rto, now + p.flight_timeout(ack_delay));
             }
-            at = slot.next;
-        }
-        if let Some(index) = newest {
-            let slot = &mut self.slots[index as usize];
-            if slot.flags & LOST != 0 {
-                slot.flags &= !LOST;
-                p.lost -= 1;
-            }
-            slot.flags |= QUEUED;
-            self.transmits.push_back(Pending::Data(index));
-            self.stats.tail_probes += 1;
         }
     }
 
@@ -235,7 +252,7 @@ impl<F: Clone, R> Reliability<F, R> {
                     p.rtt.back_off(rto_max);
                 }
                 p.timers.set(Timer::Rto, now + p.rtt.rto());
-                self.transmits.push_back(Pending::Probe(peer));
+                self.queue_probe(peer);
             }
             return;
         }
@@ -251,8 +268,9 @@ impl<F: Clone, R> Reliability<F, R> {
             // A probe too: a peer that refuses the resend for want of room
             // answers it with nothing new, but answers the probe (its
             // echo), and so shows it is alive.
-            self.transmits.push_back(Pending::Probe(peer));
+            self.queue_probe(peer);
         }
+        let p = &mut self.peers[peer as usize];
         // The congestion window is one datagram now: resend the oldest not
         // known delivered, asking for an acknowledgement. Its answer tells
         // RACK what else is missing (what was sent before it and is still

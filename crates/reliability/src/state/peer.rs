@@ -135,6 +135,13 @@ pub(super) struct Peer {
     /// A tail-loss probe went and nothing new was acknowledged since: the
     /// retransmission timer decides next.
     pub(super) probed: bool,
+    /// A probe (an acknowledgement request) waits in the transmit queue:
+    /// another one would say nothing more.
+    pub(super) probe_queued: bool,
+    /// When the last probe left (`Instant::ZERO`: none yet). The answer
+    /// that echoes its token shows what the peer had received by then,
+    /// which RACK takes as a datagram delivered that was sent at this time.
+    pub(super) probe_sent: Instant,
     /// Last time a valid datagram from the peer was handled, or when it
     /// was first owed an acknowledgement, or the last
     /// [`Reliability::resume`](crate::Reliability::resume): the failure clock.
@@ -190,6 +197,8 @@ impl Peer {
             sacked: 0,
             lost: 0,
             probed: false,
+            probe_queued: false,
+            probe_sent: Instant::ZERO,
             last_heard: now,
             last_data: None,
             last_keepalive: Instant::ZERO,

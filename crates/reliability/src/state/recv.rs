@@ -174,7 +174,7 @@ impl<F: Clone, R> Reliability<F, R> {
             // number this side expects.
             self.last_challenge = Some(now);
             self.stats.challenge_acks += 1;
-            self.transmits.push_back(Pending::Probe(peer));
+            self.queue_probe(peer);
         }
         Receipt::Discard(buf, Discard::Unacceptable)
     }

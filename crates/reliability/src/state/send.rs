@@ -255,9 +255,12 @@ impl<F: Clone, R> Reliability<F, R> {
                     return Some(self.control_transmit(peer, FLAG_ACK_ONLY));
                 }
                 Pending::Probe(peer) => {
-                    if self.peers[peer as usize].mode.is_lost() {
+                    let p = &mut self.peers[peer as usize];
+                    p.probe_queued = false;
+                    if p.mode.is_lost() {
                         continue;
                     }
+                    p.probe_sent = now;
                     // Its answer echoes the token: when it was sent.
                     let mut probe = self.control_transmit(peer, FLAG_ACK_ONLY | FLAG_ACK_REQ);
                     probe.header.seq = probe_token(now);
@@ -301,6 +304,16 @@ impl<F: Clone, R> Reliability<F, R> {
             self.transmits.push_front(Pending::Ack(peer));
         }
         held
+    }
+
+    /// Queues a probe to `peer`: an acknowledgement-only datagram that asks
+    /// for one back at once, and whose answer echoes its token. One waiting
+    /// in the queue is enough.
+    pub(super) fn queue_probe(&mut self, peer: u32) {
+        let p = &mut self.peers[peer as usize];
+        if !core::mem::replace(&mut p.probe_queued, true) {
+            self.transmits.push_back(Pending::Probe(peer));
+        }
     }
 
     /// A datagram without data: an acknowledgement with `flags`. A plain

@@ -3,11 +3,11 @@
 
 use std::cmp::Reverse;
 
+use super::Reliability;
 use super::peer::NIL;
 use super::timer_table::{Timer, earliest};
 use super::types::Mode;
 use super::types::{Event, LossReason, PeerId};
-use super::{Pending, Reliability};
 use crate::time::Instant;
 
 impl<F: Clone, R> Reliability<F, R> {
@@ -106,7 +106,7 @@ impl<F: Clone, R> Reliability<F, R> {
         {
             p.last_keepalive = now;
             self.stats.keepalives += 1;
-            self.transmits.push_back(Pending::Probe(peer));
+            self.queue_probe(peer);
         }
         if self.peers[peer as usize].timers.expired(Timer::Loss, now) {
             self.detect_losses(now, peer);

@@ -173,8 +173,9 @@ pub struct Stats {
     pub fast_retransmits: u64,
     /// Retransmission timer expiries.
     pub timeouts: u64,
-    /// Tail-loss probes sent: the newest datagram in flight again, after
-    /// two round trips without an acknowledgement.
+    /// Tail-loss probes sent: acknowledgement requests, after two round
+    /// trips without an acknowledgement while data was in flight. What
+    /// their answers show lost counts in `fast_retransmits`.
     pub tail_probes: u64,
     /// Retransmissions found unneeded: acknowledged sooner than any round
     /// trip after they went, so the first transmission had arrived.

@@ -72,6 +72,9 @@ pub struct Node {
     pub bad_checksums: u64,
     /// The room this node gives every received datagram.
     pub room: Room,
+    /// Until then the node does not run (descheduled): what arrives for it
+    /// waits, and its timers fire only once it runs again.
+    pub asleep_until: Instant,
 }
 
 /// A datagram as it was handed to the network (before any fault).
@@ -129,6 +132,7 @@ impl Net {
                     loss_reasons: Vec::new(),
                     bad_checksums: 0,
                     room: Room::ALL,
+                    asleep_until: Instant::ZERO,
                 }
             })
             .collect();
@@ -325,7 +329,7 @@ impl Net {
             let next_timer = self
                 .nodes
                 .iter_mut()
-                .filter_map(|n| n.rel.poll_timeout())
+                .filter_map(|n| n.rel.poll_timeout().map(|at| at.max(n.asleep_until)))
                 .min();
             let Some(next) = [next_arrival, next_timer].into_iter().flatten().min() else {
                 return;
@@ -340,13 +344,29 @@ impl Net {
                     break;
                 }
                 let datagram = entry.remove();
+                let wakes = self.nodes[datagram.to].asleep_until;
+                if wakes > self.now {
+                    // Read when the node runs again, in arrival order.
+                    self.counter += 1;
+                    self.in_flight.insert((wakes, self.counter), datagram);
+                    continue;
+                }
                 self.receive(datagram);
             }
             for i in 0..self.nodes.len() {
+                if self.nodes[i].asleep_until > self.now {
+                    continue;
+                }
                 self.nodes[i].rel.handle_timeout(self.now);
                 self.flush(i);
             }
         }
+    }
+
+    /// Deschedules node `node` for `span` from now, as a process on a
+    /// shared CPU is for a time slice.
+    pub fn sleep(&mut self, node: usize, span: Duration) {
+        self.nodes[node].asleep_until = self.now + span;
     }
 
     /// Advances the clock without events (for scripted pauses).

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use udbtl_reliability::{Config, Event, Instant, PeerId, Receipt, Reliability, Room, Transmit};
 use udbtl_wire::SeqNum;
-use udbtl_wire::rel::{self, FLAG_ACK_ONLY};
+use udbtl_wire::rel::{self, FLAG_ACK_ONLY, FLAG_ACK_REQ};
 
 pub type Core = Reliability<u32, u32>;
 
@@ -70,4 +70,18 @@ pub fn fire_next(core: &mut Core) -> Instant {
     let next = core.poll_timeout().unwrap();
     core.handle_timeout(next);
     next
+}
+
+/// Fires `from`'s next deadline, which must send its tail-loss probe (an
+/// acknowledgement request without data), has `to` answer the probe, and
+/// returns the time and what `from` sends once it has the answer.
+pub fn probe_and_answer(from: &mut Core, to: &mut Core) -> (Instant, Vec<Transmit<u32>>) {
+    let now = fire_next(from);
+    let probe = drain(from, now);
+    assert_eq!(probe.len(), 1, "one probe");
+    assert!(probe[0].frag.is_none() && probe[0].header.has(FLAG_ACK_REQ));
+    let _ = feed(to, now, &probe, Room::ALL);
+    let answer = drain(to, now);
+    let _ = feed(from, now, &answer, Room::ALL);
+    (now, drain(from, now))
 }
