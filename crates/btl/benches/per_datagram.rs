@@ -1,12 +1,20 @@
 //! What the BTL adds per datagram at MTU 1500, both ends together: 1 MiB,
-//! sent as 64 KiB messages cut into 1416-byte datagrams, between two
-//! modules on one thread
-//! over UDP loopback (1472-byte UDP payloads, as on an MTU-1500 path), against the
-//! same bytes in the same datagrams through two raw sockets with GSO and GRO,
-//! the kernel's floor. Both report time per datagram; the difference is the
-//! BTL's own work (fabric model, reliability, checksums, reassembly,
-//! callbacks) for one datagram sent and received, which issue 27 budgets at
-//! 0.4 µs. Profile with `perf record` on this bench to see where it goes.
+//! sent as 64 KiB messages between two modules on one thread over UDP
+//! loopback, standing in for an MTU-1500 path (1472-byte UDP payloads),
+//! against the same bytes in 1472-byte datagrams through two raw sockets
+//! with GSO and GRO, the kernel's floor. Every line reports time per 1416
+//! payload bytes, one MTU-1500 packet's worth; the difference from the
+//! floor is the BTL's own work (fabric model, reliability, checksums,
+//! reassembly, callbacks) per packet sent and received, which issue 27
+//! budgets at 0.4 µs. Two udbtl lines:
+//!
+//! * one-packet datagrams (`udp_mtu` 1456, as with `udp_segment` off):
+//!   every layer works once per 1416 bytes;
+//! * 16-packet datagrams, as the udp provider sends at MTU 1500 by default
+//!   (`udp_segment`): the layers above the fabric work once per 23 KB, and
+//!   the provider cuts and joins the pieces.
+//!
+//! Profile with `perf record` on this bench to see where it goes.
 //!
 //! The floor sets UDP_SEGMENT and UDP_GRO, which neither std nor socket2
 //! offers: `set_int` holds the one `unsafe` call.
@@ -139,5 +147,31 @@ fn udbtl(c: &mut Criterion) {
     b.finalize().expect("finalize");
 }
 
-criterion_group!(benches, raw_gso_gro, udbtl);
+fn udbtl_segmented(c: &mut Criterion) {
+    let mtu_path = |config: &mut udbtl_fabric::udp::UdpConfig| {
+        config.segment_wire = Some(UDP_PAYLOAD);
+    };
+    let (mut a, _) = common::component_on(|_| None, mtu_path);
+    let (mut b, at_b) = common::component_on(|_| None, mtu_path);
+    assert!(
+        a.modules()[0].limits().eager_limit > 10 * PAYLOAD,
+        "the provider should carry datagrams of many packets"
+    );
+    let ab = a.add_procs(&[Some(&b.modex())]).expect("add")[0].endpoints[0].expect("ep");
+    b.add_procs(&[Some(&a.modex())]).expect("add");
+    let message = vec![7u8; MESSAGE];
+    let mut group = c.benchmark_group("per datagram, MTU 1500, loopback, one thread");
+    group.throughput(Throughput::Elements(DATAGRAMS));
+    group.bench_function(
+        "udbtl modules, 16-packet datagrams, 64 KiB messages",
+        |bench| {
+            bench.iter(|| one_mebibyte(&mut a, ab, &mut b, &at_b, &message));
+        },
+    );
+    group.finish();
+    a.finalize().expect("finalize");
+    b.finalize().expect("finalize");
+}
+
+criterion_group!(benches, raw_gso_gro, udbtl, udbtl_segmented);
 criterion_main!(benches);

@@ -235,5 +235,8 @@ fn a_descheduled_peer_draws_probes_not_resends() {
         assert_eq!((s.retransmitted, s.timeouts), (0, 0), "node {me}: {s:?}");
         probes += s.tail_probes;
     }
-    assert!(probes > 0, "no probe: the test no longer deschedules anyone");
+    assert!(
+        probes > 0,
+        "no probe: the test no longer deschedules anyone"
+    );
 }
