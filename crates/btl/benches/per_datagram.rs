@@ -25,11 +25,12 @@ mod common;
 use std::hint::black_box;
 use std::net::UdpSocket;
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use udbtl_btl::{Component, EndpointId, Tag};
-use udbtl_fabric::udp::UdpProvider;
+use udbtl_fabric::udp::{UdpConfig, UdpProvider};
 
 /// The parameters of an MTU-1500 path: 1416 bytes of payload per datagram.
 fn mtu_1500(name: &str) -> Option<String> {
@@ -126,20 +127,20 @@ fn one_mebibyte(
     }
 }
 
-fn udbtl(c: &mut Criterion) {
-    let (mut a, _) = common::component(mtu_1500);
-    let (mut b, at_b) = common::component(mtu_1500);
-    assert_eq!(
-        a.modules()[0].limits().eager_limit,
-        PAYLOAD,
-        "udp_mtu {UDP_MTU} should leave {PAYLOAD} bytes per datagram"
-    );
+/// Benchmarks [`one_mebibyte`] from `a` to `b`, two modules made alike,
+/// as `name`, and finalizes both.
+fn bench_modules(
+    c: &mut Criterion,
+    name: &str,
+    (mut a, _): (Component<UdpProvider>, Arc<AtomicU64>),
+    (mut b, at_b): (Component<UdpProvider>, Arc<AtomicU64>),
+) {
     let ab = a.add_procs(&[Some(&b.modex())]).expect("add")[0].endpoints[0].expect("ep");
     b.add_procs(&[Some(&a.modex())]).expect("add");
     let message = vec![7u8; MESSAGE];
     let mut group = c.benchmark_group("per datagram, MTU 1500, loopback, one thread");
     group.throughput(Throughput::Elements(DATAGRAMS));
-    group.bench_function("udbtl modules, 64 KiB messages", |bench| {
+    group.bench_function(name, |bench| {
         bench.iter(|| one_mebibyte(&mut a, ab, &mut b, &at_b, &message));
     });
     group.finish();
@@ -147,30 +148,33 @@ fn udbtl(c: &mut Criterion) {
     b.finalize().expect("finalize");
 }
 
+fn udbtl(c: &mut Criterion) {
+    let a = common::component(mtu_1500);
+    assert_eq!(
+        a.0.modules()[0].limits().eager_limit,
+        PAYLOAD,
+        "udp_mtu {UDP_MTU} should leave {PAYLOAD} bytes per datagram"
+    );
+    let b = common::component(mtu_1500);
+    bench_modules(c, "udbtl modules, 64 KiB messages", a, b);
+}
+
 fn udbtl_segmented(c: &mut Criterion) {
-    let mtu_path = |config: &mut udbtl_fabric::udp::UdpConfig| {
+    let mtu_path = |config: &mut UdpConfig| {
         config.segment_wire = Some(UDP_PAYLOAD);
     };
-    let (mut a, _) = common::component_on(|_| None, mtu_path);
-    let (mut b, at_b) = common::component_on(|_| None, mtu_path);
+    let a = common::component_on(|_| None, mtu_path);
     assert!(
-        a.modules()[0].limits().eager_limit > 10 * PAYLOAD,
+        a.0.modules()[0].limits().eager_limit > 10 * PAYLOAD,
         "the provider should carry datagrams of many packets"
     );
-    let ab = a.add_procs(&[Some(&b.modex())]).expect("add")[0].endpoints[0].expect("ep");
-    b.add_procs(&[Some(&a.modex())]).expect("add");
-    let message = vec![7u8; MESSAGE];
-    let mut group = c.benchmark_group("per datagram, MTU 1500, loopback, one thread");
-    group.throughput(Throughput::Elements(DATAGRAMS));
-    group.bench_function(
+    let b = common::component_on(|_| None, mtu_path);
+    bench_modules(
+        c,
         "udbtl modules, 16-packet datagrams, 64 KiB messages",
-        |bench| {
-            bench.iter(|| one_mebibyte(&mut a, ab, &mut b, &at_b, &message));
-        },
+        a,
+        b,
     );
-    group.finish();
-    a.finalize().expect("finalize");
-    b.finalize().expect("finalize");
 }
 
 criterion_group!(benches, raw_gso_gro, udbtl, udbtl_segmented);

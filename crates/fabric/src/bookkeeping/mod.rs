@@ -216,6 +216,13 @@ fn invalid(kind: &'static str) -> FabricError {
     FabricError::InvalidHandle { kind }
 }
 
+/// Completion queue `cq` of the table `cqs`, for code that holds other
+/// tables of a [`Verbs`] borrowed at the same time (a queue pair and its
+/// receive completion queue, when datagrams land).
+pub(crate) fn cq_in(cqs: &mut Table<CqEntry>, cq: CqHandle) -> Result<&mut CqEntry> {
+    cqs.get_mut(cq.0).ok_or_else(|| invalid("completion queue"))
+}
+
 impl<Q, A> Verbs<Q, A> {
     pub(crate) fn new(device: DeviceInfo, ports: Vec<PortAttr>) -> Self {
         Self {

@@ -19,7 +19,7 @@ use super::segment::Partials;
 use super::{MAX_UDP_PAYLOAD_V6, sys};
 use std::collections::VecDeque;
 
-use crate::bookkeeping::{Memory, QpEntry, Verbs};
+use crate::bookkeeping::{Memory, QpEntry, Verbs, cq_in};
 use crate::{
     CqHandle, FabricError, FabricStats, GRH_LEN, NodeAddr, QpAddr, QpHandle, RecvWr, Result,
     WcOpcode, WcStatus, WorkCompletion,
@@ -293,11 +293,7 @@ impl Receiver {
             qps, cqs, stats, ..
         } = &mut *verbs;
         let entry = qps.get_mut(qp.0).ok_or(INVALID_QP)?;
-        let cq = cqs
-            .get_mut(entry.recv_cq.0)
-            .ok_or(FabricError::InvalidHandle {
-                kind: "completion queue",
-            })?;
+        let cq = cq_in(cqs, entry.recv_cq)?;
         let mut kept = Kept::new();
         let mut queued = 0;
         for meta in &self.scratch.meta[..received] {

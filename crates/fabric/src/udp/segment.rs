@@ -24,7 +24,7 @@ use udbtl_wire::{segment, ud};
 use super::MAX_UDP_PAYLOAD_V4;
 use super::recv::{Arrival, INVALID_QP, Receiver, UdpQp, parse_header};
 use super::sys::{self, SKIP};
-use crate::bookkeeping::{CqEntry, Memory, QpEntry, Verbs};
+use crate::bookkeeping::{CqEntry, Memory, QpEntry, Verbs, cq_in};
 use crate::{FabricError, FabricStats, QpHandle, Result};
 
 /// Most senders with a datagram partly received at once, per context: the
@@ -333,11 +333,7 @@ impl Receiver {
                 ..
             } = &mut *verbs;
             let entry = qps.get_mut(qp.0).ok_or(INVALID_QP)?;
-            let cq = cqs
-                .get_mut(entry.recv_cq.0)
-                .ok_or(FabricError::InvalidHandle {
-                    kind: "completion queue",
-                })?;
+            let cq = cq_in(cqs, entry.recv_cq)?;
             let Some(Memory::Owned(region)) = mrs.get_mut(mr.0).map(|m| &mut m.memory) else {
                 return Err(FabricError::ProtectionError {
                     lkey: front.sge.lkey,

@@ -22,7 +22,7 @@ use udbtl_wire::ud;
 
 use super::recv::{Arrival, INVALID_QP, Kept, Receiver, SCATTER_IDLE_POLLS, UdpQp, parse_header};
 use super::sys::{self, SKIP};
-use crate::bookkeeping::{Memory, Verbs};
+use crate::bookkeeping::{Memory, Verbs, cq_in};
 use crate::{CqHandle, FabricError, MrHandle, QpHandle, Result};
 
 /// Where the bytes of one scattered receive lie: `slot` bytes at each
@@ -178,9 +178,7 @@ impl Receiver {
             ..
         } = &mut *verbs;
         let entry = qps.get_mut(qp.0).ok_or(INVALID_QP)?;
-        let cq = cqs.get_mut(cq.0).ok_or(FabricError::InvalidHandle {
-            kind: "completion queue",
-        })?;
+        let cq = cq_in(cqs, cq)?;
         let Some(Memory::Owned(region)) = mrs.get_mut(mr.0).map(|m| &mut m.memory) else {
             return Err(FabricError::InvalidHandle {
                 kind: "memory region",
