@@ -76,22 +76,24 @@ pub fn describe_address(module: &Mod) -> String {
 }
 
 /// The module's `key=value` counters for the `udbtl-stats:` line: device,
-/// messages, the limits ob1 was given, and with reliability its
+/// messages, the limits ob1 was given (before a smaller
+/// `btl_udbtl_eager_limit`) and one datagram's payload, and with reliability its
 /// datagram, retransmission, integrity, coalescing, train and get counters.
 pub fn stats_line(module: &Mod) -> String {
     let s = module.stats();
     let limits = module.limits();
     let mut line = format!(
         "device={} sent={} received={} send_errors={} no_callback={} eager_limit={} \
-         rndv_eager_limit={} max_send_size={}",
+         rndv_eager_limit={} max_send_size={} datagram={}",
         module.device(),
         s.messages_sent,
         s.recvs_delivered,
         s.send_errors,
         s.recv_no_callback,
-        limits.eager_limit,
-        limits.rndv_eager_limit,
+        limits.alloc_limit,
+        limits.rndv_eager_limit.min(limits.eager_limit),
         limits.frag_limit,
+        limits.eager_limit,
     );
     if let Some(r) = module.reliability_stats() {
         let _ = write!(

@@ -177,7 +177,13 @@ static udbtl_frag_t *prepare_zero_copy(udbtl_module_t *m, struct opal_convertor_
  * caller's header. Large contiguous data is sent from the user's buffer;
  * the rest is copied into a fragment kept until the peer acknowledges it,
  * so the user's buffer is free at once. NULL while the module throttles
- * (ob1 queues the send and retries at a completion). */
+ * (ob1 queues the send and retries at a completion).
+ *
+ * ob1 calls this for an eager message (MCA_BTL_FLAGS_SEND_INPLACE), asking
+ * for at most the eager limit less its header and sending whatever comes
+ * back as the whole message, and for the fragments of a rendezvous, asking
+ * for up to max_send_size and scheduling the rest. So a request that fits
+ * the eager limit is taken whole, and only a longer one may be cut. */
 static mca_btl_base_descriptor_t *udbtl_prepare_src(struct mca_btl_base_module_t *btl,
                                                     struct mca_btl_base_endpoint_t *endpoint,
                                                     struct opal_convertor_t *convertor,
@@ -185,10 +191,6 @@ static mca_btl_base_descriptor_t *udbtl_prepare_src(struct mca_btl_base_module_t
                                                     uint32_t flags)
 {
     udbtl_module_t *m = (udbtl_module_t *) btl;
-    size_t max = btl->btl_max_send_size;
-    if (reserve > max) {
-        return NULL;
-    }
     OPAL_THREAD_LOCK(&m->lock);
     bool throttled = m->outstanding >= m->throttle_at;
     size_t datagram = m->datagram;
@@ -197,14 +199,17 @@ static mca_btl_base_descriptor_t *udbtl_prepare_src(struct mca_btl_base_module_t
         return NULL;
     }
     size_t want = *size;
-    if (want > max - reserve) {
-        want = max - reserve;
-    }
+    size_t eager = btl->btl_eager_limit;
     /* Contiguous data that does not fit one datagram's fragment is sent
      * from the user's buffer, as a train of datagrams: copying it would take
-     * one fragment, and one ob1 fragment, per datagram. */
-    if (reserve + want > datagram && 0 == opal_convertor_need_buffers(convertor)) {
-        udbtl_frag_t *frag = prepare_zero_copy(m, convertor, order, reserve, want, flags);
+     * one fragment, and one ob1 fragment, per datagram. Such a train may be
+     * as long as a fragment or an eager message, whichever is longer, so an
+     * eager message always goes whole. */
+    size_t max = btl->btl_max_send_size > eager ? btl->btl_max_send_size : eager;
+    if (reserve < max && reserve + want > datagram
+        && 0 == opal_convertor_need_buffers(convertor)) {
+        size_t lent = want < max - reserve ? want : max - reserve;
+        udbtl_frag_t *frag = prepare_zero_copy(m, convertor, order, reserve, lent, flags);
         if (NULL != frag) {
             *size = frag->segments[1].seg_len;
             frag->endpoint = endpoint;
@@ -212,9 +217,7 @@ static mca_btl_base_descriptor_t *udbtl_prepare_src(struct mca_btl_base_module_t
         }
     }
     /* Packed data goes into a fragment of up to the eager limit (past one
-     * datagram, a bounce buffer); only data sent from the user's buffer goes
-     * up to max_send_size. */
-    size_t eager = btl->btl_eager_limit;
+     * datagram, a bounce buffer). */
     if (reserve > eager) {
         return NULL;
     }

@@ -193,10 +193,12 @@ static void register_component_vars(udbtl_component_t *c)
         "the most it may be",
         MCA_BASE_VAR_TYPE_SIZE_T, NULL, 0, 0, OPAL_INFO_LVL_4, MCA_BASE_VAR_SCOPE_READONLY,
         &c->eager_limit);
-    c->flags = MCA_BTL_FLAGS_SEND | MCA_BTL_FLAGS_GET;
+    c->flags = MCA_BTL_FLAGS_SEND | MCA_BTL_FLAGS_SEND_INPLACE | MCA_BTL_FLAGS_GET;
     (void) mca_base_component_var_register(
         &c->super.btl_version, "flags",
-        "BTL bit flags; udbtl supports send, and get on a reliable module (ob1 then reads "
+        "BTL bit flags; udbtl supports send, send in place (ob1 hands eager messages to "
+        "prepare_src, which sends contiguous ones longer than a datagram from the user's "
+        "buffer), and get on a reliable module (ob1 then reads "
         "large contiguous messages with its RGET protocol, from the sender's memory straight "
         "into the receiver's); flags it lacks are ignored, and without get ob1 sends large "
         "messages in max_send_size fragments",
@@ -329,7 +331,7 @@ void udbtl_module_apply_limits(udbtl_module_t *m)
     m->super.btl_exclusivity = limits.exclusivity;
     m->super.btl_bandwidth = limits.bandwidth;
     m->super.btl_latency = c->latency;
-    m->super.btl_flags = MCA_BTL_FLAGS_SEND & c->flags;
+    m->super.btl_flags = (MCA_BTL_FLAGS_SEND | MCA_BTL_FLAGS_SEND_INPLACE) & c->flags;
     udbtl_rdma_enable(&m->super, limits.get_limit, c->flags);
     OPAL_THREAD_LOCK(&m->lock);
     m->datagram = limits.eager_limit;

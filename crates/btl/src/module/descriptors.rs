@@ -340,7 +340,10 @@ impl<C: Context> Engine<C> {
         reserve: usize,
         flags: DesFlags,
     ) -> Result<Descriptor, Box<dyn LentBytes>> {
-        let max = self.limits.frag_limit;
+        // An eager message may be as long as an `alloc`: ob1 hands a
+        // contiguous one to `prepare_src` and sends what comes back as the
+        // whole message.
+        let max = self.limits.frag_limit.max(self.limits.alloc_limit);
         self.prepare_lent_up_to((lent, order, reserve, flags), max)
     }
 

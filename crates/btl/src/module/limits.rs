@@ -45,7 +45,9 @@ pub struct Limits {
     /// such as ob1 takes as the BTL's maximum send size. On a reliable
     /// module the `frag_size` parameter rounded down to whole datagrams (at
     /// least one): such a fragment leaves as a train of full datagrams and
-    /// arrives whole. On an unreliable one, the eager limit.
+    /// arrives whole. On an unreliable one, the eager limit. `prepare_lent`
+    /// also takes up to `alloc_limit`, so that a host's eager message, which
+    /// may be that long, can leave from the caller's memory whole.
     pub frag_limit: usize,
     /// Data size of the first fragment of a rendezvous (`min_send_size`).
     pub rndv_eager_limit: usize,

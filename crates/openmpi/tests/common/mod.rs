@@ -445,8 +445,9 @@ pub fn thresholds(defaults: [u64; 3]) -> [u64; 3] {
     for line in String::from_utf8_lossy(&info.stdout).lines() {
         for (i, name) in NAMES.iter().enumerate() {
             let key = format!("mca:btl:udbtl:param:btl_udbtl_{name}:value:");
+            // 0 is the component's "automatic": the value comes from the run.
             if let Some(value) = line.strip_prefix(&key) {
-                found[i] = found[i].or(parse_size(value));
+                found[i] = found[i].or(parse_size(value).filter(|v| *v > 0));
             }
         }
     }

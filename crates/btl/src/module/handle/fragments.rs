@@ -67,8 +67,10 @@ impl<C: Context> Module<C> {
     /// completes; the send callback always follows.
     ///
     /// # Errors
-    /// `lent` back when the header and data do not fit one datagram
-    /// (`reserve` at most [`USER_RESERVE_MAX`](crate::USER_RESERVE_MAX)), no
+    /// `lent` back when the header and data are longer than the larger of a
+    /// fragment and an `alloc` ([`Limits::frag_limit`](crate::Limits::frag_limit) and
+    /// [`Limits::alloc_limit`](crate::Limits::alloc_limit); `reserve` at most
+    /// [`USER_RESERVE_MAX`](crate::USER_RESERVE_MAX)), no
     /// user fragment is free, or the fabric refused the registration; the
     /// caller then copies instead.
     pub fn prepare_lent(
