@@ -193,14 +193,16 @@ static void register_component_vars(udbtl_component_t *c)
         "the most it may be",
         MCA_BASE_VAR_TYPE_SIZE_T, NULL, 0, 0, OPAL_INFO_LVL_4, MCA_BASE_VAR_SCOPE_READONLY,
         &c->eager_limit);
-    c->flags = MCA_BTL_FLAGS_SEND | MCA_BTL_FLAGS_SEND_INPLACE | MCA_BTL_FLAGS_GET;
+    c->flags = MCA_BTL_FLAGS_SEND | MCA_BTL_FLAGS_GET;
     (void) mca_base_component_var_register(
         &c->super.btl_version, "flags",
-        "BTL bit flags; udbtl supports send, send in place (ob1 hands eager messages to "
-        "prepare_src, which sends contiguous ones longer than a datagram from the user's "
-        "buffer), and get on a reliable module (ob1 then reads "
+        "BTL bit flags; udbtl supports send, get on a reliable module (ob1 then reads "
         "large contiguous messages with its RGET protocol, from the sender's memory straight "
-        "into the receiver's); flags it lacks are ignored, and without get ob1 sends large "
+        "into the receiver's), and inplace, off by default (ob1 hands eager messages to "
+        "prepare_src, which sends contiguous ones longer than a datagram from the user's "
+        "buffer: faster streams of 32-64 KiB messages on dedicated CPUs, but such a send "
+        "completes only at the acknowledgement, which costs a scheduler time slice where "
+        "ranks share CPUs); flags it lacks are ignored, and without get ob1 sends large "
         "messages in max_send_size fragments",
         MCA_BASE_VAR_TYPE_UNSIGNED_INT, &mca_btl_base_flag_enum->super, 0, 0, OPAL_INFO_LVL_5,
         MCA_BASE_VAR_SCOPE_READONLY, &c->flags);

@@ -26,6 +26,23 @@ fn datatypes_2_ranks() {
     run_ok("datatypes", &Run::udbtl(2), &[]);
 }
 
+/// With `inplace` among `btl_udbtl_flags`, ob1 hands eager messages to
+/// `prepare_src`, which packs a non-contiguous one whole (a 65 520-byte
+/// vector went short when it was cut at `max_send_size`).
+#[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
+fn datatypes_2_ranks_with_eager_messages_in_place() {
+    require_openmpi!();
+    run_ok(
+        "datatypes",
+        &Run::udbtl(2).mca("btl_udbtl_flags", "send,get,inplace"),
+        &[],
+    );
+}
+
 #[test]
 #[cfg_attr(
     udbtl_missing = "openmpi",

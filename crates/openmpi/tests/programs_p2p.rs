@@ -76,6 +76,24 @@ fn p2p_2_ranks_without_get() {
     );
 }
 
+/// With `inplace` among `btl_udbtl_flags` (off by default), ob1 hands
+/// eager messages to `prepare_src`, which must take each one whole: ob1
+/// sends what comes back as the message. Contiguous ones longer than a
+/// datagram leave from the user's buffer, up to ob1's eager limit, which
+/// is longer than `max_send_size` on loopback.
+#[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
+fn p2p_2_ranks_with_eager_messages_in_place() {
+    require_openmpi!();
+    p2p_with(
+        &Run::udbtl(2).mca("btl_udbtl_flags", "send,get,inplace"),
+        "1048576",
+    );
+}
+
 #[test]
 #[cfg_attr(
     udbtl_missing = "openmpi",
