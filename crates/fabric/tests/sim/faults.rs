@@ -2,8 +2,6 @@
 
 use super::*;
 
-// ----- the fault model, measured -------------------------------------------
-
 /// The bytes of datagram `seq`.
 fn pattern(seq: u32, len: usize) -> Vec<u8> {
     (0..len)

@@ -3,8 +3,6 @@
 
 use super::*;
 
-// ----- checks at post time -------------------------------------------------
-
 #[test]
 fn a_send_larger_than_max_msg_size_is_refused_when_posted() {
     let (net, mut a, b) = pair(1);

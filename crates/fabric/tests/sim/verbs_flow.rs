@@ -2,8 +2,6 @@
 
 use super::*;
 
-// ----- the verbs flow ------------------------------------------------------
-
 #[test]
 fn full_verbs_flow_delivers_payload_after_the_grh() {
     let (net, mut a, mut b) = pair(1);
