@@ -16,10 +16,10 @@
 //!   counted; with it, every message still arrives once, in order, intact.
 //!
 //! The other exhaustion cases are covered elsewhere: send work requests
-//! (`sim.rs` `pending_queue_drains_with_one_send_credit`, `udp.rs`), send
-//! fragments (`sim.rs` `alloc_and_free_respect_limits_and_ownership`,
+//! (`sim/` `pending_queue_drains_with_one_send_credit`, `udp.rs`), send
+//! fragments (`sim/` `alloc_and_free_respect_limits_and_ownership`,
 //! `flood.rs`), an empty receive pool (`pool.rs`, `busy.rs`, and the
-//! fabric's `udp.rs`
+//! fabric's `udp/`
 //! `datagram_without_a_posted_receive_is_dropped_and_counted`).
 
 #![allow(clippy::unwrap_used)]
