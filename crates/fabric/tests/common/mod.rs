@@ -275,3 +275,22 @@ pub fn spawn_child(name: &str, env: &[(&str, String)]) -> Child {
     }
     cmd.spawn().unwrap()
 }
+
+/// Asserts that `count` events in `n` trials fit a rate of `p`: within four
+/// binomial standard deviations (a false failure about once in 16 000 runs;
+/// with fixed seeds the outcome is reproducible anyway).
+pub fn assert_rate(what: &str, count: u64, n: u64, p: f64) -> f64 {
+    let realized = count as f64 / n as f64;
+    let sigma = (p * (1.0 - p) / n as f64).sqrt();
+    eprintln!(
+        "{what}: {count}/{n} = {:.3}% (configured {:.3}%, tolerance ±{:.3} points)",
+        realized * 100.0,
+        p * 100.0,
+        4.0 * sigma * 100.0
+    );
+    assert!(
+        (realized - p).abs() <= 4.0 * sigma,
+        "{what}: realized {realized} is more than 4σ ({sigma}) from {p}"
+    );
+    realized
+}

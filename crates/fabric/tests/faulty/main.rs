@@ -16,6 +16,8 @@ use udbtl_fabric::*;
 #[path = "../common/mod.rs"]
 mod common;
 
+use common::assert_rate;
+
 const QKEY: u32 = 0x0133_0133;
 const SLOT: usize = 128;
 
@@ -178,23 +180,6 @@ fn pattern(seq: u32, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (seq as usize * 29 + i * 3) as u8)
         .collect()
-}
-
-/// Asserts that `count` events in `n` trials fit a rate of `p` within four
-/// binomial standard deviations.
-fn assert_rate(what: &str, count: u64, n: u64, p: f64) {
-    let realized = count as f64 / n as f64;
-    let sigma = (p * (1.0 - p) / n as f64).sqrt();
-    eprintln!(
-        "{what}: {count}/{n} = {:.3}% (configured {:.3}%, tolerance ±{:.3} points)",
-        realized * 100.0,
-        p * 100.0,
-        4.0 * sigma * 100.0
-    );
-    assert!(
-        (realized - p).abs() <= 4.0 * sigma,
-        "{what}: realized {realized} is more than 4σ ({sigma}) from {p}"
-    );
 }
 
 mod configuration;

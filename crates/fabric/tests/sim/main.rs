@@ -13,6 +13,8 @@ use udbtl_fabric::*;
 #[path = "../common/mod.rs"]
 mod common;
 
+use common::assert_rate;
+
 mod faults;
 mod posting;
 mod verbs_flow;
