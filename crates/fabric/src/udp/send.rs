@@ -13,7 +13,8 @@ use std::os::fd::AsFd;
 use udbtl_wire::ud;
 
 use super::recv::UdpQp;
-use super::{MAX_SEND_SGE, MAX_UDP_PAYLOAD_V4, segment, sys};
+use super::segment::{self, MAX_PIECES, PieceHeader};
+use super::{MAX_SEND_SGE, MAX_UDP_PAYLOAD_V4, sys};
 use crate::bookkeeping::{QpEntry, Verbs};
 use crate::{FabricError, PostError, QpHandle, Result, SendWr, WcOpcode, WcStatus, WorkCompletion};
 
@@ -28,36 +29,35 @@ pub(super) struct Sender {
     /// The UDP payload of each piece of a long datagram, if the port
     /// segments (`segment.rs`).
     segment: Option<usize>,
-    /// Where long datagrams are laid out as their pieces: one largest UDP
-    /// payload per datagram of a batch, made with the sender of a port
-    /// that segments.
-    pieces: Box<[u8]>,
+    /// The segment headers of the long datagrams of a batch, [`MAX_PIECES`]
+    /// per datagram, made with the sender of a port that segments: the
+    /// pieces themselves are gathered from the caller's bytes.
+    piece_headers: Box<[PieceHeader]>,
     /// The number of the next datagram sent in pieces.
     unit: u32,
 }
 
-/// Bytes of [`Sender::pieces`] one datagram may take.
-const PIECES_SPACE: usize = MAX_UDP_PAYLOAD_V4;
-
-/// An empty gather part, to fill an array of them with.
-const fn empty_part<'a>() -> &'a [u8] {
-    &[]
-}
+/// Gather parts of one datagram: its UD header and its gather list.
+const PARTS: usize = 1 + MAX_SEND_SGE as usize;
+/// Gather entries of one datagram sent whole.
+const SINGLE_IOV: usize = PARTS;
+/// Gather entries of one datagram cut into pieces.
+const PIECES_IOV: usize = segment::gather_len(PARTS);
 
 impl Sender {
     /// A sender that coalesces datagrams with GSO if `gso`, and cuts
     /// those longer than `segment` bytes (UD header included) into pieces
     /// of that size, if set.
     pub(super) fn new(gso: bool, segment: Option<usize>) -> Self {
-        let space = if segment.is_some() {
-            sys::MAX_BATCH * PIECES_SPACE
+        let headers = if segment.is_some() {
+            sys::MAX_BATCH * MAX_PIECES
         } else {
             0
         };
         Self {
             gso,
             segment,
-            pieces: vec![0; space].into_boxed_slice(),
+            piece_headers: vec![PieceHeader::default(); headers].into_boxed_slice(),
             unit: 0,
         }
     }
@@ -122,18 +122,23 @@ impl Sender {
                 }
             }
             if accepted > 0 {
-                const SINGLE_IOV: usize = 1 + MAX_SEND_SGE as usize;
-                const BATCH_IOV: usize = sys::MAX_BATCH * SINGLE_IOV;
+                const BATCH: usize = sys::MAX_BATCH;
                 let chunk = &wrs[posted..posted + accepted];
-                if accepted == 1 {
-                    self.transmit::<1, SINGLE_IOV>(verbs, qp, chunk, &lens[..1])
-                } else {
-                    self.transmit::<{ sys::MAX_BATCH }, BATCH_IOV>(
-                        verbs,
-                        qp,
-                        chunk,
-                        &lens[..accepted],
-                    )
+                let lens = &lens[..accepted];
+                // Gather space for pieces only where a datagram is cut: the
+                // entries are initialised on every call.
+                let cuts = self
+                    .cut_len()
+                    .is_some_and(|wire| lens.iter().any(|&len| len + ud::HEADER_LEN > wire));
+                match (accepted, cuts) {
+                    (1, false) => self.transmit::<1, SINGLE_IOV>(verbs, qp, chunk, lens),
+                    (1, true) => self.transmit::<1, PIECES_IOV>(verbs, qp, chunk, lens),
+                    (_, false) => {
+                        self.transmit::<BATCH, { BATCH * SINGLE_IOV }>(verbs, qp, chunk, lens)
+                    }
+                    (_, true) => {
+                        self.transmit::<BATCH, { BATCH * PIECES_IOV }>(verbs, qp, chunk, lens)
+                    }
                 }
                 .map_err(|error| PostError { posted, error })?;
                 posted += accepted;
@@ -143,6 +148,13 @@ impl Sender {
             }
         }
         Ok(())
+    }
+
+    /// The packet payload datagrams are cut for, if longer: only while GSO
+    /// is in use, since without it a long datagram leaves whole and IP
+    /// fragments it.
+    fn cut_len(&self) -> Option<usize> {
+        self.segment.filter(|_| self.gso)
     }
 
     /// Sends a run of accepted work requests, `chunk`, whose lengths are
@@ -179,46 +191,40 @@ impl Sender {
                 let ip = verbs.ah(wr.ah)?.route;
                 dests[i] = SocketAddr::new(ip, wr.remote_qpn as u16);
             }
-            // Datagrams longer than a packet, laid out as their pieces:
-            // how many bytes each takes in `self.pieces` (0: not cut).
-            let mut cut = [0usize; N];
-            // Without GSO a long datagram leaves whole, and IP fragments it.
-            if let Some(wire) = self.segment.filter(|_| self.gso) {
-                for (i, wr) in chunk.iter().enumerate() {
-                    if lens[i] + ud::HEADER_LEN <= wire {
-                        continue;
-                    }
-                    let mut parts = [empty_part(); 1 + MAX_SEND_SGE as usize];
-                    parts[0] = &headers[i];
-                    for (part, gather) in parts[1..].iter_mut().zip(wr.sg_list) {
-                        *part = verbs.gather_bytes(gather);
-                    }
-                    self.unit = self.unit.wrapping_add(1);
-                    let space = &mut self.pieces[i * PIECES_SPACE..(i + 1) * PIECES_SPACE];
-                    let parts = &parts[..1 + wr.sg_list.len()];
-                    // The port's limit keeps every datagram within one
-                    // GSO send; one that is not goes as it is, and IP
-                    // fragments it.
-                    cut[i] = segment::build(space, parts, wire, self.unit).unwrap_or(0);
-                }
-            }
+            // Each datagram's gather entries, `spans[i]` of `iov`: its UD
+            // header and gather list, or those cut into pieces (`cut[i]`),
+            // each behind its segment header.
             let empty: &[u8] = &[];
             let mut iov = [IoSlice::new(empty); IOV];
             let mut spans = [(0usize, 0usize); N];
+            let mut cut = [false; N];
             let mut used = 0;
+            let cut_len = self.cut_len();
+            let mut piece_headers = self.piece_headers.chunks_exact_mut(MAX_PIECES);
             for (i, wr) in chunk.iter().enumerate() {
                 let start = used;
-                if cut[i] > 0 {
-                    let at = i * PIECES_SPACE;
-                    iov[used] = IoSlice::new(&self.pieces[at..at + cut[i]]);
-                    used += 1;
-                    spans[i] = (start, used);
-                    continue;
+                let mut parts = [empty; PARTS];
+                parts[0] = &headers[i];
+                for (part, gather) in parts[1..].iter_mut().zip(wr.sg_list) {
+                    *part = verbs.gather_bytes(gather);
                 }
-                iov[used] = IoSlice::new(&headers[i]);
-                used += 1;
-                for gather in wr.sg_list {
-                    iov[used] = IoSlice::new(verbs.gather_bytes(gather));
+                let parts = &parts[..1 + wr.sg_list.len()];
+                if let Some(wire) = cut_len.filter(|&wire| lens[i] + ud::HEADER_LEN > wire) {
+                    self.unit = self.unit.wrapping_add(1);
+                    // The port's limit keeps every datagram within one GSO
+                    // send; one that is not goes whole, and IP fragments it.
+                    let laid_out = piece_headers.next().and_then(|space| {
+                        segment::gather(space, parts, wire, self.unit, &mut iov[used..])
+                    });
+                    if let Some(entries) = laid_out {
+                        used += entries;
+                        cut[i] = true;
+                        spans[i] = (start, used);
+                        continue;
+                    }
+                }
+                for part in parts {
+                    iov[used] = IoSlice::new(part);
                     used += 1;
                 }
                 spans[i] = (start, used);
@@ -235,7 +241,7 @@ impl Sender {
             let mut i = 0;
             while i < chunk.len() {
                 let size = lens[i] + ud::HEADER_LEN;
-                if cut[i] > 0 {
+                if cut[i] {
                     // One GSO send of its pieces, on its own.
                     let wire = self.segment.unwrap_or(size);
                     msgs[msg_count] = sys::OutMsg {
@@ -254,7 +260,7 @@ impl Sender {
                     i + 1
                 };
                 // A datagram in pieces joins no train.
-                let end = (i + 1..end).find(|&j| cut[j] > 0).unwrap_or(end);
+                let end = (i + 1..end).find(|&j| cut[j]).unwrap_or(end);
                 msgs[msg_count] = sys::OutMsg {
                     dest: dests[i],
                     iov: &iov[spans[i].0..spans[end - 1].1],
@@ -285,7 +291,7 @@ impl Sender {
                             // Resend this train one datagram at a time.
                             self.gso = false;
                             for j in first..end {
-                                if cut[j] > 0 {
+                                if cut[j] {
                                     // Its pieces need GSO: lost this once,
                                     // it is resent whole.
                                     outcome[j] = Outcome::Lost;
@@ -310,7 +316,7 @@ impl Sender {
                     }
                 }
             }
-            (trains, cut.iter().filter(|&&n| n > 0).count())
+            (trains, cut.iter().filter(|&&cut| cut).count())
         };
         verbs.stats.tx_gso_trains += trains as u64;
         verbs.stats.tx_segmented += segmented as u64;

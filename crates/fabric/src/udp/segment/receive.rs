@@ -1,0 +1,228 @@
+//! Reading a port that segments: pieces put back together into the
+//! posted buffers.
+
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsFd;
+
+use udbtl_wire::{segment, ud};
+
+use super::super::recv::{Arrival, INVALID_QP, Receiver, UdpQp, parse_header};
+use super::super::sys::{self, SKIP};
+use super::Partials;
+use crate::bookkeeping::{CqEntry, Memory, QpEntry, Verbs, cq_in};
+use crate::{FabricError, FabricStats, QpHandle, Result};
+
+/// Where a receive's datagrams go: the queue pair's posted buffers, its
+/// completion queue and the context's counters.
+struct Landing<'a> {
+    qp: QpHandle,
+    entry: &'a mut QpEntry<UdpQp>,
+    cq: &'a mut CqEntry,
+    region: &'a mut [u8],
+    lkey: crate::LKey,
+    stats: &'a mut FabricStats,
+    source: Option<SocketAddr>,
+}
+
+impl Landing<'_> {
+    /// Delivers the datagram `parts` (UD header onwards, in pieces) into
+    /// the front posted buffer; says whether it was queued as a completion.
+    /// A datagram nothing is posted for (or whose completion would not fit
+    /// the completion queue), or whose header is refused, is dropped and
+    /// counted; the buffer stays posted.
+    fn deliver(&mut self, parts: &mut dyn Iterator<Item = &[u8]>, len: usize) -> bool {
+        let Some(wr) = self
+            .entry
+            .recv_queue
+            .front()
+            .copied()
+            .filter(|w| w.sge.lkey == self.lkey)
+        else {
+            self.stats.rx_no_buffer += 1;
+            return false;
+        };
+        let start = wr.sge.offset + SKIP;
+        let Some(dest) = self
+            .region
+            .get_mut(start..start + len)
+            .filter(|_| SKIP + len <= wr.sge.len)
+        else {
+            self.stats.rx_too_long += 1;
+            return false;
+        };
+        let mut at = 0;
+        for part in parts {
+            dest[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        let mut header = [0u8; ud::HEADER_LEN];
+        let have = len.min(ud::HEADER_LEN);
+        header[..have].copy_from_slice(&dest[..have]);
+        let Some(repr) = parse_header(&header, len) else {
+            self.stats.rx_malformed += 1;
+            return false;
+        };
+        if !self.entry.admit(repr.pkey, repr.qkey, self.stats) {
+            return false;
+        }
+        if self.cq.room() == 0 {
+            self.stats.rx_no_buffer += 1;
+            return false;
+        }
+        self.entry.recv_queue.pop_front();
+        let payload = len - ud::HEADER_LEN;
+        self.stats.rx_datagrams += 1;
+        self.stats.rx_bytes += payload as u64;
+        let wc = Arrival::Whole { payload }.of(wr.wr_id, self.entry.qp_num, self.source, &repr);
+        self.cq.push(wc, self.qp);
+        true
+    }
+}
+
+impl Receiver {
+    /// Receives on a queue pair whose port segments, until the socket is
+    /// empty, `budget` completions are queued, or no buffer is posted;
+    /// returns how many completions it queued. Each receive (a datagram,
+    /// a piece, or a GRO train of them) lands in the scratch space first.
+    pub(in crate::udp) fn receive_segmented(
+        &mut self,
+        verbs: &mut Verbs<UdpQp, IpAddr>,
+        qp: QpHandle,
+        budget: usize,
+    ) -> Result<usize> {
+        let mut queued = 0;
+        while queued < budget {
+            let entry = verbs.qp(qp)?;
+            let Some(front) = entry.recv_queue.front().copied() else {
+                self.discard_unbuffered(verbs, qp)?;
+                break;
+            };
+            let mr = verbs.owned_range(front.sge, entry.pd)?;
+            let entry = verbs.qp(qp)?;
+            let (socket, gro) = (&entry.transport.socket, entry.transport.rx.gro);
+            let target = [(0, self.read_scratch.len())];
+            let meta = &mut self.scratch.meta[..1];
+            let received =
+                sys::recv_batch(socket.as_fd(), &mut self.read_scratch, &target, meta, gro)
+                    .map_err(|source| FabricError::Io {
+                        operation: "recvmsg",
+                        source,
+                    })?;
+            if received == 0 {
+                break;
+            }
+            let meta = self.scratch.meta[0];
+            let Verbs {
+                qps,
+                cqs,
+                mrs,
+                stats,
+                ..
+            } = &mut *verbs;
+            let entry = qps.get_mut(qp.0).ok_or(INVALID_QP)?;
+            let cq = cq_in(cqs, entry.recv_cq)?;
+            let Some(Memory::Owned(region)) = mrs.get_mut(mr.0).map(|m| &mut m.memory) else {
+                return Err(FabricError::ProtectionError {
+                    lkey: front.sge.lkey,
+                });
+            };
+            let mut landing = Landing {
+                qp,
+                entry,
+                cq,
+                region,
+                lkey: front.sge.lkey,
+                stats,
+                source: meta.source,
+            };
+            if meta.truncated {
+                landing.stats.rx_too_long += 1;
+                continue;
+            }
+            let data = &self.read_scratch[SKIP..SKIP + meta.len];
+            let stride = match meta.stride {
+                s if s > 0 && meta.len > s => s,
+                _ => meta.len.max(1),
+            };
+            if stride < meta.len {
+                landing.stats.rx_gro_trains += 1;
+            }
+            queued += land_pieces(&mut landing, &mut self.partials, data, stride);
+        }
+        Ok(queued)
+    }
+}
+
+/// Lands what one receive brought, `data` in packets of `stride` bytes
+/// (the last may be shorter): whole datagrams as they are, the pieces of a
+/// datagram that are all here straight into a posted buffer, and any
+/// other piece through `partials`. Returns the completions queued.
+fn land_pieces(
+    landing: &mut Landing<'_>,
+    partials: &mut Partials,
+    data: &[u8],
+    stride: usize,
+) -> usize {
+    let mut queued = 0;
+    let mut rest = data;
+    while !rest.is_empty() {
+        let (piece, after) = rest.split_at(stride.min(rest.len()));
+        if !segment::is_segment(piece) {
+            queued += usize::from(landing.deliver(&mut core::iter::once(piece), piece.len()));
+            rest = after;
+            continue;
+        }
+        let Ok(repr) = segment::Repr::parse(piece) else {
+            landing.stats.rx_malformed += 1;
+            rest = after;
+            continue;
+        };
+        let count = usize::from(repr.count);
+        // The whole datagram in this receive: its pieces are the next
+        // `count` packets, each the next index of the same unit.
+        let whole = repr.index == 0 && data_holds(rest, stride, count, repr.unit);
+        if whole {
+            if let Some(source) = landing.source {
+                partials.abandon((landing.qp, source), landing.stats);
+            }
+            let span = (count * stride).min(rest.len());
+            let (own, after) = rest.split_at(span);
+            let len = own.len() - count * segment::HEADER_LEN;
+            let mut bodies = own.chunks(stride).map(|p| &p[segment::HEADER_LEN..]);
+            queued += usize::from(landing.deliver(&mut bodies, len));
+            rest = after;
+            continue;
+        }
+        let Some(source) = landing.source else {
+            landing.stats.rx_malformed += 1;
+            rest = after;
+            continue;
+        };
+        if let Some(slot) = partials.feed(
+            (landing.qp, source),
+            repr,
+            &piece[segment::HEADER_LEN..],
+            landing.stats,
+        ) {
+            if let Some(bytes) = partials.take(slot) {
+                let len = bytes.len();
+                queued += usize::from(landing.deliver(&mut core::iter::once(bytes), len));
+            }
+        }
+        rest = after;
+    }
+    queued
+}
+
+/// Whether `data`, in packets of `stride` bytes, starts with all `count`
+/// pieces of datagram `unit`, in order.
+fn data_holds(data: &[u8], stride: usize, count: usize, unit: u32) -> bool {
+    let mut pieces = data.chunks(stride);
+    (0..count).all(|index| {
+        pieces.next().is_some_and(|piece| {
+            segment::Repr::parse(piece).is_ok_and(|r| {
+                r.unit == unit && usize::from(r.index) == index && usize::from(r.count) == count
+            }) && piece.len() > segment::HEADER_LEN
+        })
+    })
+}
