@@ -457,6 +457,9 @@ pub struct FabricStats {
     /// Datagrams longer than the path's MTU, sent in pieces (`udp`
     /// provider, [`udbtl_wire::segment`]).
     pub tx_segmented: u64,
+    /// Datagrams in pieces that a read put straight into their posted
+    /// buffer (`udp` provider, one GRO train each).
+    pub rx_in_place: u64,
     /// Datagrams the kernel refused (ENOBUFS, EAGAIN, EPERM...); to the
     /// peer they look lost.
     pub tx_kernel_drops: u64,

@@ -23,10 +23,17 @@ const WIRE: usize = 1472;
 /// Bytes of each receive buffer: the longest datagram and the GRH.
 const BUFFER: usize = 65_536 + GRH_LEN;
 
+/// The UDP payload of one packet on an MTU-9000 IPv4 path.
+const JUMBO_WIRE: usize = 8972;
+
 fn open(gro: bool) -> UdpContext {
+    open_for(gro, WIRE)
+}
+
+fn open_for(gro: bool, wire: usize) -> UdpContext {
     let provider = UdpProvider::new(UdpConfig {
         gro,
-        segment_wire: Some(WIRE),
+        segment_wire: Some(wire),
         ..UdpConfig::default()
     });
     let device = provider.devices().unwrap()[0].name.clone();
@@ -71,34 +78,56 @@ fn a_port_that_segments_takes_datagrams_of_one_gso_send() {
 
 #[test]
 fn long_datagrams_arrive_whole_and_in_order_with_gro_and_without() {
-    for gro in [true, false] {
-        let (mut a, mut b) = (endpoint(gro, 4), endpoint(gro, 64));
+    // With GRO, pieces of jumbo frames are read in place; those of
+    // 1500-byte packets go through the scratch space (`segment/in_place.rs`).
+    for (gro, wire) in [(true, WIRE), (false, WIRE), (true, JUMBO_WIRE)] {
+        let endpoint = |slots| Endpoint::with_buffers(open_for(gro, wire), slots, BUFFER, QKEY);
+        let (mut a, mut b) = (endpoint(4), endpoint(64));
         let ah = a.ah(NodeAddr::Ip(b.ctx.ip()));
         let max = a.ctx.query_port(1).unwrap().max_msg_size;
-        let one_packet = WIRE - ud::HEADER_LEN;
+        let one_packet = wire - ud::HEADER_LEN;
         let lens = [1, one_packet, one_packet + 1, 5000, 20_000, max - 1, max];
+        let cut = lens.iter().filter(|&&len| len > one_packet).count() as u64;
         for round in 0..3 {
             for (i, &len) in lens.iter().enumerate() {
                 send(&mut a, ah, b.qp.qp_num, &pattern(len, i + round), i as u64);
             }
             let got = b.poll_for(lens.len(), WAIT);
-            assert_eq!(got.len(), lens.len(), "gro {gro}, round {round}");
+            assert_eq!(
+                got.len(),
+                lens.len(),
+                "gro {gro}, wire {wire}, round {round}"
+            );
             for (i, (wc, &len)) in got.iter().zip(&lens).enumerate() {
                 assert_eq!(wc.status, WcStatus::Success);
                 assert_eq!(
                     b.payload(wc),
                     pattern(len, i + round),
-                    "gro {gro}, length {len}"
+                    "gro {gro}, wire {wire}, length {len}"
                 );
                 b.post_slot(wc.wr_id as usize);
             }
         }
         let (sent, received) = (a.ctx.stats(), b.ctx.stats());
-        assert_eq!(sent.tx_segmented, 3 * 5, "gro {gro}: {sent:?}");
+        assert_eq!(
+            sent.tx_segmented,
+            3 * cut,
+            "gro {gro}, wire {wire}: {sent:?}"
+        );
         assert_eq!(received.rx_datagrams, 3 * lens.len() as u64);
-        assert_eq!(received.rx_dropped(), 0, "gro {gro}: {received:?}");
+        assert_eq!(
+            received.rx_dropped(),
+            0,
+            "gro {gro}, wire {wire}: {received:?}"
+        );
         if gro {
             assert!(received.rx_gro_trains > 0, "no train formed: {received:?}");
+        }
+        if gro && wire == JUMBO_WIRE {
+            // A datagram in pieces after one in pieces is read in place.
+            assert!(received.rx_in_place > 0, "none read in place: {received:?}");
+        } else {
+            assert_eq!(received.rx_in_place, 0, "wire {wire}: {received:?}");
         }
     }
 }

@@ -244,13 +244,14 @@ impl<C: Context> fmt::Display for Engine<C> {
         }
         write!(
             f,
-            "  fabric             tx {} ({} GSO trains, {} in pieces; refused by the kernel {}) rx {} ({} GRO trains) dropped: socket full {} no buffer {} bad qkey {} malformed {} too long {} missing a piece {}",
+            "  fabric             tx {} ({} GSO trains, {} in pieces; refused by the kernel {}) rx {} ({} GRO trains, {} in place) dropped: socket full {} no buffer {} bad qkey {} malformed {} too long {} missing a piece {}",
             fabric.tx_datagrams,
             fabric.tx_gso_trains,
             fabric.tx_segmented,
             fabric.tx_kernel_drops,
             fabric.rx_datagrams,
             fabric.rx_gro_trains,
+            fabric.rx_in_place,
             fabric.rx_kernel_drops,
             fabric.rx_no_buffer,
             fabric.rx_bad_qkey,

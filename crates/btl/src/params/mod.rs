@@ -412,8 +412,8 @@ parameters! {
          retransmission); off gives the seed's unreliable behaviour";
     rel_window: u32 = (0), int(0, 1024), udbtl,
         "Datagrams in flight per peer at most, and the receive credit advertised; \
-         0 picks about 1 MiB of datagrams (64 of loopback's 64 KiB, 740 of an \
-         MTU-1500 path's), within 64..=1024";
+         0 picks about 1 MiB of datagrams, within 64..=1024 (64 where udp_segment makes \
+         them 23 KB or more, 740 of an MTU-1500 path's with it off)";
     rel_first_seq: u32 = unset, hex(0, 0xffff_ffff), udbtl,
         "Sequence number every stream starts at, the same for every pair of processes: for \
          tests that cross the 32-bit wrap (0xffffff00 wraps after 256 datagrams); unset: \
@@ -465,8 +465,8 @@ parameters! {
     udp_ipv6: bool = (false), BOOL, udbtl,
         "Prefer IPv6 addresses for the udp provider";
     udp_mtu: usize = unset, size(MIN_UDP_MTU as u64, MAX_UDP_PAYLOAD), udbtl,
-        "Largest payload per UDP datagram; unset: 16 packets where udp_segment cuts datagrams \
-         into pieces, about 64 KiB on loopback, else the interface MTU less the IP and UDP headers. \
+        "Largest payload per UDP datagram; unset: what one GSO send carries, up to 16 packets, \
+         where udp_segment cuts datagrams into pieces, about 64 KiB on loopback, else the interface MTU less the IP and UDP headers. \
          At least 312: the 16-byte UD header, the 40-byte BTL header with its reliability \
          extension and a 256-byte payload";
     udp_sockbuf: usize = (4 << 20), size(MIN_UDP_SOCKBUF, 1 << 30), udbtl,
@@ -478,11 +478,12 @@ parameters! {
     udp_gro: bool = (true), BOOL, udbtl,
         "Receive coalesced trains (UDP GRO) where datagrams are small enough to form them";
     udp_segment: bool = (true), BOOL, udbtl,
-        "On paths whose packets hold at most 4 KiB (MTU 1500, not 9000), carry datagrams of up \
-         to 16 packets (23 408 bytes at MTU 1500), each cut into packet-sized pieces that leave \
-         as one GSO send and are put back together on arrival: headers, checksums and \
-         acknowledgements are then paid per 16 packets, not per packet. Needs udp_gso; a \
-         datagram missing a piece is lost whole. Off: a datagram is at most one packet";
+        "On paths whose packets hold at most 9000 bytes (MTU 1500 or 9000, not loopback), carry \
+         datagrams of up to 16 packets and one GSO send (23 408 bytes at MTU 1500, 62 748 at \
+         MTU 9000), each cut into packet-sized pieces that leave as one GSO send and are put \
+         back together on arrival: headers, checksums and acknowledgements are then paid per \
+         datagram, not per packet. Needs udp_gso; a datagram missing a piece is lost whole. \
+         Off: a datagram is at most one packet";
     udp_busy_poll: u32 = (0), int(0, 1_000_000), udbtl,
         "Microseconds a receive may busy-poll the network device's queue (SO_BUSY_POLL, needs \
          CAP_NET_ADMIN); 0: off. Helps only on devices with NAPI receive queues";

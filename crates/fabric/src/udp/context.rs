@@ -198,7 +198,7 @@ impl Context for UdpContext {
                 source: io::Error::other("no local address"),
             })?;
         let slot = self.verbs.port(1)?.max_msg_size + udbtl_wire::ud::HEADER_LEN;
-        let rx = self.rx.new_qp(&socket, slot, self.segment.is_some());
+        let rx = self.rx.new_qp(&socket, slot, self.segment);
         // Should anything below fail, closing the socket takes it out of
         // every epoll set it joined.
         for (_, channel) in self.channels.iter().filter(|(c, _)| *c == attr.recv_cq) {

@@ -86,10 +86,11 @@ pub struct UdpConfig {
     /// Carry datagrams longer than the path's MTU, cut into MTU-sized
     /// pieces that leave as one GSO send and that the receiver puts back
     /// together ([`udbtl_wire::segment`]): a port whose packets hold at
-    /// most 4 KiB (an MTU-1500 path) then takes datagrams of up to 16
-    /// packets (23 408 bytes at MTU 1500), and the layers above pay their
-    /// per-datagram costs once per 16 packets. Needs `gso`. Off, a datagram
-    /// is at most one packet.
+    /// most 9 000 bytes (an MTU-1500 or jumbo-frame path) then takes
+    /// datagrams of up to 16 packets and one GSO send (23 408 bytes at MTU
+    /// 1500, 62 748 at MTU 9000), and the layers above pay their
+    /// per-datagram costs once per many packets. Needs `gso`. Off, a
+    /// datagram is at most one packet.
     pub segment: bool,
     /// The UDP payload of each piece where it should not be the
     /// interface's (its MTU less the IP and UDP headers); set, ports on

@@ -15,7 +15,7 @@ use std::os::fd::AsFd;
 use socket2::Socket;
 use udbtl_wire::ud;
 
-use super::segment::Partials;
+use super::segment::{self, LaterHeaders, Partials};
 use super::{MAX_UDP_PAYLOAD_V6, sys};
 use std::collections::VecDeque;
 
@@ -62,6 +62,8 @@ pub(super) struct Receiver {
     pub(super) scratch: Box<RecvScratch>,
     /// Datagrams whose pieces came apart, on ports that segment.
     pub(super) partials: Partials,
+    /// Where the segment headers of a read in place land, but the first.
+    pub(super) piece_headers: LaterHeaders,
 }
 
 /// A queue pair's socket.
@@ -100,8 +102,44 @@ pub(super) struct RecvState {
     /// [`SCATTER_IDLE_POLLS`] of them `scatter` falls back to one.
     pub(super) idle_polls: u32,
     /// The port segments: a read may bring pieces of datagrams
-    /// (`segment.rs`).
-    pub(super) segmented: bool,
+    /// (`segment/`), and how the next read is laid out.
+    pub(super) pieces: Option<PieceReads>,
+}
+
+/// How a queue pair whose port segments reads.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PieceReads {
+    /// The UDP payload of each piece.
+    pub(super) wire: usize,
+    /// The last read brought one whole datagram in pieces, of more than
+    /// [`segment::MIN_WIRE_IN_PLACE`] bytes each: the next is laid out to
+    /// land that way, in place.
+    pub(super) in_place: bool,
+    /// Consecutive reads that found nothing: after
+    /// [`SCATTER_IDLE_POLLS`] of them reads go through the scratch space
+    /// again, which costs an empty poll one buffer, not a scatter list.
+    idle_polls: u32,
+}
+
+impl RecvState {
+    /// Notes what a read on a segmenting port brought: whether it was one
+    /// whole datagram in pieces.
+    pub(super) fn piece_read(&mut self, whole: bool) {
+        if let Some(reads) = &mut self.pieces {
+            reads.in_place = whole && reads.wire > segment::MIN_WIRE_IN_PLACE;
+            reads.idle_polls = 0;
+        }
+    }
+
+    /// Notes a read on a segmenting port that found nothing.
+    pub(super) fn piece_idle(&mut self) {
+        if let Some(reads) = &mut self.pieces {
+            reads.idle_polls += 1;
+            if reads.idle_polls >= SCATTER_IDLE_POLLS {
+                reads.in_place = false;
+            }
+        }
+    }
 }
 
 /// Empty GRO receives in a row after which a queue pair offers one buffer
@@ -130,13 +168,19 @@ impl Receiver {
                 meta: [sys::RecvMeta::EMPTY; sys::MAX_BATCH],
             }),
             partials: Partials::default(),
+            piece_headers: LaterHeaders::default(),
         }
     }
 
     /// The receive state of a new queue pair on `socket`, whose port
     /// carries datagrams of up to `slot` bytes (UD header included), with
     /// GRO on if the kernel still takes it.
-    pub(super) fn new_qp(&mut self, socket: &Socket, slot: usize, segmented: bool) -> RecvState {
+    pub(super) fn new_qp(
+        &mut self,
+        socket: &Socket,
+        slot: usize,
+        segment: Option<usize>,
+    ) -> RecvState {
         let gro = self.gro && self.enable_gro(socket);
         RecvState {
             receives: false,
@@ -146,7 +190,11 @@ impl Receiver {
             slot,
             scatter: 1,
             idle_polls: 0,
-            segmented,
+            pieces: segment.map(|wire| PieceReads {
+                wire,
+                in_place: false,
+                idle_polls: 0,
+            }),
         }
     }
 
@@ -207,7 +255,7 @@ impl Receiver {
         qp: QpHandle,
         budget: usize,
     ) -> Result<usize> {
-        if verbs.qp(qp)?.transport.rx.segmented {
+        if verbs.qp(qp)?.transport.rx.pieces.is_some() {
             return self.receive_segmented(verbs, qp, budget);
         }
         if verbs.qp(qp)?.transport.rx.gro {

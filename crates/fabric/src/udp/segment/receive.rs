@@ -9,8 +9,9 @@ use udbtl_wire::{segment, ud};
 use super::super::recv::{Arrival, INVALID_QP, Receiver, UdpQp, parse_header};
 use super::super::sys::{self, SKIP};
 use super::Partials;
+use super::in_place::{InPlace, Placed};
 use crate::bookkeeping::{CqEntry, Memory, QpEntry, Verbs, cq_in};
-use crate::{FabricError, FabricStats, QpHandle, Result};
+use crate::{FabricError, FabricStats, QpHandle, RecvWr, Result};
 
 /// Where a receive's datagrams go: the queue pair's posted buffers, its
 /// completion queue and the context's counters.
@@ -25,12 +26,9 @@ struct Landing<'a> {
 }
 
 impl Landing<'_> {
-    /// Delivers the datagram `parts` (UD header onwards, in pieces) into
-    /// the front posted buffer; says whether it was queued as a completion.
-    /// A datagram nothing is posted for (or whose completion would not fit
-    /// the completion queue), or whose header is refused, is dropped and
-    /// counted; the buffer stays posted.
-    fn deliver(&mut self, parts: &mut dyn Iterator<Item = &[u8]>, len: usize) -> bool {
+    /// The front posted buffer, if it is this receive's and holds `len`
+    /// bytes, with where a datagram starts in it; else counts the drop.
+    fn front(&mut self, len: usize) -> Option<(RecvWr, usize)> {
         let Some(wr) = self
             .entry
             .recv_queue
@@ -39,25 +37,40 @@ impl Landing<'_> {
             .filter(|w| w.sge.lkey == self.lkey)
         else {
             self.stats.rx_no_buffer += 1;
-            return false;
+            return None;
         };
         let start = wr.sge.offset + SKIP;
-        let Some(dest) = self
-            .region
-            .get_mut(start..start + len)
-            .filter(|_| SKIP + len <= wr.sge.len)
-        else {
+        if SKIP + len > wr.sge.len || start + len > self.region.len() {
             self.stats.rx_too_long += 1;
+            return None;
+        }
+        Some((wr, start))
+    }
+
+    /// Delivers the datagram `parts` (UD header onwards, in pieces) into
+    /// the front posted buffer; says whether it was queued as a completion.
+    /// A datagram nothing is posted for (or whose completion would not fit
+    /// the completion queue), or whose header is refused, is dropped and
+    /// counted; the buffer stays posted.
+    fn deliver(&mut self, parts: &mut dyn Iterator<Item = &[u8]>, len: usize) -> bool {
+        let Some((wr, start)) = self.front(len) else {
             return false;
         };
+        let dest = &mut self.region[start..start + len];
         let mut at = 0;
         for part in parts {
             dest[at..at + part.len()].copy_from_slice(part);
             at += part.len();
         }
+        self.complete(wr, start, len)
+    }
+
+    /// Completes the front posted buffer `wr`, in which a datagram of `len`
+    /// bytes starts at `start`, as [`deliver`](Self::deliver) does.
+    fn complete(&mut self, wr: RecvWr, start: usize, len: usize) -> bool {
         let mut header = [0u8; ud::HEADER_LEN];
         let have = len.min(ud::HEADER_LEN);
-        header[..have].copy_from_slice(&dest[..have]);
+        header[..have].copy_from_slice(&self.region[start..start + have]);
         let Some(repr) = parse_header(&header, len) else {
             self.stats.rx_malformed += 1;
             return false;
@@ -82,8 +95,13 @@ impl Landing<'_> {
 impl Receiver {
     /// Receives on a queue pair whose port segments, until the socket is
     /// empty, `budget` completions are queued, or no buffer is posted;
-    /// returns how many completions it queued. Each receive (a datagram,
-    /// a piece, or a GRO train of them) lands in the scratch space first.
+    /// returns how many completions it queued.
+    ///
+    /// While whole datagrams in pieces keep coming, each receive is laid
+    /// out ([`InPlace`]) so that the pieces of one datagram land as that
+    /// datagram in the front posted buffer, with no copy. Otherwise, and
+    /// when a receive in place brings anything else, the bytes go through
+    /// the scratch space and are put together from there.
     pub(in crate::udp) fn receive_segmented(
         &mut self,
         verbs: &mut Verbs<UdpQp, IpAddr>,
@@ -98,20 +116,6 @@ impl Receiver {
                 break;
             };
             let mr = verbs.owned_range(front.sge, entry.pd)?;
-            let entry = verbs.qp(qp)?;
-            let (socket, gro) = (&entry.transport.socket, entry.transport.rx.gro);
-            let target = [(0, self.read_scratch.len())];
-            let meta = &mut self.scratch.meta[..1];
-            let received =
-                sys::recv_batch(socket.as_fd(), &mut self.read_scratch, &target, meta, gro)
-                    .map_err(|source| FabricError::Io {
-                        operation: "recvmsg",
-                        source,
-                    })?;
-            if received == 0 {
-                break;
-            }
-            let meta = self.scratch.meta[0];
             let Verbs {
                 qps,
                 cqs,
@@ -120,12 +124,45 @@ impl Receiver {
                 ..
             } = &mut *verbs;
             let entry = qps.get_mut(qp.0).ok_or(INVALID_QP)?;
-            let cq = cq_in(cqs, entry.recv_cq)?;
             let Some(Memory::Owned(region)) = mrs.get_mut(mr.0).map(|m| &mut m.memory) else {
                 return Err(FabricError::ProtectionError {
                     lkey: front.sge.lkey,
                 });
             };
+            let rx = &entry.transport.rx;
+            let Some(reads) = rx.pieces else {
+                return Ok(queued);
+            };
+            let layout = match &self.spill {
+                Some(_) if reads.in_place && rx.gro => InPlace::new(front, reads.wire),
+                _ => None,
+            };
+            let mut meta = sys::RecvMeta::EMPTY;
+            let whole_scratch = [(0, self.read_scratch.len())];
+            let fd = entry.transport.socket.as_fd();
+            let received = match (layout, self.spill.as_deref_mut()) {
+                (Some(layout), Some(spill)) => {
+                    layout.receive(fd, region, &mut self.piece_headers, spill, &mut meta)
+                }
+                _ => sys::recv_batch(
+                    fd,
+                    &mut self.read_scratch,
+                    &whole_scratch,
+                    core::slice::from_mut(&mut meta),
+                    rx.gro,
+                )
+                .map(|n| n > 0),
+            }
+            .map_err(|source| FabricError::Io {
+                operation: "recvmsg",
+                source,
+            })?;
+            let rx = &mut entry.transport.rx;
+            if !received {
+                rx.piece_idle();
+                break;
+            }
+            let cq = cq_in(cqs, entry.recv_cq)?;
             let mut landing = Landing {
                 qp,
                 entry,
@@ -139,7 +176,6 @@ impl Receiver {
                 landing.stats.rx_too_long += 1;
                 continue;
             }
-            let data = &self.read_scratch[SKIP..SKIP + meta.len];
             let stride = match meta.stride {
                 s if s > 0 && meta.len > s => s,
                 _ => meta.len.max(1),
@@ -147,6 +183,47 @@ impl Receiver {
             if stride < meta.len {
                 landing.stats.rx_gro_trains += 1;
             }
+            let data = &mut self.read_scratch[SKIP..SKIP + meta.len];
+            if let Some(layout) = layout {
+                let placed = layout.placed(landing.region, &self.piece_headers, meta.len, stride);
+                let done = match placed {
+                    Placed::Datagram(len) => {
+                        if let Some(source) = landing.source {
+                            self.partials.abandon((qp, source), landing.stats);
+                        }
+                        let done = landing
+                            .front(len)
+                            .is_some_and(|(wr, start)| landing.complete(wr, start, len));
+                        landing.stats.rx_in_place += u64::from(done);
+                        done
+                    }
+                    Placed::Single(len) => landing.front(len).is_some_and(|(wr, start)| {
+                        let base = layout.start() - segment::HEADER_LEN;
+                        landing.region.copy_within(base..base + len, start);
+                        landing.complete(wr, start, len)
+                    }),
+                    Placed::Other => {
+                        let spill = self.spill.as_deref().unwrap_or_default();
+                        layout.gather(landing.region, &self.piece_headers, spill, data);
+                        false
+                    }
+                };
+                if placed != Placed::Other {
+                    queued += usize::from(done);
+                    landing
+                        .entry
+                        .transport
+                        .rx
+                        .piece_read(matches!(placed, Placed::Datagram(_)));
+                    continue;
+                }
+            }
+            let data = &self.read_scratch[SKIP..SKIP + meta.len];
+            landing
+                .entry
+                .transport
+                .rx
+                .piece_read(one_datagram(data, stride, reads.wire));
             queued += land_pieces(&mut landing, &mut self.partials, data, stride);
         }
         Ok(queued)
@@ -212,6 +289,17 @@ fn land_pieces(
         rest = after;
     }
     queued
+}
+
+/// Whether `data`, in packets of `stride` bytes, is all the pieces of one
+/// datagram cut for `wire`-byte packets, and nothing else.
+fn one_datagram(data: &[u8], stride: usize, wire: usize) -> bool {
+    let count = data.len().div_ceil(wire);
+    count >= 2
+        && stride == wire
+        && segment::Repr::parse(data).is_ok_and(|r| {
+            r.index == 0 && usize::from(r.count) == count && data_holds(data, stride, count, r.unit)
+        })
 }
 
 /// Whether `data`, in packets of `stride` bytes, starts with all `count`
