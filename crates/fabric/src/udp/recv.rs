@@ -15,7 +15,7 @@ use std::os::fd::AsFd;
 use socket2::Socket;
 use udbtl_wire::ud;
 
-use super::segment::{self, LaterHeaders, Partials};
+use super::segment::{LaterHeaders, Partials};
 use super::{MAX_UDP_PAYLOAD_V6, sys};
 use std::collections::VecDeque;
 
@@ -111,9 +111,9 @@ pub(super) struct RecvState {
 pub(super) struct PieceReads {
     /// The UDP payload of each piece.
     pub(super) wire: usize,
-    /// The last read brought one whole datagram in pieces, of more than
-    /// [`segment::MIN_WIRE_IN_PLACE`] bytes each: the next is laid out to
-    /// land that way, in place.
+    /// The last read brought one whole datagram in pieces long enough to
+    /// read in place (`segment/in_place.rs`): the next is laid out to land
+    /// that way.
     pub(super) in_place: bool,
     /// Consecutive reads that found nothing: after
     /// [`SCATTER_IDLE_POLLS`] of them reads go through the scratch space
@@ -123,10 +123,10 @@ pub(super) struct PieceReads {
 
 impl RecvState {
     /// Notes what a read on a segmenting port brought: whether it was one
-    /// whole datagram in pieces.
+    /// whole datagram in pieces that are worth reading in place.
     pub(super) fn piece_read(&mut self, whole: bool) {
         if let Some(reads) = &mut self.pieces {
-            reads.in_place = whole && reads.wire > segment::MIN_WIRE_IN_PLACE;
+            reads.in_place = whole;
             reads.idle_polls = 0;
         }
     }

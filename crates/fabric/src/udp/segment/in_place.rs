@@ -29,7 +29,7 @@ use crate::RecvWr;
 /// times as fast; with 1 472-byte ones (MTU 1500, 31 entries) 0.86–0.94,
 /// the kernel's copy growing from 13 to 24 % of the receiving rank while
 /// the user-space copies fell only from 40 to 32 %.
-pub(in crate::udp) const MIN_WIRE: usize = 4096;
+pub(super) const MIN_WIRE: usize = 4096;
 
 /// The segment headers of the pieces after the first, which do not land
 /// in the posted buffer.

@@ -28,7 +28,7 @@ mod in_place;
 mod partials;
 mod receive;
 
-pub(super) use in_place::{LaterHeaders, MIN_WIRE as MIN_WIRE_IN_PLACE};
+pub(super) use in_place::LaterHeaders;
 pub(super) use partials::Partials;
 
 /// The longest packet payload a port cuts datagrams for: jumbo frames

@@ -9,7 +9,7 @@ use udbtl_wire::{segment, ud};
 use super::super::recv::{Arrival, INVALID_QP, Receiver, UdpQp, parse_header};
 use super::super::sys::{self, SKIP};
 use super::Partials;
-use super::in_place::{InPlace, Placed};
+use super::in_place::{InPlace, MIN_WIRE, Placed};
 use crate::bookkeeping::{CqEntry, Memory, QpEntry, Verbs, cq_in};
 use crate::{FabricError, FabricStats, QpHandle, RecvWr, Result};
 
@@ -172,7 +172,9 @@ impl Receiver {
                 stats,
                 source: meta.source,
             };
-            if meta.truncated {
+            // A read in place holds a posted buffer and the spill space,
+            // more than the scratch space it may have to be copied into.
+            if meta.truncated || SKIP + meta.len > self.read_scratch.len() {
                 landing.stats.rx_too_long += 1;
                 continue;
             }
@@ -219,11 +221,8 @@ impl Receiver {
                 }
             }
             let data = &self.read_scratch[SKIP..SKIP + meta.len];
-            landing
-                .entry
-                .transport
-                .rx
-                .piece_read(one_datagram(data, stride, reads.wire));
+            let worth = reads.wire > MIN_WIRE && one_datagram(data, stride, reads.wire);
+            landing.entry.transport.rx.piece_read(worth);
             queued += land_pieces(&mut landing, &mut self.partials, data, stride);
         }
         Ok(queued)
