@@ -203,40 +203,13 @@ pub(crate) fn recv_scattered(
         iov_base: spill.as_mut_ptr().cast(),
         iov_len: spill.len(),
     });
-    // SAFETY: sockaddr_in6 and msghdr are plain old data, for which all-zero
-    // is a valid value.
-    let mut name: libc::sockaddr_in6 = unsafe { mem::zeroed() };
-    let mut control = CmsgBuf([0; 32]);
-    // SAFETY: as above.
-    let mut hdr: libc::msghdr = unsafe { mem::zeroed() };
-    hdr.msg_name = (&raw mut name).cast();
-    hdr.msg_namelen = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
-    hdr.msg_iov = iovecs.as_mut_ptr().cast();
-    hdr.msg_iovlen = count + 1;
-    hdr.msg_control = control.0.as_mut_ptr().cast();
-    hdr.msg_controllen = control.0.len() as _;
-    let received = loop {
-        // SAFETY: the first `count + 1` iovecs are initialised and point
-        // into `region` (bounds-checked above) and `spill`, both borrowed
-        // mutably for the call; `name` and `control` live on this frame.
-        // MSG_DONTWAIT keeps the call nonblocking.
-        let rc = unsafe { libc::recvmsg(fd.as_raw_fd(), &raw mut hdr, libc::MSG_DONTWAIT) };
-        if rc >= 0 {
-            break rc as usize;
-        }
-        let err = io::Error::last_os_error();
-        match err.kind() {
-            io::ErrorKind::WouldBlock => return Ok(None),
-            _ if is_interrupted(&err) => continue,
-            // An ICMP error queued by an earlier send; see `recv_batch`.
-            io::ErrorKind::ConnectionRefused => continue,
-            _ => return Err(err),
-        }
-    };
-    meta.len = received;
-    meta.truncated = hdr.msg_flags & libc::MSG_TRUNC != 0;
-    meta.source = socket_addr(&name, hdr.msg_namelen);
-    meta.stride = gro_segment_size(&hdr);
+    // SAFETY: the first `count + 1` iovecs are initialised and point into
+    // `region` (bounds-checked above) and `spill`, both borrowed mutably
+    // for the call.
+    if !unsafe { recvmsg_into(fd, iovecs.as_mut_ptr().cast(), count + 1, meta) }? {
+        return Ok(None);
+    }
+    let received = meta.len;
     meta.header = [0; ud::HEADER_LEN];
     let have = received.min(ud::HEADER_LEN);
     let first = match targets[..count].first() {
@@ -257,6 +230,25 @@ pub(crate) fn recv_into(
     iov: &mut [IoSliceMut<'_>],
     meta: &mut RecvMeta,
 ) -> io::Result<bool> {
+    // SAFETY: IoSliceMut is guaranteed ABI-compatible with iovec on Unix,
+    // and each points at a slice borrowed mutably for the call.
+    unsafe { recvmsg_into(fd, iov.as_mut_ptr().cast(), iov.len(), meta) }
+}
+
+/// One nonblocking `recvmsg` into the `count` iovecs at `iov`, retrying on
+/// EINTR and skipping queued ICMP errors; fills `meta` but its `header`.
+/// Returns `false` when the socket is empty.
+///
+/// # Safety
+///
+/// The `count` iovecs at `iov` must be initialised and point at memory the
+/// kernel may write for the length of the call.
+unsafe fn recvmsg_into(
+    fd: BorrowedFd<'_>,
+    iov: *mut libc::iovec,
+    count: usize,
+    meta: &mut RecvMeta,
+) -> io::Result<bool> {
     // SAFETY: sockaddr_in6 and msghdr are plain old data, for which all-zero
     // is a valid value.
     let mut name: libc::sockaddr_in6 = unsafe { mem::zeroed() };
@@ -265,15 +257,14 @@ pub(crate) fn recv_into(
     let mut hdr: libc::msghdr = unsafe { mem::zeroed() };
     hdr.msg_name = (&raw mut name).cast();
     hdr.msg_namelen = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
-    // IoSliceMut is guaranteed ABI-compatible with iovec on Unix.
-    hdr.msg_iov = iov.as_mut_ptr().cast();
-    hdr.msg_iovlen = iov.len() as _;
+    hdr.msg_iov = iov;
+    hdr.msg_iovlen = count as _;
     hdr.msg_control = control.0.as_mut_ptr().cast();
     hdr.msg_controllen = control.0.len() as _;
     let received = loop {
-        // SAFETY: `hdr` points at `iov`, whose slices are borrowed mutably
-        // for the call, and at `name` and `control` on this frame.
-        // MSG_DONTWAIT keeps the call nonblocking.
+        // SAFETY: `hdr` points at the caller's iovecs (see the contract)
+        // and at `name` and `control` on this frame. MSG_DONTWAIT keeps the
+        // call nonblocking.
         let rc = unsafe { libc::recvmsg(fd.as_raw_fd(), &raw mut hdr, libc::MSG_DONTWAIT) };
         if rc >= 0 {
             break rc as usize;
