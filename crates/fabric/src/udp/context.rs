@@ -28,7 +28,7 @@ pub struct UdpContext {
     verbs: Verbs<UdpQp, IpAddr>,
     ip: IpAddr,
     /// The UDP payload of each piece of a long datagram, if the port
-    /// segments (`segment.rs`).
+    /// segments (`segment/`).
     segment: Option<usize>,
     config: UdpConfig,
     /// Posting sends.

@@ -27,7 +27,7 @@ pub(super) struct Sender {
     /// GSO is used until the kernel refuses it once.
     gso: bool,
     /// The UDP payload of each piece of a long datagram, if the port
-    /// segments (`segment.rs`).
+    /// segments (`segment/`).
     segment: Option<usize>,
     /// The segment headers of the long datagrams of a batch, [`MAX_PIECES`]
     /// per datagram, made with the sender of a port that segments: the
@@ -160,9 +160,10 @@ impl Sender {
     /// Sends a run of accepted work requests, `chunk`, whose lengths are
     /// `lens`, as one `sendmmsg` batch, and completes them.
     ///
-    /// `N` bounds the batch and `IOV` its gather entries (`N` times one header
-    /// plus [`MAX_SEND_SGE`]); the caller picks small bounds for a single
-    /// send, so the fast path prepares one message, not a full batch.
+    /// `N` bounds the batch and `IOV` its gather entries: `N` times
+    /// [`SINGLE_IOV`], or [`PIECES_IOV`] where a datagram is cut into
+    /// pieces. The caller picks the smallest bounds that fit, so a single
+    /// small send prepares one message of a few entries, not a full batch.
     fn transmit<const N: usize, const IOV: usize>(
         &mut self,
         verbs: &mut Verbs<UdpQp, IpAddr>,
