@@ -134,7 +134,7 @@ impl RecvState {
     /// Notes a read on a segmenting port that found nothing.
     pub(super) fn piece_idle(&mut self) {
         if let Some(reads) = &mut self.pieces {
-            reads.idle_polls += 1;
+            reads.idle_polls = reads.idle_polls.saturating_add(1);
             if reads.idle_polls >= SCATTER_IDLE_POLLS {
                 reads.in_place = false;
             }
