@@ -4,7 +4,10 @@
 //! travel in datagrams of 16 packets and arrive whole and in order. A
 //! module that cuts and one that does not (a host with larger packets,
 //! here loopback's) settle on datagrams of one packet of the smaller size,
-//! which both can take, and still deliver every message.
+//! which both can take, and still deliver every message. With jumbo-frame
+//! pieces the receiving port reads a datagram's pieces straight into its
+//! posted buffer, between the acknowledgements and short datagrams that it
+//! recognises and puts together the usual way.
 
 #![allow(clippy::unwrap_used)]
 
@@ -17,6 +20,8 @@ use udbtl_fabric::udp::{UdpConfig, UdpProvider};
 
 /// The UDP payload of one packet on an MTU-1500 IPv4 path.
 const WIRE: usize = 1472;
+/// The UDP payload of one packet on an MTU-9000 IPv4 path.
+const JUMBO_WIRE: usize = 8972;
 /// Bytes of BTL header in front of a reliable, checksummed payload.
 const HEADER: usize = 40;
 
@@ -24,6 +29,12 @@ const HEADER: usize = 40;
 /// [`WIRE`] bytes if `cut`, and takes loopback's 64 KiB datagrams whole
 /// otherwise.
 fn component(cut: bool) -> Component<UdpProvider> {
+    component_for(cut.then_some(WIRE))
+}
+
+/// A component on UDP loopback whose port cuts datagrams into pieces of
+/// `wire` bytes, if set.
+fn component_for(wire: Option<usize>) -> Component<UdpProvider> {
     let params = Params::load_from(
         &BtlConfig {
             rd_num: Some(256),
@@ -33,7 +44,7 @@ fn component(cut: bool) -> Component<UdpProvider> {
     )
     .unwrap();
     let config = UdpConfig {
-        segment_wire: cut.then_some(WIRE),
+        segment_wire: wire,
         ..udp_config(&params)
     };
     Component::init(UdpProvider::new(config), params).unwrap()
@@ -95,6 +106,26 @@ fn modules_that_both_cut_send_datagrams_of_sixteen_packets() {
     let sent = a.modules()[0].with_context(|c| c.stats());
     let received = b.modules()[0].with_context(|c| c.stats());
     assert!(sent.tx_segmented > 0, "nothing was cut: {sent:?}");
+    assert_eq!(received.rx_incomplete, 0, "{received:?}");
+}
+
+#[test]
+fn modules_on_jumbo_frames_cut_datagrams_of_seven_packets_and_read_them_in_place() {
+    let (mut a, mut b) = (
+        component_for(Some(JUMBO_WIRE)),
+        component_for(Some(JUMBO_WIRE)),
+    );
+    let heard = exchange(&mut a, &mut b, &LENS);
+    assert_all_arrived(&heard);
+    let datagram = 7 * (JUMBO_WIRE - udbtl_wire::segment::HEADER_LEN) - udbtl_wire::ud::HEADER_LEN;
+    assert_eq!(b.modules()[0].limits().frag_limit, datagram - HEADER);
+    let sent = a.modules()[0].with_context(|c| c.stats());
+    let received = b.modules()[0].with_context(|c| c.stats());
+    assert!(sent.tx_segmented > 0, "nothing was cut: {sent:?}");
+    assert!(
+        received.rx_in_place > 0,
+        "nothing was read in place: {received:?}"
+    );
     assert_eq!(received.rx_incomplete, 0, "{received:?}");
 }
 
