@@ -81,6 +81,7 @@ struct options {
     long iters;  /* < 0: per-size default */
     long warmup; /* < 0: per-size default */
     long window;
+    int shared; /* -S: every receive of a window into one buffer */
 };
 
 static int rank;
@@ -88,9 +89,11 @@ static int rank;
 static void usage(FILE *to)
 {
     fprintf(to,
-            "usage: osu_pt2pt latency|bandwidth [-m MIN] [-M MAX] [-i ITERS] [-x WARMUP] [-W WINDOW]\n"
+            "usage: osu_pt2pt latency|bandwidth [-m MIN] [-M MAX] [-i ITERS] [-x WARMUP] [-W WINDOW] [-S]\n"
             "  sizes double from MIN (default 1) to MAX (default 4M); k/m suffixes are binary\n"
             "  -i/-x override the per-size iteration/warmup counts; -W is the bandwidth window (64)\n"
+            "  -S receives the whole window into one buffer, as the original osu_bw does\n"
+            "     (its receives overlap, which MPI does not allow; the default gives each its own)\n"
             "  run with exactly 2 ranks\n");
 }
 
@@ -140,6 +143,7 @@ static int parse_args(int argc, char **argv, struct options *o)
     o->iters = -1;
     o->warmup = -1;
     o->window = BW_WINDOW;
+    o->shared = 0;
 
     if (argc < 2) {
         complain("missing mode", NULL);
@@ -164,7 +168,7 @@ static int parse_args(int argc, char **argv, struct options *o)
     optind = 2;
     opterr = 0; /* our own messages, from rank 0 only */
     int c;
-    while ((c = getopt(argc, argv, "+hm:M:i:x:W:")) != -1) {
+    while ((c = getopt(argc, argv, "+hm:M:i:x:W:S")) != -1) {
         switch (c) {
         case 'h':
             if (rank == 0)
@@ -202,6 +206,9 @@ static int parse_args(int argc, char **argv, struct options *o)
                 complain("bad -W window", optarg);
                 return -1;
             }
+            break;
+        case 'S':
+            o->shared = 1;
             break;
         default:
             complain("unknown option or missing value", argv[optind - 1]);
@@ -291,8 +298,8 @@ static double latency(char *sbuf, char *rbuf, size_t size, long warmup, long ite
  * All sends read one buffer (MPI allows sends to share a buffer); each
  * receive gets its own slot, because receives in flight may not overlap.
  */
-static double bandwidth(char *sbuf, char *rslots, size_t size, long window, long warmup,
-                        long iters, MPI_Request *reqs)
+static double bandwidth(char *sbuf, char *rslots, size_t size, size_t stride, long window,
+                        long warmup, long iters, MPI_Request *reqs)
 {
     int count = (int)size;
     int ack = 0; /* its content does not matter, only its arrival */
@@ -307,7 +314,7 @@ static double bandwidth(char *sbuf, char *rslots, size_t size, long window, long
             MPI_Recv(&ack, 1, MPI_INT, 1, TAG_ACK, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
         } else {
             for (long w = 0; w < window; w++)
-                MPI_Irecv(rslots + (size_t)w * size, count, MPI_CHAR, 0, TAG_DATA,
+                MPI_Irecv(rslots + (size_t)w * stride, count, MPI_CHAR, 0, TAG_DATA,
                           MPI_COMM_WORLD, &reqs[w]);
             MPI_Waitall((int)window, reqs, MPI_STATUSES_IGNORE);
             MPI_Send(&ack, 1, MPI_INT, 0, TAG_ACK, MPI_COMM_WORLD);
@@ -347,7 +354,8 @@ int main(int argc, char **argv)
     /* Rank 1 of the bandwidth test needs a receive slot per window entry;
      * everyone else needs one buffer each way. */
     int streaming = o.mode == MODE_BANDWIDTH;
-    size_t rbytes = streaming && rank == 1 ? o.max_size * (size_t)o.window : o.max_size;
+    size_t rbytes =
+        streaming && rank == 1 && !o.shared ? o.max_size * (size_t)o.window : o.max_size;
     char *sbuf = touched(o.max_size, 'a' + rank);
     char *rbuf = touched(rbytes, 0);
     MPI_Request *reqs = NULL;
@@ -372,7 +380,8 @@ int main(int argc, char **argv)
          * one leaks into this one's clock. */
         MPI_Barrier(MPI_COMM_WORLD);
         double value = streaming
-                           ? bandwidth(sbuf, rbuf, size, o.window, warmup, iters, reqs)
+                           ? bandwidth(sbuf, rbuf, size, o.shared ? 0 : size, o.window, warmup,
+                                       iters, reqs)
                            : latency(sbuf, rbuf, size, warmup, iters);
         if (rank == 0) {
             if (streaming)
