@@ -69,6 +69,19 @@ fn config() -> BtlConfig {
 
 #[test]
 fn reads_arrive_whole_through_loss_duplication_reordering_and_corruption() {
+    reads_arrive_whole(config());
+}
+
+/// The same with the replies copied into the targets by streaming stores.
+#[test]
+fn streamed_reads_arrive_whole_through_loss_duplication_reordering_and_corruption() {
+    reads_arrive_whole(BtlConfig {
+        read_copy: Some("streaming".into()),
+        ..config()
+    });
+}
+
+fn reads_arrive_whole(config: BtlConfig) {
     let net = SimNetwork::new(27);
     net.set_default_link(LinkConfig {
         loss: 0.05,
@@ -80,7 +93,7 @@ fn reads_arrive_whole_through_loss_duplication_reordering_and_corruption() {
         ..LinkConfig::default()
     })
     .unwrap();
-    let mut nodes = vec![node(&net, "a", &config()), node(&net, "b", &config())];
+    let mut nodes = vec![node(&net, "a", &config), node(&net, "b", &config)];
     let eps = mesh(&mut nodes);
     let ab = eps[0][1].unwrap();
     let events = read_events(&mut nodes[0]);

@@ -59,6 +59,7 @@ mod channel;
 mod error;
 pub mod faulty;
 pub mod ibv;
+pub mod memory;
 pub mod sim;
 mod table;
 mod types;

@@ -76,6 +76,28 @@ fn p2p_2_ranks_without_get() {
     );
 }
 
+/// With `btl_udbtl_read_copy streaming`, gets copy into the receive
+/// buffers with streaming stores, from the first byte of each datagram's
+/// payload, wherever it falls: every message of every length arrives the
+/// same.
+#[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
+fn p2p_2_ranks_with_gets_copied_by_streaming_stores() {
+    require_openmpi!();
+    let out = p2p_with(
+        &Run::udbtl(2).mca("btl_udbtl_read_copy", "streaming"),
+        "4194304",
+    );
+    assert!(
+        total(&out, "gets") > 0,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// With `inplace` among `btl_udbtl_flags` (off by default), ob1 hands
 /// eager messages to `prepare_src`, which must take each one whole: ob1
 /// sends what comes back as the message. Contiguous ones longer than a

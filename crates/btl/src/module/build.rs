@@ -387,7 +387,10 @@ impl<C: Context> Engine<C> {
             coalescer: Coalescer::new(params.coalesce, built.limits.eager_limit),
             host_split: None,
             proc_id: super::reliable::random_process_id(),
-            reads: super::read::Reads::new(u64::from(super::reliable::random_process_id()) << 32),
+            reads: super::read::Reads::new(
+                u64::from(super::reliable::random_process_id()) << 32,
+                super::read::TargetCopy::from_param(&params.read_copy),
+            ),
             path,
         })
     }

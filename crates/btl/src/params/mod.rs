@@ -407,6 +407,11 @@ parameters! {
          and the receiver delivers it whole; rounded down to whole datagrams, never less \
          than one (64 KiB is 46 datagrams of an MTU-1500 path, and one of loopback's). An \
          unreliable module sends one datagram per fragment";
+    read_copy: String = (String::from("cached")), choice(&["cached", "streaming"]), udbtl,
+        "How remote reads (ob1's rendezvous gets) copy into their target: cached (ordinary \
+         stores) or streaming (non-temporal stores, which do not read the target into the \
+         cache first: about twice as fast into memory that is not in the cache, half as fast \
+         into memory that is, and the application then reads the bytes from memory)";
     reliable: bool = (true), BOOL, udbtl,
         "Reliable, ordered, exactly-once delivery per peer (sequence numbers, ACKs, \
          retransmission); off gives the seed's unreliable behaviour";

@@ -72,7 +72,7 @@ fn defaults_satisfy_their_own_bounds() {
 fn describe_renders_values_that_parse_back() {
     let p = Params::default();
     let infos = p.describe();
-    assert_eq!(infos.len(), 41);
+    assert_eq!(infos.len(), 42);
     let pairs: Vec<(String, String)> = infos
         .iter()
         .filter(|i| i.value != "unset")

@@ -27,8 +27,11 @@ use crate::EndpointId;
 use crate::frag::LentBytes;
 use crate::rcache::RegId;
 
+mod copy;
 mod engine;
 pub(super) use engine::read_limit;
+
+pub(super) use copy::TargetCopy;
 
 /// Memory a host lets its peers read ([`Module::register_region`]).
 ///
@@ -184,6 +187,9 @@ pub(super) struct Reads {
     waiting: VecDeque<(EndpointId, Request)>,
     /// How many of them each peer has, by endpoint.
     waiting_from: HashMap<u32, usize>,
+    /// How each read starts copying into its target (the `read_copy`
+    /// parameter).
+    copy: TargetCopy,
 }
 
 impl fmt::Debug for Reads {
@@ -200,10 +206,12 @@ impl fmt::Debug for Reads {
 
 impl Reads {
     /// Reads whose keys start at `first_key` (drawn at random, so that keys
-    /// of earlier runs and other modules do not name this one's regions).
-    pub(super) fn new(first_key: u64) -> Self {
+    /// of earlier runs and other modules do not name this one's regions),
+    /// which copy into their targets as `copy` says.
+    pub(super) fn new(first_key: u64, copy: TargetCopy) -> Self {
         Self {
             next_key: first_key,
+            copy,
             ..Self::default()
         }
     }
@@ -440,7 +448,7 @@ impl Reads {
             .filter(|_| fits);
         let failure = match dest {
             Some(dest) => {
-                dest.copy_from_slice(bytes);
+                self.copy.copy(dest, bytes);
                 incoming.at = at;
                 if !last {
                     return Ok(());
@@ -519,7 +527,7 @@ mod tests {
 
     #[test]
     fn a_peer_that_asks_for_more_than_a_reader_keeps_out_has_the_excess_dropped() {
-        let mut reads = Reads::new(1);
+        let mut reads = Reads::new(1, TargetCopy::Cached);
         let (a, b) = (EndpointId(1), EndpointId(2));
         for id in 0..WAITING_PER_PEER as u32 {
             assert!(reads.queue_request(a, request(id, RegionKey(1), 0, 1)));
@@ -568,7 +576,7 @@ mod tests {
 
     #[test]
     fn only_ranges_inside_a_registered_region_are_served() {
-        let mut reads = Reads::new(u64::MAX);
+        let mut reads = Reads::new(u64::MAX, TargetCopy::Cached);
         let region: Region = Arc::new(Bytes(vec![7; 100]));
         let base = region.bytes().as_ptr() as u64;
         assert_eq!(
