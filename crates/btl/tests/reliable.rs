@@ -170,6 +170,48 @@ fn large_messages_are_reassembled_exactly_once() {
     assert_eq!(nodes[1].modules()[0].stats().messages_reassembled, 1);
 }
 
+/// `send_message_shared` sends from the caller's buffer: the receiver gets
+/// the same messages through loss, duplication and reordering, and the
+/// module lets go of the buffer once everything is acknowledged.
+#[test]
+fn shared_messages_arrive_as_copied_ones_and_are_let_go_once_acknowledged() {
+    let net = SimNetwork::new(4);
+    lossy(&net, 0.05, 0.02, 0.05, 0.0);
+    let mut nodes = vec![node(&net, "a", &config()), node(&net, "b", &config())];
+    let eps = mesh(&mut nodes);
+    let got = inbox(&mut nodes[1], Tag::USR);
+    let big: Arc<[u8]> = (0..(1u32 << 20) + 7).map(|i| (i % 251) as u8).collect();
+    let empty: Arc<[u8]> = Arc::from(Vec::new());
+    let one: Arc<[u8]> = Arc::from(b"x".to_vec());
+    for message in [&big, &empty, &one, &big] {
+        nodes[0].modules_mut()[0]
+            .send_message_shared(eps[0][1].unwrap(), Tag::USR, message)
+            .unwrap();
+    }
+    assert!(
+        Arc::strong_count(&big) > 1,
+        "sent from the buffer, not copied"
+    );
+    let stop = drive(&net, &mut nodes, Duration::from_secs(30), |_| {
+        got.lock().unwrap().len() == 4
+    });
+    assert_eq!(stop, Stop::Done, "at {:?}", net.now());
+    {
+        let got = got.lock().unwrap();
+        assert!(
+            got[0].1 == big[..] && got[3].1 == big[..],
+            "1 MiB arrives whole"
+        );
+        assert!(got[1].1.is_empty());
+        assert_eq!(got[2].1, b"x");
+    }
+    let stop = drive(&net, &mut nodes, Duration::from_secs(10), |_| {
+        Arc::strong_count(&big) == 1
+    });
+    assert_eq!(stop, Stop::Done, "the module still holds the buffer");
+    assert_eq!(nodes[1].modules()[0].stats().messages_reassembled, 2);
+}
+
 #[test]
 fn a_silent_peer_fails_its_sends_and_spares_the_others() {
     // The default peer_timeout (30 s): virtual time makes waiting it out

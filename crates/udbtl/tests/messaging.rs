@@ -19,6 +19,13 @@ fn receives_keep_each_tags_messages_in_order_until_asked_for() {
     world.send(0, SECOND, b"other tag").unwrap();
     world.send(0, FIRST, &long).unwrap();
     world.send(0, FIRST, b"").unwrap();
+    // Sent from the buffer itself: the same message, and the buffer given
+    // back once acknowledged (finalize waits for that).
+    let shared: Arc<[u8]> = (0..300 * 1024).map(|i| (i % 253) as u8).collect();
+    world.send_shared(0, FIRST, &shared).unwrap();
+    world
+        .send_shared(0, FIRST, &Arc::from(&b"short"[..]))
+        .unwrap();
 
     // Nothing is lost while nobody asks, and tags do not mix.
     let message = world.recv(FIRST).unwrap();
@@ -32,6 +39,8 @@ fn receives_keep_each_tags_messages_in_order_until_asked_for() {
     );
     assert_eq!(world.recv(FIRST).unwrap().data, long);
     assert_eq!(world.recv(FIRST).unwrap().data, b"");
+    assert!(world.recv(FIRST).unwrap().data == shared[..]);
+    assert_eq!(world.recv(FIRST).unwrap().data, b"short");
     assert_eq!(world.try_recv(FIRST).unwrap(), None);
 
     // A callback installed later gets what was kept for its tag at once,
@@ -69,4 +78,5 @@ fn receives_keep_each_tags_messages_in_order_until_asked_for() {
         "{err:?}"
     );
     world.finalize().unwrap();
+    assert_eq!(Arc::strong_count(&shared), 1, "the transport let go of it");
 }

@@ -4,6 +4,8 @@
 //! message is the bytes from a datagram marked first to one marked last.
 
 use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 
 use udbtl_fabric::Context;
@@ -11,12 +13,15 @@ use udbtl_reliability::PeerId;
 use udbtl_wire::rel;
 
 use super::delivery::Held;
+use super::descriptors::bad;
 use super::integrity::payload_offset;
 
 use super::wait::Wait;
 use super::{Engine, Flush, Module};
+use crate::convertor::Convertor;
 use crate::error::BtlError;
 use crate::frag::{DesFlags, Descriptor};
+use crate::rcache::RegId;
 use crate::{EndpointId, NO_ORDER, Tag};
 
 /// Largest message reassembled; a sender that never marks an end cannot
@@ -151,6 +156,69 @@ impl<C: Context> Module<C> {
         tag: Tag,
         message: &[u8],
     ) -> Result<(), BtlError> {
+        self.send_pieces(
+            endpoint,
+            tag,
+            message.len(),
+            |module, range, bounds, wait| {
+                let des = module.alloc_piece(range.len(), wait)?;
+                module
+                    .lock()
+                    .send_piece(des, endpoint, tag, &message[range], bounds)
+            },
+        )
+    }
+
+    /// [`send_message`](Self::send_message) without a copy: each datagram
+    /// is gathered from `message` when it is posted and whenever it is
+    /// resent, and the module keeps a share of `message` until the last
+    /// of them is acknowledged. The receiver cannot tell the difference. A
+    /// message of one datagram or less is copied all the same: registering
+    /// its memory would cost more than the copy (an `ibv_reg_mr` on
+    /// InfiniBand).
+    ///
+    /// # Errors
+    /// As [`send_message`](Self::send_message), and a fabric that refused
+    /// to register `message`.
+    pub fn send_message_shared(
+        &mut self,
+        endpoint: EndpointId,
+        tag: Tag,
+        message: &Arc<[u8]>,
+    ) -> Result<(), BtlError> {
+        if message.len() <= self.limits().eager_limit {
+            return self.send_message(endpoint, tag, message);
+        }
+        // One registration for the whole message, which each datagram's
+        // fragment retains, so that none looks it up again.
+        let reg = self.mpool_register(message)?;
+        let mut convertor = Convertor::shared(Arc::clone(message));
+        let sent = self.send_pieces(
+            endpoint,
+            tag,
+            message.len(),
+            |module, range, bounds, wait| {
+                let des = module.prepare_piece(reg, &mut convertor, range.len(), wait)?;
+                module.lock().send_filled_piece(des, endpoint, tag, bounds)
+            },
+        );
+        // The fragments hold their own references.
+        let _ = self.mpool_deregister(reg);
+        sent
+    }
+
+    /// Cuts a message of `len` bytes into one-datagram pieces and has
+    /// `send` send each: its range in the message, its bounds, and how long
+    /// it may wait for a fragment.
+    /// Waits for the peer's window as [`send_message`](Self::send_message)
+    /// says, and on a failure sends the abort marker on `tag`.
+    fn send_pieces(
+        &mut self,
+        endpoint: EndpointId,
+        tag: Tag,
+        len: usize,
+        mut send: impl FnMut(&mut Self, Range<usize>, PieceBounds, Duration) -> Result<(), BtlError>,
+    ) -> Result<(), BtlError> {
         // Fragments held by a peer that stopped acknowledging come back once
         // it is declared lost: peer_timeout after it was last heard, plus at
         // most one retransmission timeout. Wait that long and a quarter
@@ -166,7 +234,7 @@ impl<C: Context> Module<C> {
             });
         };
         let chunk = self.limits().eager_limit.max(1);
-        let pieces = message.len().div_ceil(chunk).max(1);
+        let pieces = len.div_ceil(chunk).max(1);
         // A fragment kept aside for the abort marker, so the receiver can
         // always be told to drop a message cut short.
         let spare = if pieces > 1 {
@@ -176,24 +244,21 @@ impl<C: Context> Module<C> {
         };
         let run = (COPY_AHEAD / chunk).max(1);
         let mut result = Ok(());
-        for (i, piece) in message
-            .chunks(chunk)
-            .chain(message.is_empty().then_some(&[][..]))
-            .enumerate()
-        {
+        for i in 0..pieces {
             if i > 0 && i % run == 0 {
                 self.wait_for_backlog(endpoint, run, wait);
             }
             let last = i + 1 == pieces;
-            let flush = if last || (i + 1) % run == 0 {
-                Flush::Now
-            } else {
-                Flush::Later
+            let bounds = PieceBounds {
+                first: i == 0,
+                last,
+                flush: if last || (i + 1) % run == 0 {
+                    Flush::Now
+                } else {
+                    Flush::Later
+                },
             };
-            result = self.alloc_piece(piece.len(), wait).and_then(|des| {
-                self.lock()
-                    .send_piece(des, endpoint, tag, piece, (i == 0, last), flush)
-            });
+            result = send(self, i * chunk..len.min((i + 1) * chunk), bounds, wait);
             if result.is_err() {
                 if let Some(spare) = spare.filter(|_| i > 0) {
                     // Best effort: if the peer is gone the marker is moot.
@@ -252,30 +317,94 @@ impl<C: Context> Module<C> {
             }
         }
     }
+
+    /// Prepares a fragment that sends the next `len` bytes of `convertor`
+    /// (over memory registered as `reg`) without a copy, progressing while
+    /// none is free, for at most `wait`.
+    fn prepare_piece(
+        &mut self,
+        reg: RegId,
+        convertor: &mut Convertor<'static>,
+        len: usize,
+        wait: Duration,
+    ) -> Result<Descriptor, BtlError> {
+        let mut waiting = Wait::new(self.now(), wait);
+        loop {
+            let mut size = len;
+            let prepared = self.prepare_src(
+                Some(reg),
+                convertor,
+                NO_ORDER,
+                0,
+                &mut size,
+                DesFlags::BTL_OWNERSHIP,
+            );
+            if let Some(des) = prepared {
+                if size == len {
+                    return Ok(des);
+                }
+                // A piece is one datagram, which a fragment always takes
+                // whole; anything else would shift the message.
+                convertor.rewind(size);
+                let _ = self.free(des);
+                return Err(bad(des, "prepared shorter than a message's piece"));
+            }
+            self.lock().flush_deferred();
+            let handled = self.progress();
+            if waiting.over(self.now(), handled) {
+                return Err(BtlError::NoFragment { waited: wait });
+            }
+        }
+    }
+}
+
+/// What a piece's fragment needs besides its bytes: whether it starts or
+/// ends its message, and whether it goes out at once.
+#[derive(Clone, Copy)]
+struct PieceBounds {
+    first: bool,
+    last: bool,
+    flush: Flush,
 }
 
 impl<C: Context> Engine<C> {
-    /// Sends one piece of a message in `des`, which the BTL frees once it is
-    /// acknowledged, and with [`Flush::Now`] what is held back with it;
-    /// `des` is freed on every error.
+    /// Copies one piece of a message into `des` and sends it
+    /// ([`send_filled_piece`](Self::send_filled_piece)); `des` is freed on
+    /// every error.
     fn send_piece(
         &mut self,
         des: Descriptor,
         endpoint: EndpointId,
         tag: Tag,
         piece: &[u8],
-        (first, last): (bool, bool),
-        flush: Flush,
+        bounds: PieceBounds,
     ) -> Result<(), BtlError> {
-        let sent = self
+        let copied = self
             .segment_mut(des)
             .map(|seg| seg.copy_from_slice(piece))
-            .and_then(|()| self.note_segment_crc(des, piece))
-            .and_then(|()| self.set_message_bounds(des, first, last))
-            .and_then(|()| {
-                self.frags.checked_mut(des)?.flags = DesFlags::BTL_OWNERSHIP;
-                self.send_as(endpoint, des, tag, flush)
-            });
+            .and_then(|()| self.note_segment_crc(des, piece));
+        if let Err(err) = copied {
+            let _ = self.free(des);
+            return Err(err);
+        }
+        self.send_filled_piece(des, endpoint, tag, bounds)
+    }
+
+    /// Sends `des`, which holds one piece of a message, marked with the
+    /// message's bounds; the BTL frees it once it is acknowledged, and with
+    /// [`Flush::Now`] puts what is held back with it on the wire. `des` is
+    /// freed on every error.
+    fn send_filled_piece(
+        &mut self,
+        des: Descriptor,
+        endpoint: EndpointId,
+        tag: Tag,
+        PieceBounds { first, last, flush }: PieceBounds,
+    ) -> Result<(), BtlError> {
+        let sent = self.set_message_bounds(des, first, last).and_then(|()| {
+            self.frags.checked_mut(des)?.flags = DesFlags::BTL_OWNERSHIP;
+            self.send_as(endpoint, des, tag, flush)
+        });
         if sent.is_err() {
             let _ = self.free(des);
         }

@@ -1,5 +1,6 @@
 //! A program's messages: sends, receive callbacks and blocking receives.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use udbtl_btl::{DesFlags, NO_ORDER, RecvEvent, Tag as BtlTag};
@@ -32,6 +33,36 @@ impl World {
         let Route { module, endpoint } = self.route(rank)?;
         self.btl.modules_mut()[module]
             .send_message(endpoint, tag.on_the_wire(), message)
+            .map_err(|err| {
+                self.lost_or(SendError::Refused {
+                    rank,
+                    len: message.len(),
+                    reason: err.to_string(),
+                })
+            })
+    }
+
+    /// [`send`](Self::send) without a copy: the transport sends from
+    /// `message` itself and keeps a share of it until every datagram is
+    /// acknowledged (the buffer is immutable meanwhile, which the `Arc`
+    /// guarantees). Cheapest for long messages, and for one message sent
+    /// many times; a message of one datagram or less is copied all the
+    /// same. The receiver cannot tell the difference.
+    ///
+    /// # Errors
+    /// As [`send`](Self::send).
+    pub fn send_shared(
+        &mut self,
+        rank: u32,
+        tag: Tag,
+        message: &Arc<[u8]>,
+    ) -> Result<(), SendError> {
+        if !self.reliable {
+            return self.send_bytes(rank, tag, message);
+        }
+        let Route { module, endpoint } = self.route(rank)?;
+        self.btl.modules_mut()[module]
+            .send_message_shared(endpoint, tag.on_the_wire(), message)
             .map_err(|err| {
                 self.lost_or(SendError::Refused {
                     rank,
