@@ -63,6 +63,9 @@ pub(crate) struct Plan {
     /// Longest a rank waits for one message (or window) before it reports
     /// the run stuck; `None` waits for ever.
     pub(crate) stall: Option<Duration>,
+    /// Messages are copied by `World::send` rather than sent from the
+    /// buffer by `World::send_shared`.
+    pub(crate) copy_sends: bool,
 }
 
 impl Plan {
@@ -176,6 +179,9 @@ pub(crate) struct Cx {
     ranks: u32,
     plan: Plan,
     buf: Vec<u8>,
+    /// The first bytes of `buf` as the last size sent them, shared with
+    /// the transport (`World::send_shared`).
+    message: Arc<[u8]>,
     pings: Counter,
     acks: Counter,
     /// Measurements other ranks sent to rank 0.
@@ -206,6 +212,7 @@ impl Cx {
             world,
             plan,
             buf: vec![0x5a; len],
+            message: Arc::from(Vec::new()),
             pings,
             acks,
             results,
@@ -384,7 +391,7 @@ impl Cx {
                     start = Instant::now();
                 }
                 for _ in 0..window {
-                    self.world.send(peer, PING, &self.buf[..len])?;
+                    self.send_payload(peer, len)?;
                 }
                 self.pings.wait(&mut self.world, window, self.plan.stall)?;
                 laps.done(i);
@@ -468,7 +475,7 @@ impl Cx {
                     start = Instant::now();
                 }
                 for _ in 0..window {
-                    self.world.send(peer, PING, &self.buf[..len])?;
+                    self.send_payload(peer, len)?;
                 }
                 self.acks.wait(&mut self.world, 1, self.plan.stall)?;
                 laps.done(i);
@@ -510,9 +517,24 @@ impl Cx {
         Ok(Some(sum + value))
     }
 
+    /// Sends `len` bytes of the benchmark's buffer to `peer`: from the
+    /// buffer itself (`World::send_shared`), or copied (`World::send`)
+    /// with `--copy-sends`.
+    fn send_payload(&mut self, peer: u32, len: usize) -> Result<(), Error> {
+        if self.plan.copy_sends {
+            self.world.send(peer, PING, &self.buf[..len])?;
+            return Ok(());
+        }
+        if self.message.len() != len {
+            self.message = Arc::from(&self.buf[..len]);
+        }
+        self.world.send_shared(peer, PING, &self.message)?;
+        Ok(())
+    }
+
     /// One round trip from this rank.
     fn ping(&mut self, peer: u32, len: usize) -> Result<(), Error> {
-        self.world.send(peer, PING, &self.buf[..len])?;
+        self.send_payload(peer, len)?;
         self.pings.wait(&mut self.world, 1, self.plan.stall)?;
         Ok(())
     }
@@ -520,7 +542,7 @@ impl Cx {
     /// Answers one ping.
     fn pong(&mut self, peer: u32, len: usize) -> Result<(), Error> {
         self.pings.wait(&mut self.world, 1, self.plan.stall)?;
-        self.world.send(peer, PING, &self.buf[..len])?;
+        self.send_payload(peer, len)?;
         Ok(())
     }
 }
@@ -550,6 +572,7 @@ mod tests {
             iterations,
             warmup,
             stall: None,
+            copy_sends: false,
         }
     }
 

@@ -107,6 +107,10 @@ struct Common {
     /// A lost peer is reported sooner, by the transport (peer_timeout).
     #[arg(long, default_value_t = 60, global = true)]
     stall_timeout: u64,
+    /// Send with `World::send`, which copies each message, instead of
+    /// `World::send_shared`, which sends from the benchmark's buffer.
+    #[arg(long, global = true)]
+    copy_sends: bool,
 }
 
 /// Options of the windowed benchmarks.
@@ -242,6 +246,7 @@ fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
         iterations: common.iterations,
         warmup: common.warmup,
         stall: (common.stall_timeout > 0).then(|| Duration::from_secs(common.stall_timeout)),
+        copy_sends: common.copy_sends,
     };
     let mut cx = bench::Cx::new(world, common.max_size, plan)?;
     match cli.bench {
