@@ -54,7 +54,8 @@ fn message(len: usize, seed: usize) -> Vec<u8> {
         .collect()
 }
 
-/// Sends every message of `sizes` from `a` to `b`, in order, and waits
+/// Sends every message of `sizes` from `a` to `b`, in order (every other
+/// one with `send_message_shared`), and waits
 /// until `b` heard them all (or a minute passed). `b` progresses on a thread
 /// of its own meanwhile: `send_message` waits for `b`'s window to take what
 /// it copied before it copies more, so `b` must acknowledge while `a` sends.
@@ -75,17 +76,33 @@ fn exchange(
         }
         b
     });
+    let mut buffers = Vec::new();
     for (i, &len) in sizes.iter().enumerate() {
-        while a.modules_mut()[0]
-            .send_message(ab, Tag::PML, &message(len, i))
-            .is_err()
-            && Instant::now() < deadline
-        {
+        // Every other message from a shared buffer, sent without a copy: the
+        // seal must never be written into it.
+        let shared: Arc<[u8]> = message(len, i).into();
+        loop {
+            let module = &mut a.modules_mut()[0];
+            let sent = if i % 2 == 1 {
+                module.send_message_shared(ab, Tag::PML, &shared)
+            } else {
+                module.send_message(ab, Tag::PML, &shared)
+            };
+            if sent.is_ok() || Instant::now() >= deadline {
+                break;
+            }
             a.progress();
         }
+        buffers.push(shared);
     }
     while !receiver.is_finished() {
         a.progress();
+    }
+    for (i, (buffer, &len)) in buffers.iter().zip(sizes).enumerate() {
+        assert!(
+            **buffer == message(len, i)[..],
+            "message {i} was written to"
+        );
     }
     receiver.join().unwrap()
 }
