@@ -1,7 +1,9 @@
 //! Messages larger than a datagram: cut into datagrams on the sending side
-//! (`send_message`), put back together on the receiving side. The reliable
-//! stream delivers a peer's datagrams exactly once and in order, so a
-//! message is the bytes from a datagram marked first to one marked last.
+//! (`send_message`, which copies them, and `send_message_shared`, which
+//! sends from the caller's buffer), put back together on the receiving
+//! side. The reliable stream delivers a peer's datagrams exactly once and
+//! in order, so a message is the bytes from a datagram marked first to one
+//! marked last.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -208,10 +210,10 @@ impl<C: Context> Module<C> {
     }
 
     /// Cuts a message of `len` bytes into one-datagram pieces and has
-    /// `send` send each: its range in the message, its bounds, and how long
-    /// it may wait for a fragment.
-    /// Waits for the peer's window as [`send_message`](Self::send_message)
-    /// says, and on a failure sends the abort marker on `tag`.
+    /// `send` send each, given its range in the message, its bounds and how
+    /// long it may wait for a fragment. Waits for the peer's window as
+    /// [`send_message`](Self::send_message) says, and on a failure sends
+    /// the abort marker on `tag`.
     fn send_pieces(
         &mut self,
         endpoint: EndpointId,

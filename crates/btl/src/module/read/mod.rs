@@ -187,8 +187,7 @@ pub(super) struct Reads {
     waiting: VecDeque<(EndpointId, Request)>,
     /// How many of them each peer has, by endpoint.
     waiting_from: HashMap<u32, usize>,
-    /// How each read starts copying into its target (the `read_copy`
-    /// parameter).
+    /// How reads copy into their targets (the `read_copy` parameter).
     copy: TargetCopy,
 }
 
