@@ -66,7 +66,8 @@ pub mod rcache;
 #[cfg(feature = "verbs")]
 pub use component::verbs_config;
 pub use component::{
-    Component, JobLayout, Transport, TransportError, check_udp_settings, udp_config, udp_config_in,
+    Component, JobLayout, Transport, TransportError, TransportModule, check_udp_settings,
+    udp_config, udp_config_in,
 };
 pub use convertor::Convertor;
 pub use error::{BtlError, SendFailure};

@@ -6,7 +6,8 @@ mod open;
 #[cfg(feature = "verbs")]
 pub use open::verbs_config;
 pub use open::{
-    JobLayout, Transport, TransportError, check_udp_settings, udp_config, udp_config_in,
+    JobLayout, Transport, TransportError, TransportModule, check_udp_settings, udp_config,
+    udp_config_in,
 };
 
 use udbtl_fabric::{Context, PortState, Provider};

@@ -86,6 +86,9 @@ pub fn verbs_config(params: &Params) -> VerbsConfig {
 /// The modules' contexts are [`AnyContext`](udbtl_fabric::AnyContext)s.
 pub type Transport = Component<AnyProvider>;
 
+/// A module of a [`Transport`].
+pub type TransportModule = crate::Module<udbtl_fabric::AnyContext>;
+
 /// [`Transport::open`] failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -3,7 +3,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use udbtl_btl::{DesFlags, NO_ORDER, RecvEvent, Tag as BtlTag};
+use udbtl_btl::{
+    BtlError, DesFlags, EndpointId, NO_ORDER, RecvEvent, Tag as BtlTag, TransportModule,
+};
 
 use super::failures::Route;
 use super::inbox::Message;
@@ -30,16 +32,9 @@ impl World {
         if !self.reliable {
             return self.send_bytes(rank, tag, message);
         }
-        let Route { module, endpoint } = self.route(rank)?;
-        self.btl.modules_mut()[module]
-            .send_message(endpoint, tag.on_the_wire(), message)
-            .map_err(|err| {
-                self.lost_or(SendError::Refused {
-                    rank,
-                    len: message.len(),
-                    reason: err.to_string(),
-                })
-            })
+        self.send_on_route(rank, message.len(), |module, endpoint| {
+            module.send_message(endpoint, tag.on_the_wire(), message)
+        })
     }
 
     /// [`send`](Self::send) without a copy: the transport sends from
@@ -60,16 +55,27 @@ impl World {
         if !self.reliable {
             return self.send_bytes(rank, tag, message);
         }
+        self.send_on_route(rank, message.len(), |module, endpoint| {
+            module.send_message_shared(endpoint, tag.on_the_wire(), message)
+        })
+    }
+
+    /// Has `send` send a message of `len` bytes on the module and endpoint
+    /// that reach `rank`, and words its refusal.
+    fn send_on_route(
+        &mut self,
+        rank: u32,
+        len: usize,
+        send: impl FnOnce(&mut TransportModule, EndpointId) -> Result<(), BtlError>,
+    ) -> Result<(), SendError> {
         let Route { module, endpoint } = self.route(rank)?;
-        self.btl.modules_mut()[module]
-            .send_message_shared(endpoint, tag.on_the_wire(), message)
-            .map_err(|err| {
-                self.lost_or(SendError::Refused {
-                    rank,
-                    len: message.len(),
-                    reason: err.to_string(),
-                })
+        send(&mut self.btl.modules_mut()[module], endpoint).map_err(|err| {
+            self.lost_or(SendError::Refused {
+                rank,
+                len,
+                reason: err.to_string(),
             })
+        })
     }
 
     /// Sends `bytes`, which must fit one datagram (the eager limit, about
