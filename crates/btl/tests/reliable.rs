@@ -212,6 +212,40 @@ fn shared_messages_arrive_as_copied_ones_and_are_let_go_once_acknowledged() {
     assert_eq!(nodes[1].modules()[0].stats().messages_reassembled, 2);
 }
 
+/// A shared message to a peer that stops answering: once the peer is
+/// declared lost, its fragments fail and the module lets go of the buffer,
+/// whether `send_message_shared` queued the whole message or gave up.
+#[test]
+fn a_shared_message_to_a_lost_peer_is_let_go() {
+    let peer_timeout = peer_timeout_default();
+    let net = SimNetwork::new(6);
+    let mut nodes = vec![node(&net, "a", &config()), node(&net, "b", &config())];
+    let eps = mesh(&mut nodes);
+    let a_errors = errors(&net, &mut nodes[0]);
+    let b_port = nodes[1].modules()[0]
+        .with_context(|c| c.port_id(1))
+        .unwrap();
+    net.set_port_state(b_port, PortState::Down).unwrap();
+    let big: Arc<[u8]> = (0..300u32 << 10).map(|i| (i % 241) as u8).collect();
+    let sent = nodes[0].modules_mut()[0].send_message_shared(eps[0][1].unwrap(), Tag::USR, &big);
+    assert!(
+        sent.is_err() || Arc::strong_count(&big) > 1,
+        "queued, and held by the module"
+    );
+    let stop = drive(&net, &mut nodes, 2 * peer_timeout, |_| {
+        Arc::strong_count(&big) == 1
+    });
+    assert_eq!(
+        stop,
+        Stop::Done,
+        "the module still holds the buffer ({sent:?})"
+    );
+    assert!(
+        !a_errors.lock().unwrap().is_empty(),
+        "the loss was reported ({sent:?})"
+    );
+}
+
 #[test]
 fn a_silent_peer_fails_its_sends_and_spares_the_others() {
     // The default peer_timeout (30 s): virtual time makes waiting it out
