@@ -132,6 +132,66 @@ fn long_datagrams_arrive_whole_and_in_order_with_gro_and_without() {
     }
 }
 
+#[test]
+fn full_datagrams_posted_together_share_gso_sends_and_arrive_apart() {
+    // Two datagrams that fill all their pieces go in one GSO send of 32
+    // packets (`segment::pieces_send_end`); one that does not fill its
+    // last piece ends a send.
+    for gro in [true, false] {
+        let (mut a, mut b) = (endpoint(gro, 4), endpoint(gro, 64));
+        let ah = a.ah(NodeAddr::Ip(b.ctx.ip()));
+        let max = a.ctx.query_port(1).unwrap().max_msg_size;
+        // Sends: [max, max] (a third would pass one UDP payload), [max,
+        // max - 1] (which ends it), [max, max, 5000].
+        let lens = [max, max, max, max - 1, max, max, 5000];
+        let expected_sends = 3;
+        let mut offsets = Vec::new();
+        let mut at = 0;
+        for (i, &len) in lens.iter().enumerate() {
+            a.ctx.mr_bytes_mut(a.send_mr.handle).unwrap()[at..at + len]
+                .copy_from_slice(&pattern(len, i));
+            offsets.push(at);
+            at += len;
+        }
+        let sges: Vec<[Gather<'_>; 1]> = offsets
+            .iter()
+            .zip(&lens)
+            .map(|(&offset, &len)| {
+                [Gather::Registered(Sge {
+                    lkey: a.send_mr.lkey,
+                    offset,
+                    len,
+                })]
+            })
+            .collect();
+        let wrs: Vec<SendWr<'_>> = sges
+            .iter()
+            .enumerate()
+            .map(|(i, sg)| SendWr {
+                wr_id: i as u64,
+                sg_list: sg,
+                ah,
+                remote_qpn: b.qp.qp_num,
+                remote_qkey: QKEY,
+                imm: None,
+                flags: SendFlags::SIGNALED,
+            })
+            .collect();
+        a.ctx.post_send(a.qp.handle, &wrs).unwrap();
+        assert_eq!(a.poll_for(lens.len(), WAIT).len(), lens.len());
+        let got = b.poll_for(lens.len(), WAIT);
+        assert_eq!(got.len(), lens.len(), "gro {gro}");
+        for (i, (wc, &len)) in got.iter().zip(&lens).enumerate() {
+            assert_eq!(wc.status, WcStatus::Success);
+            assert_eq!(b.payload(wc), pattern(len, i), "gro {gro}, datagram {i}");
+        }
+        let (sent, received) = (a.ctx.stats(), b.ctx.stats());
+        assert_eq!(sent.tx_segmented, lens.len() as u64, "{sent:?}");
+        assert_eq!(sent.tx_gso_trains, expected_sends, "{sent:?}");
+        assert_eq!(received.rx_dropped(), 0, "gro {gro}: {received:?}");
+    }
+}
+
 /// A crafted piece: the UD header is in the first piece's bytes.
 fn piece(count: u8, index: u8, unit: u32, body: &[u8]) -> Vec<u8> {
     let mut bytes = vec![0; segment::HEADER_LEN];

@@ -48,6 +48,8 @@ pub const NAME: &str = "udp";
 const MAX_UDP_PAYLOAD_V4: usize = 65_507;
 /// Largest UDP payload over IPv6 (65535 − 8; the IPv6 header is not counted).
 const MAX_UDP_PAYLOAD_V6: usize = 65_527;
+/// Most packets one GSO send may carry (the kernel's UDP_MAX_SEGMENTS).
+const MAX_GSO_SEGMENTS: usize = 64;
 /// Most gather entries a send may have besides the UD header.
 const MAX_SEND_SGE: u32 = 8;
 

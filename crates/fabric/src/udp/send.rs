@@ -14,12 +14,9 @@ use udbtl_wire::ud;
 
 use super::recv::UdpQp;
 use super::segment::{self, MAX_PIECES, PieceHeader};
-use super::{MAX_SEND_SGE, MAX_UDP_PAYLOAD_V4, sys};
+use super::{MAX_GSO_SEGMENTS, MAX_SEND_SGE, MAX_UDP_PAYLOAD_V4, sys};
 use crate::bookkeeping::{QpEntry, Verbs};
 use crate::{FabricError, PostError, QpHandle, Result, SendWr, WcOpcode, WcStatus, WorkCompletion};
-
-/// Most datagrams one GSO send may carry (the kernel's UDP_MAX_SEGMENTS).
-const MAX_GSO_SEGMENTS: usize = 64;
 
 /// The send side of a context.
 #[derive(Debug)]
@@ -238,21 +235,33 @@ impl Sender {
                 segment_size: None,
             }; N];
             let mut members = [(0usize, 0usize); N];
+            let mut sizes = [0usize; N];
+            for (size, len) in sizes.iter_mut().zip(lens) {
+                *size = len + ud::HEADER_LEN;
+            }
             let mut msg_count = 0;
             let mut i = 0;
             while i < chunk.len() {
                 let size = lens[i] + ud::HEADER_LEN;
                 if cut[i] {
-                    // One GSO send of its pieces, on its own.
+                    // One GSO send of its pieces, and of those of the next
+                    // datagrams where they fit behind them.
                     let wire = self.segment.unwrap_or(size);
+                    let end = segment::pieces_send_end(
+                        &dests[..chunk.len()],
+                        &sizes[..chunk.len()],
+                        &cut[..chunk.len()],
+                        wire,
+                        i,
+                    );
                     msgs[msg_count] = sys::OutMsg {
                         dest: dests[i],
-                        iov: &iov[spans[i].0..spans[i].1],
+                        iov: &iov[spans[i].0..spans[end - 1].1],
                         segment_size: Some(wire as u16),
                     };
-                    members[msg_count] = (i, i + 1);
+                    members[msg_count] = (i, end);
                     msg_count += 1;
-                    i += 1;
+                    i = end;
                     continue;
                 }
                 let end = if self.gso {

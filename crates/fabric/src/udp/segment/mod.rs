@@ -10,7 +10,8 @@
 //!
 //! Sending: [`gather`] lays a datagram out as its pieces, each behind its
 //! segment header, as a gather list over the caller's bytes (no copy),
-//! which leaves as one GSO send. Receiving ([`receive`]): a datagram whose
+//! which leaves in one GSO send, with the pieces of the next datagrams to
+//! the same peer behind it where they fit ([`pieces_send_end`]). Receiving ([`receive`]): a datagram whose
 //! pieces all came in one receive, what GRO makes of a GSO send, is read
 //! in place ([`in_place`]) or put together in the front posted buffer;
 //! pieces that came apart (no GRO, or a train GRO split) wait in a small
@@ -19,10 +20,11 @@
 //! counted.
 
 use std::io::IoSlice;
+use std::net::SocketAddr;
 
 use udbtl_wire::segment;
 
-use super::MAX_UDP_PAYLOAD_V4;
+use super::{MAX_GSO_SEGMENTS, MAX_UDP_PAYLOAD_V4};
 
 mod in_place;
 mod partials;
@@ -61,6 +63,48 @@ pub(super) const MAX_PIECES: usize = 16;
 pub(super) fn pieces_per_send(wire: usize) -> Option<usize> {
     let pieces = (MAX_UDP_PAYLOAD_V4 / wire.max(1)).min(MAX_PIECES);
     (pieces >= 2 && wire > segment::HEADER_LEN && wire <= WIRE_MAX).then_some(pieces)
+}
+
+/// Where the GSO send that begins with cut datagram `start` ends
+/// (exclusive): the run of cut datagrams (`cut[i]`) to one destination
+/// whose pieces one send can carry, each before the last filling all its
+/// pieces (a GSO send's packets are all `wire` bytes but the last), within
+/// [`MAX_GSO_SEGMENTS`] packets and one IPv4 UDP payload.
+///
+/// Datagram `i` is `sizes[i]` bytes, UD header included. Two full
+/// datagrams share a send at MTU 1500 (32 packets of 1 472 bytes), which
+/// halves the sends, and the packets the kernel handles one by one on the
+/// way, for the same bytes; a receiver tells the datagrams apart by their
+/// segment headers as it does when GRO joins two sends.
+pub(super) fn pieces_send_end(
+    dests: &[SocketAddr],
+    sizes: &[usize],
+    cut: &[bool],
+    wire: usize,
+    start: usize,
+) -> usize {
+    let Some(chunk) = wire.checked_sub(segment::HEADER_LEN).filter(|&c| c > 0) else {
+        return start + 1;
+    };
+    let count = sizes.len().min(dests.len()).min(cut.len());
+    let packets = |size: usize| size.div_ceil(chunk);
+    let on_wire = |size: usize| size + packets(size) * segment::HEADER_LEN;
+    let mut end = start + 1;
+    let (mut segments, mut bytes) = sizes
+        .get(start)
+        .map_or((0, 0), |&s| (packets(s), on_wire(s)));
+    while end < count
+        && cut[end]
+        && dests[end] == dests[start]
+        && sizes[end - 1] % chunk == 0
+        && segments + packets(sizes[end]) <= MAX_GSO_SEGMENTS
+        && bytes + on_wire(sizes[end]) <= MAX_UDP_PAYLOAD_V4
+    {
+        segments += packets(sizes[end]);
+        bytes += on_wire(sizes[end]);
+        end += 1;
+    }
+    end
 }
 
 /// A piece's segment header, as it goes on the wire.
@@ -196,6 +240,92 @@ mod tests {
         assert!(used <= gather_len(9));
         let image: Vec<u8> = iov[..used].iter().flat_map(|s| s.iter().copied()).collect();
         assert_eq!(image.len(), 9000 + 7 * segment::HEADER_LEN);
+    }
+
+    fn to(port: u16) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    /// The GSO sends [`pieces_send_end`] groups a batch of cut datagrams
+    /// into, as `start..end`.
+    fn sends(dests: &[SocketAddr], sizes: &[usize], wire: usize) -> Vec<(usize, usize)> {
+        let cut = vec![true; sizes.len()];
+        let mut out = Vec::new();
+        let mut start = 0;
+        while start < sizes.len() {
+            let end = pieces_send_end(dests, sizes, &cut, wire, start);
+            out.push((start, end));
+            start = end;
+        }
+        out
+    }
+
+    /// A datagram that fills 16 pieces of 1 472 bytes.
+    const FULL: usize = 16 * (1472 - segment::HEADER_LEN);
+
+    #[test]
+    fn two_full_datagrams_share_a_send_at_mtu_1500() {
+        let dests = [to(1); 5];
+        assert_eq!(sends(&dests, &[FULL; 5], 1472), [(0, 2), (2, 4), (4, 5)]);
+    }
+
+    #[test]
+    fn a_datagram_that_does_not_fill_its_last_piece_ends_a_send() {
+        let dests = [to(1); 4];
+        assert_eq!(
+            sends(&dests, &[FULL - 1, FULL, 5000, FULL], 1472),
+            [(0, 1), (1, 3), (3, 4)]
+        );
+    }
+
+    #[test]
+    fn a_send_keeps_to_one_destination_and_to_cut_datagrams() {
+        let dests = [to(1), to(2), to(2), to(2)];
+        assert_eq!(sends(&dests, &[FULL; 4], 1472), [(0, 1), (1, 3), (3, 4)]);
+        let cut = [true, false, true];
+        assert_eq!(pieces_send_end(&[to(1); 3], &[FULL; 3], &cut, 1472, 0), 1);
+    }
+
+    #[test]
+    fn long_pieces_go_one_datagram_per_send() {
+        let full = 7 * (8972 - segment::HEADER_LEN);
+        assert_eq!(
+            sends(&[to(1); 3], &[full; 3], 8972),
+            [(0, 1), (1, 2), (2, 3)]
+        );
+    }
+
+    proptest::proptest! {
+        /// Sends cover the batch in order, and each is one the kernel
+        /// takes: one destination, every datagram but the last filling its
+        /// pieces, within the packet and payload limits.
+        #[test]
+        fn sends_are_sendable_and_cover_the_batch(
+            batch in proptest::collection::vec(
+                (0u16..2, proptest::sample::select(vec![1465usize, 2928, 5000, 11_712, FULL - 1, FULL])),
+                1..100,
+            ),
+            wire in proptest::sample::select(vec![600usize, 1472, 4096]),
+        ) {
+            let dests: Vec<SocketAddr> = batch.iter().map(|(port, _)| to(*port)).collect();
+            let sizes: Vec<usize> = batch.iter().map(|(_, size)| *size).collect();
+            let chunk = wire - segment::HEADER_LEN;
+            let mut next = 0;
+            for (start, end) in sends(&dests, &sizes, wire) {
+                proptest::prop_assert_eq!(start, next);
+                proptest::prop_assert!(end > start && end <= sizes.len());
+                next = end;
+                let packets: usize = sizes[start..end].iter().map(|s| s.div_ceil(chunk)).sum();
+                let bytes: usize = sizes[start..end].iter().map(|s| s + s.div_ceil(chunk) * segment::HEADER_LEN).sum();
+                if end - start > 1 {
+                    proptest::prop_assert!(dests[start..end].iter().all(|d| *d == dests[start]));
+                    proptest::prop_assert!(sizes[start..end - 1].iter().all(|s| s % chunk == 0));
+                    proptest::prop_assert!(packets <= MAX_GSO_SEGMENTS);
+                    proptest::prop_assert!(bytes <= MAX_UDP_PAYLOAD_V4);
+                }
+            }
+            proptest::prop_assert_eq!(next, sizes.len());
+        }
     }
 
     #[test]
