@@ -133,18 +133,32 @@ fn long_datagrams_arrive_whole_and_in_order_with_gro_and_without() {
 }
 
 #[test]
-fn full_datagrams_posted_together_share_gso_sends_and_arrive_apart() {
+fn datagrams_posted_together_share_gso_sends_and_arrive_apart() {
     // Two datagrams that fill all their pieces go in one GSO send of 32
-    // packets (`segment::pieces_send_end`); one that does not fill its
-    // last piece ends a send.
-    for gro in [true, false] {
-        let (mut a, mut b) = (endpoint(gro, 4), endpoint(gro, 64));
+    // packets (`segment::pieces_send_end`); one whose last piece is short
+    // is padded to go before another where that costs at most an eighth,
+    // else it ends a send.
+    let max = open(false).query_port(1).unwrap().max_msg_size;
+    let cases = [
+        // [max, max] (a third would pass one UDP payload), [max, max - 1]
+        // (1 byte short: no room for the trailer), [max, max, 5000].
+        (vec![max, max, max, max - 1, max, max, 5000], 3),
+        // 16 KiB messages, three to a send, the first two padded; 5000
+        // bytes would need more padding than an eighth.
+        (vec![16_400, 16_400, 16_400, 16_400, 5000, 5000, 16_400], 4),
+    ];
+    let runs = [true, false]
+        .into_iter()
+        .flat_map(|gro| cases.iter().map(move |case| (gro, WIRE, case)));
+    // Jumbo frames: 16 KiB messages in two pieces, three to a send, which
+    // a receiver that reads pieces in place takes apart through its
+    // scratch space.
+    let jumbo = (vec![16_400; 6], 2);
+    for (gro, wire, (lens, expected_sends)) in runs.chain([(true, JUMBO_WIRE, &jumbo)]) {
+        let endpoint = |slots| Endpoint::with_buffers(open_for(gro, wire), slots, BUFFER, QKEY);
+        let (mut a, mut b) = (endpoint(4), endpoint(64));
         let ah = a.ah(NodeAddr::Ip(b.ctx.ip()));
-        let max = a.ctx.query_port(1).unwrap().max_msg_size;
-        // Sends: [max, max] (a third would pass one UDP payload), [max,
-        // max - 1] (which ends it), [max, max, 5000].
-        let lens = [max, max, max, max - 1, max, max, 5000];
-        let expected_sends = 3;
+        let (lens, expected_sends) = (lens.as_slice(), *expected_sends);
         let mut offsets = Vec::new();
         let mut at = 0;
         for (i, &len) in lens.iter().enumerate() {
@@ -155,7 +169,7 @@ fn full_datagrams_posted_together_share_gso_sends_and_arrive_apart() {
         }
         let sges: Vec<[Gather<'_>; 1]> = offsets
             .iter()
-            .zip(&lens)
+            .zip(lens)
             .map(|(&offset, &len)| {
                 [Gather::Registered(Sge {
                     lkey: a.send_mr.lkey,
@@ -181,7 +195,7 @@ fn full_datagrams_posted_together_share_gso_sends_and_arrive_apart() {
         assert_eq!(a.poll_for(lens.len(), WAIT).len(), lens.len());
         let got = b.poll_for(lens.len(), WAIT);
         assert_eq!(got.len(), lens.len(), "gro {gro}");
-        for (i, (wc, &len)) in got.iter().zip(&lens).enumerate() {
+        for (i, (wc, &len)) in got.iter().zip(lens).enumerate() {
             assert_eq!(wc.status, WcStatus::Success);
             assert_eq!(b.payload(wc), pattern(len, i), "gro {gro}, datagram {i}");
         }
@@ -195,7 +209,13 @@ fn full_datagrams_posted_together_share_gso_sends_and_arrive_apart() {
 /// A crafted piece: the UD header is in the first piece's bytes.
 fn piece(count: u8, index: u8, unit: u32, body: &[u8]) -> Vec<u8> {
     let mut bytes = vec![0; segment::HEADER_LEN];
-    segment::Repr { count, index, unit }.emit(&mut bytes);
+    segment::Repr {
+        count,
+        index,
+        unit,
+        padded: false,
+    }
+    .emit(&mut bytes);
     bytes.extend_from_slice(body);
     bytes
 }

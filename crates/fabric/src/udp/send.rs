@@ -189,17 +189,30 @@ impl Sender {
                 let ip = verbs.ah(wr.ah)?.route;
                 dests[i] = SocketAddr::new(ip, wr.remote_qpn as u16);
             }
+            let mut sizes = [0usize; N];
+            for (size, len) in sizes.iter_mut().zip(lens) {
+                *size = len + ud::HEADER_LEN;
+            }
+            // Which datagrams share a GSO send, and which are padded for
+            // that, where the port cuts them.
+            let n = chunk.len();
+            let cut_len = self.cut_len();
+            let mut send_end = [0usize; N];
+            let mut padded = [false; N];
+            if let Some(wire) = cut_len {
+                segment::plan_sends(&dests[..n], &sizes[..n], wire, &mut send_end, &mut padded);
+            }
             // Each datagram's gather entries, `spans[i]` of `iov`: its UD
             // header and gather list, or those cut into pieces (`cut[i]`),
             // each behind its segment header.
             let empty: &[u8] = &[];
+            let mut trailers = [[0u8; udbtl_wire::segment::TRAILER_LEN]; N];
             let mut iov = [IoSlice::new(empty); IOV];
             let mut spans = [(0usize, 0usize); N];
             let mut cut = [false; N];
             let mut used = 0;
-            let cut_len = self.cut_len();
             let mut piece_headers = self.piece_headers.chunks_exact_mut(MAX_PIECES);
-            for (i, wr) in chunk.iter().enumerate() {
+            for ((i, wr), trailer) in chunk.iter().enumerate().zip(&mut trailers) {
                 let start = used;
                 let mut parts = [empty; PARTS];
                 parts[0] = &headers[i];
@@ -207,12 +220,13 @@ impl Sender {
                     *part = verbs.gather_bytes(gather);
                 }
                 let parts = &parts[..1 + wr.sg_list.len()];
-                if let Some(wire) = cut_len.filter(|&wire| lens[i] + ud::HEADER_LEN > wire) {
+                if let Some(wire) = cut_len.filter(|&wire| sizes[i] > wire) {
                     self.unit = self.unit.wrapping_add(1);
                     // The port's limit keeps every datagram within one GSO
                     // send; one that is not goes whole, and IP fragments it.
+                    let trailer = padded[i].then_some(trailer);
                     let laid_out = piece_headers.next().and_then(|space| {
-                        segment::gather(space, parts, wire, self.unit, &mut iov[used..])
+                        segment::gather(space, parts, wire, self.unit, trailer, &mut iov[used..])
                     });
                     if let Some(entries) = laid_out {
                         used += entries;
@@ -235,25 +249,18 @@ impl Sender {
                 segment_size: None,
             }; N];
             let mut members = [(0usize, 0usize); N];
-            let mut sizes = [0usize; N];
-            for (size, len) in sizes.iter_mut().zip(lens) {
-                *size = len + ud::HEADER_LEN;
-            }
             let mut msg_count = 0;
             let mut i = 0;
             while i < chunk.len() {
                 let size = lens[i] + ud::HEADER_LEN;
                 if cut[i] {
-                    // One GSO send of its pieces, and of those of the next
-                    // datagrams where they fit behind them.
+                    // One GSO send of its pieces and those of the next
+                    // datagrams planned into it, up to one that was not cut
+                    // after all (its layout failed): padded pieces before
+                    // the end of a send are as good as full ones.
                     let wire = self.segment.unwrap_or(size);
-                    let end = segment::pieces_send_end(
-                        &dests[..chunk.len()],
-                        &sizes[..chunk.len()],
-                        &cut[..chunk.len()],
-                        wire,
-                        i,
-                    );
+                    let planned = send_end[i].clamp(i + 1, n);
+                    let end = (i + 1..planned).find(|&j| !cut[j]).unwrap_or(planned);
                     msgs[msg_count] = sys::OutMsg {
                         dest: dests[i],
                         iov: &iov[spans[i].0..spans[end - 1].1],

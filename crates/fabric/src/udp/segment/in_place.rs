@@ -171,7 +171,7 @@ impl InPlace {
                     && usize::from(r.count) == count
                     && headers[..count - 1].iter().zip(1..).all(|(header, index)| {
                         segment::Repr::parse(header).is_ok_and(|h| {
-                            h.unit == r.unit && h.index == index && h.count == r.count
+                            h.unit == r.unit && h.index == index && h.count == r.count && !h.padded
                         })
                     })
             });
@@ -273,7 +273,13 @@ mod tests {
         let mut out = Vec::new();
         for (index, chunk) in (0..).zip(chunks) {
             let mut header = PieceHeader::default();
-            segment::Repr { count, index, unit }.emit(&mut header);
+            segment::Repr {
+                count,
+                index,
+                unit,
+                padded: false,
+            }
+            .emit(&mut header);
             out.extend_from_slice(&header);
             out.extend_from_slice(chunk);
         }

@@ -11,7 +11,8 @@
 //! Sending: [`gather`] lays a datagram out as its pieces, each behind its
 //! segment header, as a gather list over the caller's bytes (no copy),
 //! which leaves in one GSO send, with the pieces of the next datagrams to
-//! the same peer behind it where they fit ([`pieces_send_end`]). Receiving ([`receive`]): a datagram whose
+//! the same peer behind it where they fit ([`pieces_send_end`], the last
+//! piece padded where it is short). Receiving ([`receive`]): a datagram whose
 //! pieces all came in one receive, what GRO makes of a GSO send, is read
 //! in place ([`in_place`]) or put together in the front posted buffer;
 //! pieces that came apart (no GRO, or a train GRO split) wait in a small
@@ -24,6 +25,7 @@ use std::net::SocketAddr;
 
 use udbtl_wire::segment;
 
+use super::sys::MAX_BATCH;
 use super::{MAX_GSO_SEGMENTS, MAX_UDP_PAYLOAD_V4};
 
 mod in_place;
@@ -67,15 +69,15 @@ pub(super) fn pieces_per_send(wire: usize) -> Option<usize> {
 
 /// Where the GSO send that begins with cut datagram `start` ends
 /// (exclusive): the run of cut datagrams (`cut[i]`) to one destination
-/// whose pieces one send can carry, each before the last filling all its
-/// pieces (a GSO send's packets are all `wire` bytes but the last), within
-/// [`MAX_GSO_SEGMENTS`] packets and one IPv4 UDP payload.
+/// whose pieces one send can carry, within [`MAX_GSO_SEGMENTS`] packets and
+/// one IPv4 UDP payload, each before the last either filling its last
+/// piece or padded to ([`padding`]).
 ///
-/// Datagram `i` is `sizes[i]` bytes, UD header included. Two full
-/// datagrams share a send at MTU 1500 (32 packets of 1 472 bytes), which
-/// halves the sends, and the packets the kernel handles one by one on the
-/// way, for the same bytes; a receiver tells the datagrams apart by their
-/// segment headers as it does when GRO joins two sends.
+/// Datagram `i` is `sizes[i]` bytes, UD header included. At MTU 1500 two
+/// full datagrams share a send (32 packets of 1 472 bytes), and three of a
+/// 16 KiB message's: fewer sends, and fewer packets the kernel handles one
+/// by one on the way, for the same bytes. A receiver tells the datagrams
+/// apart by their segment headers, as it does where GRO joins two sends.
 pub(super) fn pieces_send_end(
     dests: &[SocketAddr],
     sizes: &[usize],
@@ -83,52 +85,114 @@ pub(super) fn pieces_send_end(
     wire: usize,
     start: usize,
 ) -> usize {
-    let Some(chunk) = wire.checked_sub(segment::HEADER_LEN).filter(|&c| c > 0) else {
+    let count = sizes.len().min(dests.len()).min(cut.len());
+    let Some((first, _)) = sizes.get(start).and_then(|&size| cut_shape(size, wire)) else {
         return start + 1;
     };
-    let count = sizes.len().min(dests.len()).min(cut.len());
-    let packets = |size: usize| size.div_ceil(chunk);
-    let on_wire = |size: usize| size + packets(size) * segment::HEADER_LEN;
     let mut end = start + 1;
-    let (mut segments, mut bytes) = sizes
-        .get(start)
-        .map_or((0, 0), |&s| (packets(s), on_wire(s)));
+    // Packets so far, and their bytes once all of them are full.
+    let mut packets = first;
     while end < count
         && cut[end]
         && dests[end] == dests[start]
-        && sizes[end - 1] % chunk == 0
-        && segments + packets(sizes[end]) <= MAX_GSO_SEGMENTS
-        && bytes + on_wire(sizes[end]) <= MAX_UDP_PAYLOAD_V4
+        && padding(sizes[end - 1], wire).is_some()
     {
-        segments += packets(sizes[end]);
-        bytes += on_wire(sizes[end]);
+        let Some((more, last)) = cut_shape(sizes[end], wire) else {
+            break;
+        };
+        let bytes = packets * wire + (more - 1) * wire + segment::HEADER_LEN + last;
+        if packets + more > MAX_GSO_SEGMENTS || bytes > MAX_UDP_PAYLOAD_V4 {
+            break;
+        }
+        packets += more;
         end += 1;
     }
     end
+}
+
+/// Plans the GSO sends of a batch whose datagrams longer than `wire` bytes
+/// are cut ([`pieces_send_end`]): `send_end[i]` is where datagram `i`'s
+/// send ends (`i + 1` for one sent whole) and `padded[i]` whether its
+/// last piece is to be padded, which every member of a send but its last
+/// is. The slices are as long as the batch.
+pub(super) fn plan_sends(
+    dests: &[SocketAddr],
+    sizes: &[usize],
+    wire: usize,
+    send_end: &mut [usize],
+    padded: &mut [bool],
+) {
+    let count = sizes.len();
+    let mut cut = [false; MAX_BATCH];
+    for (cut, &size) in cut.iter_mut().zip(sizes) {
+        *cut = size > wire;
+    }
+    let mut i = 0;
+    while i < count {
+        let end = if cut[i] {
+            pieces_send_end(dests, sizes, &cut[..count.min(MAX_BATCH)], wire, i)
+        } else {
+            i + 1
+        };
+        for j in i..end {
+            send_end[j] = end;
+            padded[j] = j + 1 < end;
+        }
+        i = end;
+    }
+}
+
+/// How a datagram of `size` bytes is cut for `wire`-byte packets: its
+/// pieces, and the body of the last.
+fn cut_shape(size: usize, wire: usize) -> Option<(usize, usize)> {
+    let chunk = wire.checked_sub(segment::HEADER_LEN).filter(|&c| c > 0)?;
+    let count = size.div_ceil(chunk);
+    (count >= 1).then(|| (count, size - (count - 1) * chunk))
+}
+
+/// The padding a datagram of `size` bytes needs for its last piece to fill
+/// a `wire`-byte packet, so that another datagram's pieces can follow in
+/// the same GSO send: `Some(0)` where it fills it already, `None` where
+/// the padding would not hold the trailer or would add more than an eighth
+/// to the datagram (on a path that the wire limits, padding costs
+/// bandwidth; a few hundred bytes on a 16 KiB message cost less than a
+/// send of their own).
+pub(super) fn padding(size: usize, wire: usize) -> Option<usize> {
+    let (_, last) = cut_shape(size, wire)?;
+    let pad = wire - segment::HEADER_LEN - last;
+    (pad == 0 || (pad >= segment::TRAILER_LEN && pad <= size / 8)).then_some(pad)
 }
 
 /// A piece's segment header, as it goes on the wire.
 pub(super) type PieceHeader = [u8; segment::HEADER_LEN];
 
 /// Gather entries one datagram of `parts` gather parts may need when it is
-/// cut into pieces: a header per piece, and per piece the parts it spans,
-/// which add up to at most the pieces plus the parts.
+/// cut into pieces: a header per piece, per piece the parts it spans,
+/// which add up to at most the pieces plus the parts, and the padding and
+/// trailer of a padded last piece.
 pub(super) const fn gather_len(parts: usize) -> usize {
-    2 * MAX_PIECES + parts
+    2 * MAX_PIECES + parts + 2
 }
+
+/// Zeros that pad a short last piece ([`padding`]).
+static ZEROS: [u8; WIRE_MAX] = [0; WIRE_MAX];
 
 /// Lays out the datagram `parts` (UD header, then payload) as pieces for
 /// `wire`-byte packets without copying it: writes each piece's segment
 /// header, naming `unit`, into `headers`, and fills `iov` with the headers
-/// and the slices of `parts` in the order the packets carry them. Returns
-/// the entries of `iov` used, or `None` if the datagram fits one packet,
-/// needs more pieces than `headers` hold or a header can count, or `iov`
-/// is too short ([`gather_len`] is enough).
+/// and the slices of `parts` in the order the packets carry them. With
+/// `trailer`, a short last piece is padded to a full packet, its length
+/// written there ([`udbtl_wire::segment`]); the caller checked with
+/// [`padding`] that it may be. Returns the entries of `iov` used, or
+/// `None` if the datagram fits one packet, needs more pieces than
+/// `headers` hold or a header can count, or `iov` is too short
+/// ([`gather_len`] is enough).
 pub(super) fn gather<'a>(
     headers: &'a mut [PieceHeader],
     parts: &[&'a [u8]],
     wire: usize,
     unit: u32,
+    trailer: Option<&'a mut [u8; segment::TRAILER_LEN]>,
     iov: &mut [IoSlice<'a>],
 ) -> Option<usize> {
     let chunk = wire.checked_sub(segment::HEADER_LEN).filter(|&c| c > 0)?;
@@ -137,9 +201,27 @@ pub(super) fn gather<'a>(
     if !(2..=segment::MAX_COUNT).contains(&count) || usize::from(count) > headers.len() {
         return None;
     }
+    let last = total - (usize::from(count) - 1) * chunk;
+    // The zeros and the trailer after a padded last piece's body.
+    let pad = match trailer {
+        Some(space) if last < chunk => {
+            let zeros = chunk.checked_sub(last + segment::TRAILER_LEN)?;
+            *space = segment::trailer(last)?;
+            let space: &'a [u8] = space;
+            Some((ZEROS.get(..zeros)?, space))
+        }
+        _ => None,
+    };
     let headers = &mut headers[..usize::from(count)];
     for (index, header) in (0..count).zip(headers.iter_mut()) {
-        segment::Repr { count, index, unit }.emit(header);
+        let padded = pad.is_some() && index + 1 == count;
+        segment::Repr {
+            count,
+            index,
+            unit,
+            padded,
+        }
+        .emit(header);
     }
     let headers: &'a [PieceHeader] = headers;
     let mut used = 0;
@@ -161,6 +243,10 @@ pub(super) fn gather<'a>(
             push(now)?;
             (need, pending) = (need - now.len(), later);
         }
+    }
+    if let Some((zeros, trailer)) = pad {
+        push(zeros)?;
+        push(trailer)?;
     }
     Some(used)
 }
@@ -185,7 +271,7 @@ mod tests {
     fn gathered(parts: &[&[u8]], wire: usize, unit: u32) -> Option<Vec<u8>> {
         let mut headers = [PieceHeader::default(); MAX_PIECES];
         let mut iov = [IoSlice::new(&[]); gather_len(4)];
-        let used = gather(&mut headers, parts, wire, unit, &mut iov)?;
+        let used = gather(&mut headers, parts, wire, unit, None, &mut iov)?;
         Some(
             iov[..used]
                 .iter()
@@ -226,7 +312,7 @@ mod tests {
         let mut headers = [PieceHeader::default(); MAX_PIECES];
         let mut iov = [IoSlice::new(&[]); 3];
         let parts: [&[u8]; 1] = [&[0u8; 3000]];
-        assert_eq!(gather(&mut headers, &parts, 1472, 1, &mut iov), None);
+        assert_eq!(gather(&mut headers, &parts, 1472, 1, None, &mut iov), None);
     }
 
     #[test]
@@ -236,7 +322,7 @@ mod tests {
         let parts: Vec<&[u8]> = bytes.chunks(1000).collect();
         let mut headers = [PieceHeader::default(); MAX_PIECES];
         let mut iov = [IoSlice::new(&[]); gather_len(9)];
-        let used = gather(&mut headers, &parts, 1472, 1, &mut iov).expect("laid out");
+        let used = gather(&mut headers, &parts, 1472, 1, None, &mut iov).expect("laid out");
         assert!(used <= gather_len(9));
         let image: Vec<u8> = iov[..used].iter().flat_map(|s| s.iter().copied()).collect();
         assert_eq!(image.len(), 9000 + 7 * segment::HEADER_LEN);
@@ -296,36 +382,81 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Sends cover the batch in order, and each is one the kernel
-        /// takes: one destination, every datagram but the last filling its
-        /// pieces, within the packet and payload limits.
+        /// The planned sends cover the batch in order, and each, laid out,
+        /// is one the kernel takes (one destination, all packets `wire`
+        /// bytes but the last, within the packet and payload limits) and
+        /// one a receiver takes apart into the datagrams sent.
         #[test]
-        fn sends_are_sendable_and_cover_the_batch(
+        fn planned_sends_are_sendable_and_come_apart_into_the_datagrams(
             batch in proptest::collection::vec(
-                (0u16..2, proptest::sample::select(vec![1465usize, 2928, 5000, 11_712, FULL - 1, FULL])),
-                1..100,
+                (0u16..2, 2usize..=MAX_PIECES, proptest::sample::select(vec![0usize, 1, 2, 3, 100, 300, 700])),
+                1..MAX_BATCH,
             ),
             wire in proptest::sample::select(vec![600usize, 1472, 4096]),
         ) {
-            let dests: Vec<SocketAddr> = batch.iter().map(|(port, _)| to(*port)).collect();
-            let sizes: Vec<usize> = batch.iter().map(|(_, size)| *size).collect();
             let chunk = wire - segment::HEADER_LEN;
-            let mut next = 0;
-            for (start, end) in sends(&dests, &sizes, wire) {
-                proptest::prop_assert_eq!(start, next);
+            let dests: Vec<SocketAddr> = batch.iter().map(|(port, _, _)| to(*port)).collect();
+            let sizes: Vec<usize> = batch
+                .iter()
+                .map(|&(_, pieces, short)| {
+                    // As the port's limit keeps them: within one GSO send.
+                    let pieces = pieces.min(pieces_per_send(wire).unwrap_or(2));
+                    (pieces * chunk).saturating_sub(short).max(chunk + 1)
+                })
+                .collect();
+            let datagrams: Vec<Vec<u8>> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &size)| (0..size).map(|b| (b * 7 + i * 13) as u8).collect())
+                .collect();
+            let mut send_end = vec![0; sizes.len()];
+            let mut padded = vec![false; sizes.len()];
+            plan_sends(&dests, &sizes, wire, &mut send_end, &mut padded);
+            let mut start = 0;
+            while start < sizes.len() {
+                let end = send_end[start];
                 proptest::prop_assert!(end > start && end <= sizes.len());
-                next = end;
-                let packets: usize = sizes[start..end].iter().map(|s| s.div_ceil(chunk)).sum();
-                let bytes: usize = sizes[start..end].iter().map(|s| s + s.div_ceil(chunk) * segment::HEADER_LEN).sum();
-                if end - start > 1 {
-                    proptest::prop_assert!(dests[start..end].iter().all(|d| *d == dests[start]));
-                    proptest::prop_assert!(sizes[start..end - 1].iter().all(|s| s % chunk == 0));
-                    proptest::prop_assert!(packets <= MAX_GSO_SEGMENTS);
-                    proptest::prop_assert!(bytes <= MAX_UDP_PAYLOAD_V4);
+                proptest::prop_assert!(dests[start..end].iter().all(|d| *d == dests[start]));
+                let mut image = Vec::new();
+                for i in start..end {
+                    proptest::prop_assert_eq!(send_end[i], end);
+                    proptest::prop_assert_eq!(padded[i], i + 1 < end);
+                    let mut headers = [PieceHeader::default(); MAX_PIECES];
+                    let mut trailer = [0u8; segment::TRAILER_LEN];
+                    let mut iov = [IoSlice::new(&[]); gather_len(1)];
+                    let used = gather(&mut headers, &[&datagrams[i]], wire, i as u32, padded[i].then_some(&mut trailer), &mut iov);
+                    let used = used.expect("laid out");
+                    image.extend(iov[..used].iter().flat_map(|s| s.iter().copied()));
                 }
+                let packets: Vec<&[u8]> = image.chunks(wire).collect();
+                proptest::prop_assert!(packets.len() <= MAX_GSO_SEGMENTS);
+                proptest::prop_assert!(image.len() <= MAX_UDP_PAYLOAD_V4);
+                proptest::prop_assert!(packets[..packets.len() - 1].iter().all(|p| p.len() == wire));
+                let mut bodies = packets.iter().map(|p| segment::body(p).expect("a piece"));
+                for datagram in &datagrams[start..end] {
+                    let count = datagram.len().div_ceil(chunk);
+                    let joined: Vec<u8> = bodies.by_ref().take(count).flatten().copied().collect();
+                    proptest::prop_assert_eq!(&joined, datagram);
+                }
+                start = end;
             }
-            proptest::prop_assert_eq!(next, sizes.len());
         }
+    }
+
+    #[test]
+    fn a_16_kib_message_is_padded_to_share_a_send_with_two_more() {
+        // 16 KiB and ob1's and the BTL's headers, cut into 12 pieces: the
+        // last 288 bytes padded by 1 176, under an eighth.
+        let size = 16_384 + 64;
+        assert_eq!(padding(size, 1472), Some(12 * 1464 - size));
+        assert_eq!(
+            sends(&[to(1); 7], &[size; 7], 1472),
+            [(0, 3), (3, 6), (6, 7)]
+        );
+        // Padding more than an eighth is not worth a send.
+        assert_eq!(padding(2000, 1472), None);
+        assert_eq!(padding(FULL, 1472), Some(0));
+        assert_eq!(padding(FULL - 1, 1472), None);
     }
 
     #[test]

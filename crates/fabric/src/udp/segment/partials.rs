@@ -163,6 +163,7 @@ mod tests {
             count: 3,
             index,
             unit,
+            padded: false,
         };
         assert_eq!(
             partials.feed((qp, from), piece(0, 1), b"ab", &mut stats),

@@ -248,7 +248,7 @@ fn land_pieces(
             rest = after;
             continue;
         }
-        let Ok(repr) = segment::Repr::parse(piece) else {
+        let (Ok(repr), Ok(body)) = (segment::Repr::parse(piece), segment::body(piece)) else {
             landing.stats.rx_malformed += 1;
             rest = after;
             continue;
@@ -263,9 +263,10 @@ fn land_pieces(
             }
             let span = (count * stride).min(rest.len());
             let (own, after) = rest.split_at(span);
-            let len = own.len() - count * segment::HEADER_LEN;
-            let mut bodies = own.chunks(stride).map(|p| &p[segment::HEADER_LEN..]);
-            queued += usize::from(landing.deliver(&mut bodies, len));
+            // `data_holds` checked every piece's body.
+            let bodies = || own.chunks(stride).filter_map(|p| segment::body(p).ok());
+            let len = bodies().map(<[u8]>::len).sum();
+            queued += usize::from(landing.deliver(&mut bodies(), len));
             rest = after;
             continue;
         }
@@ -274,12 +275,7 @@ fn land_pieces(
             rest = after;
             continue;
         };
-        if let Some(slot) = partials.feed(
-            (landing.qp, source),
-            repr,
-            &piece[segment::HEADER_LEN..],
-            landing.stats,
-        ) {
+        if let Some(slot) = partials.feed((landing.qp, source), repr, body, landing.stats) {
             if let Some(bytes) = partials.take(slot) {
                 let len = bytes.len();
                 queued += usize::from(landing.deliver(&mut core::iter::once(bytes), len));
@@ -309,7 +305,7 @@ fn data_holds(data: &[u8], stride: usize, count: usize, unit: u32) -> bool {
         pieces.next().is_some_and(|piece| {
             segment::Repr::parse(piece).is_ok_and(|r| {
                 r.unit == unit && usize::from(r.index) == index && usize::from(r.count) == count
-            }) && piece.len() > segment::HEADER_LEN
+            }) && segment::body(piece).is_ok_and(|body| !body.is_empty())
         })
     })
 }
