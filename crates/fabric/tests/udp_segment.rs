@@ -178,19 +178,7 @@ fn datagrams_posted_together_share_gso_sends_and_arrive_apart() {
                 })]
             })
             .collect();
-        let wrs: Vec<SendWr<'_>> = sges
-            .iter()
-            .enumerate()
-            .map(|(i, sg)| SendWr {
-                wr_id: i as u64,
-                sg_list: sg,
-                ah,
-                remote_qpn: b.qp.qp_num,
-                remote_qkey: QKEY,
-                imm: None,
-                flags: SendFlags::SIGNALED,
-            })
-            .collect();
+        let wrs = signaled_sends(&sges, ah, b.qp.qp_num, QKEY);
         a.ctx.post_send(a.qp.handle, &wrs).unwrap();
         assert_eq!(a.poll_for(lens.len(), WAIT).len(), lens.len());
         let got = b.poll_for(lens.len(), WAIT);

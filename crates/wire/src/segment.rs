@@ -175,14 +175,17 @@ mod tests {
         bytes
     }
 
+    /// The padded last of three pieces.
+    const PADDED_LAST: Repr = Repr {
+        count: 3,
+        index: 2,
+        unit: 9,
+        padded: true,
+    };
+
     #[test]
     fn a_padded_piece_gives_back_its_body_alone() {
-        let last = Repr {
-            count: 3,
-            index: 2,
-            unit: 9,
-            padded: true,
-        };
+        let last = PADDED_LAST;
         let mut rest = vec![7u8; 300];
         rest.extend_from_slice(&[0; 100]);
         rest.extend_from_slice(&trailer(300).expect("fits"));
@@ -198,12 +201,7 @@ mod tests {
 
     #[test]
     fn a_padded_piece_that_lies_about_its_length_or_place_is_refused() {
-        let last = Repr {
-            count: 3,
-            index: 2,
-            unit: 9,
-            padded: true,
-        };
+        let last = PADDED_LAST;
         let mut rest = vec![7u8; 300];
         rest.extend_from_slice(&trailer(301).expect("fits"));
         assert!(body(&packet(last, &rest)).is_err());

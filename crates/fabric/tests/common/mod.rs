@@ -208,8 +208,22 @@ pub fn post_forty_of<C: Context>(
             })]
         })
         .collect();
-    let wrs: Vec<SendWr<'_>> = sgs
-        .iter()
+    let wrs = signaled_sends(&sgs, ah, remote_qpn, qkey);
+    let (first, rest) = wrs.split_at(first_post.min(wrs.len()));
+    for run in [first, rest].into_iter().filter(|run| !run.is_empty()) {
+        a.ctx.post_send(a.qp.handle, run).unwrap();
+    }
+}
+
+/// Signaled sends of `sgs`, one each, numbered from 0, to `remote_qpn`
+/// through `ah` presenting `qkey`.
+pub fn signaled_sends<'a>(
+    sgs: &'a [[Gather<'a>; 1]],
+    ah: AhHandle,
+    remote_qpn: u32,
+    qkey: u32,
+) -> Vec<SendWr<'a>> {
+    sgs.iter()
         .enumerate()
         .map(|(i, sg)| SendWr {
             wr_id: i as u64,
@@ -220,11 +234,7 @@ pub fn post_forty_of<C: Context>(
             imm: None,
             flags: SendFlags::SIGNALED,
         })
-        .collect();
-    let (first, rest) = wrs.split_at(first_post.min(wrs.len()));
-    for run in [first, rest].into_iter().filter(|run| !run.is_empty()) {
-        a.ctx.post_send(a.qp.handle, run).unwrap();
-    }
+        .collect()
 }
 
 /// Creates a UD queue pair on `cq` and moves it to RTS on port 1 with
