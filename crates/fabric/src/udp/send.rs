@@ -252,7 +252,7 @@ impl Sender {
             let mut msg_count = 0;
             let mut i = 0;
             while i < chunk.len() {
-                let size = lens[i] + ud::HEADER_LEN;
+                let size = sizes[i];
                 if cut[i] {
                     // One GSO send of its pieces and those of the next
                     // datagrams planned into it, up to one that was not cut

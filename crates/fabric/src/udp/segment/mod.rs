@@ -114,7 +114,8 @@ pub(super) fn pieces_send_end(
 /// are cut ([`pieces_send_end`]): `send_end[i]` is where datagram `i`'s
 /// send ends (`i + 1` for one sent whole) and `padded[i]` whether its
 /// last piece is to be padded, which every member of a send but its last
-/// is. The slices are as long as the batch.
+/// is. A batch is at most [`MAX_BATCH`] datagrams: those past it, or past
+/// the shortest slice, are not planned.
 pub(super) fn plan_sends(
     dests: &[SocketAddr],
     sizes: &[usize],
@@ -122,7 +123,12 @@ pub(super) fn plan_sends(
     send_end: &mut [usize],
     padded: &mut [bool],
 ) {
-    let count = sizes.len();
+    let count = sizes
+        .len()
+        .min(dests.len())
+        .min(send_end.len())
+        .min(padded.len())
+        .min(MAX_BATCH);
     let mut cut = [false; MAX_BATCH];
     for (cut, &size) in cut.iter_mut().zip(sizes) {
         *cut = size > wire;
@@ -130,7 +136,7 @@ pub(super) fn plan_sends(
     let mut i = 0;
     while i < count {
         let end = if cut[i] {
-            pieces_send_end(dests, sizes, &cut[..count.min(MAX_BATCH)], wire, i)
+            pieces_send_end(dests, sizes, &cut[..count], wire, i)
         } else {
             i + 1
         };
