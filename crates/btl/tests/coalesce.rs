@@ -522,3 +522,64 @@ fn a_burst_to_several_peers_keeps_each_peers_order() {
     }
     finalize_clean(nodes);
 }
+
+/// Sends a message too long for another to ride with it (more than half
+/// the eager limit) from `btl` to `ep`, context `i`.
+fn send_long<P: Provider>(btl: &mut Component<P>, ep: EndpointId, i: usize) {
+    let module = &mut btl.modules_mut()[0];
+    let len = module.limits().eager_limit / 2 + 1;
+    let des = module
+        .alloc(NO_ORDER, len, DesFlags::BTL_OWNERSHIP)
+        .unwrap();
+    module.segment_mut(des).unwrap().fill(i as u8);
+    module.set_context(des, i as u64).unwrap();
+    module.send(ep, des, Tag::PML).unwrap();
+}
+
+#[test]
+fn a_burst_to_one_peer_leaves_in_threes_and_to_several_as_sent() {
+    let net = SimNetwork::new(29);
+    let mut nodes = vec![
+        node(&net, "a", &config(true)),
+        node(&net, "b", &config(true)),
+        node(&net, "c", &config(true)),
+    ];
+    let eps = mesh(&mut nodes);
+    let done = completions(&mut nodes[0]);
+    let (to_b, to_c) = (eps[0][1].unwrap(), eps[0][2].unwrap());
+    let posted = |nodes: &[Btl]| posted_and_coalesced(&nodes[0]).0;
+    nodes[0].progress();
+    let start = posted(&nodes);
+    // The first leaves at once; the second is held open; the next two
+    // close one each, which waits for the next to the same peer; the
+    // fifth releases three, to share a send.
+    let expected = [1, 1, 1, 1, 4, 4];
+    for (i, want) in expected.iter().enumerate() {
+        send_long(&mut nodes[0], to_b, i);
+        assert_eq!(posted(&nodes) - start, *want, "after send {i}");
+    }
+    // The rest leave with the next progress calls, as the window allows.
+    let stop = drive(&net, &mut nodes, Duration::from_secs(5), |_| {
+        done.lock().unwrap().len() == 6
+    });
+    assert_eq!(stop, Stop::Done);
+    assert_eq!(posted(&nodes) - start, 6);
+    // Alternating peers: each closed carrier leaves as the next is sent.
+    nodes[0].progress();
+    let start = posted(&nodes);
+    for i in 0..6 {
+        send_long(&mut nodes[0], if i % 2 == 0 { to_b } else { to_c }, 6 + i);
+        assert_eq!(posted(&nodes) - start, i.max(1) as u64, "after send {i}");
+    }
+    let stop = drive(&net, &mut nodes, Duration::from_secs(5), |_| {
+        done.lock().unwrap().len() == 12
+    });
+    assert_eq!(stop, Stop::Done);
+    assert!(
+        done.lock()
+            .unwrap()
+            .iter()
+            .all(|(_, status)| status.is_ok())
+    );
+    finalize_clean(nodes);
+}

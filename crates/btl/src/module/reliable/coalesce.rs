@@ -35,7 +35,20 @@ pub(in crate::module) struct Coalescer {
     /// A send was made since the last progress call: the next small one is
     /// part of a burst.
     sent_since_progress: bool,
+    /// Carriers of a burst closed into the reliability state without a
+    /// flush, each followed by another to the same peer: they leave
+    /// together, in one GSO send where the fabric can join them, once
+    /// [`HOLD_MAX`] wait or at the next flush.
+    held: usize,
 }
+
+/// Closed carriers to one peer that may wait for the next: three 16 KiB
+/// messages fill one GSO send at MTU 1500 (`udp/segment`). Open MPI
+/// bandwidth across the veth at MTU 1500 with all of a burst held until
+/// the next progress call, 2026-12-06: 1.5-2.3 times as fast from 4 to
+/// 16 KiB. Bounded, and only for one peer, so that a burst to several
+/// peers (a halo exchange before a computation) leaves as it is sent.
+const HOLD_MAX: usize = 2;
 
 impl Coalescer {
     /// Coalescing on or off, for datagrams of up to `eager_limit` payload
@@ -47,7 +60,22 @@ impl Coalescer {
             riders_waiting: 0,
             open_carrier: None,
             sent_since_progress: false,
+            held: 0,
         }
+    }
+
+    /// Whether the carrier just closed may wait in the reliability state
+    /// for the next, being followed by one to the same peer
+    /// (`same_peer`); counts it if so.
+    pub(in crate::module) fn hold_closed(&mut self, same_peer: bool) -> bool {
+        let hold = same_peer && self.held < HOLD_MAX;
+        self.held = if hold { self.held + 1 } else { 0 };
+        hold
+    }
+
+    /// A flush: nothing closed is held any more.
+    pub(in crate::module) fn flushed(&mut self) {
+        self.held = 0;
     }
 
     pub(in crate::module) const fn enabled(&self) -> bool {
@@ -232,4 +260,27 @@ pub(in crate::module) fn may_ride(f: &crate::frag::Frag) -> bool {
     f.user.is_none()
         && f.msg_flags & (whole | rel::FLAG_ABORT | rel::FLAG_READ) == whole
         && f.seg_len <= coalesced::MAX_RECORD_LEN
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn closed_carriers_to_one_peer_wait_in_threes_and_others_never() {
+        let mut coalescer = Coalescer::new(true, 1024);
+        // To one peer: two wait, the third releases them all.
+        assert!(coalescer.hold_closed(true));
+        assert!(coalescer.hold_closed(true));
+        assert!(!coalescer.hold_closed(true));
+        assert!(coalescer.hold_closed(true));
+        // Another peer next: nothing waits, and the count starts again.
+        assert!(!coalescer.hold_closed(false));
+        assert!(coalescer.hold_closed(true));
+        // A flush leaves nothing held.
+        coalescer.flushed();
+        assert!(coalescer.hold_closed(true));
+        assert!(coalescer.hold_closed(true));
+        assert!(!coalescer.hold_closed(true));
+    }
 }

@@ -107,6 +107,11 @@ impl<C: Context> Engine<C> {
         }
         // Not carried: what is held back leaves first, keeping each peer's
         // order.
+        let open_peer = self
+            .coalescer
+            .open_carrier()
+            .and_then(|open| self.frags.get(open))
+            .map(|f| f.endpoint);
         let closed = self.close_open_carrier(now);
         if self.heads_train(des) {
             return self.send_train(now, peer, des, flush);
@@ -129,7 +134,10 @@ impl<C: Context> Engine<C> {
                 frag.state = FragState::Posted;
             }
             self.coalescer.open(des);
-            if closed && flush == Flush::Now {
+            // The carrier closed may wait for the next to the same peer, to
+            // share a send with it.
+            let held = closed && self.coalescer.hold_closed(open_peer == Some(peer.0));
+            if closed && !held && flush == Flush::Now {
                 self.flush_transmits(now);
             }
             return Ok(self.send_status());
@@ -268,6 +276,7 @@ impl<C: Context> Engine<C> {
     /// data takes a send credit or waits for one behind earlier sends;
     /// acknowledgements need none.
     pub(super) fn flush_transmits(&mut self, now: Instant) {
+        self.coalescer.flushed();
         self.post_waiting();
         while let Some(reliable) = self.path.reliable_mut() {
             let Some(tx) = reliable.core.poll_transmit(now) else {
