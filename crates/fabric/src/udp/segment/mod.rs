@@ -90,7 +90,8 @@ pub(super) fn pieces_send_end(
         return start + 1;
     };
     let mut end = start + 1;
-    // Packets so far, and their bytes once all of them are full.
+    // Packets so far; once all of them are full, their bytes are
+    // `packets * wire`.
     let mut packets = first;
     while end < count
         && cut[end]
