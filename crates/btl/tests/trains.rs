@@ -294,3 +294,75 @@ fn an_alloc_longer_than_a_datagram_is_a_bounce_buffer_that_leaves_as_a_train() {
     drop(got);
     finalize_clean(nodes);
 }
+
+#[test]
+fn a_burst_of_trains_to_one_peer_leaves_in_threes_and_to_several_as_sent() {
+    let net = SimNetwork::new(33);
+    let mut nodes = vec![
+        node(&net, "a", &config()),
+        node(&net, "b", &config()),
+        node(&net, "c", &config()),
+    ];
+    let eps = mesh(&mut nodes);
+    let (to_b, to_c) = (eps[0][1].unwrap(), eps[0][2].unwrap());
+    let got_b = inbox(&mut nodes[1], Tag::PML);
+    let got_c = inbox(&mut nodes[2], Tag::PML);
+    let done = completions(&net, &mut nodes[0]);
+    // Two datagrams each, as 32 KiB is at MTU 1500.
+    let len = nodes[0].modules()[0].limits().eager_limit + 100;
+    let posted = |nodes: &[Btl]| nodes[0].modules()[0].stats().sends_posted;
+    let mut sent = 0;
+    let mut expected = [Vec::new(), Vec::new()];
+    let mut send = |nodes: &mut [Btl], ep| {
+        let data = payload(0, 1, sent.into(), len);
+        expected[usize::from(ep == to_c)].push([vec![sent; RESERVE], data.clone()].concat());
+        send_lent(&mut nodes[0], ep, sent, data).expect("cars are free");
+        sent += 1;
+    };
+    // A train to each first, so that each peer has granted its credit.
+    send(&mut nodes, to_b);
+    send(&mut nodes, to_c);
+    let stop = drive(&net, &mut nodes, Duration::from_secs(5), |n| {
+        done.lock().unwrap().len() == 2 && n[0].modules()[0].unacknowledged() == 0
+    });
+    assert_eq!(stop, Stop::Done, "at {:?}", net.now());
+    nodes[0].progress();
+    let start = posted(&nodes);
+    // The first leaves at once; the next two wait, each following one to
+    // the same peer; the fourth releases three trains together.
+    for want in [2, 2, 2, 8, 8, 8] {
+        send(&mut nodes, to_b);
+        assert_eq!(posted(&nodes) - start, want, "after train {}", sent - 1);
+    }
+    // A send to another peer releases what waits first, though it is
+    // itself a small message held open for the next progress call.
+    let des = nodes[0].modules_mut()[0]
+        .alloc(NO_ORDER, 40, DesFlags::BTL_OWNERSHIP)
+        .unwrap();
+    nodes[0].modules_mut()[0].send(to_c, des, Tag::PML).unwrap();
+    assert_eq!(posted(&nodes) - start, 12, "after the small message");
+    // Alternating peers: every train leaves as it is sent.
+    for i in 0..4 {
+        send(&mut nodes, if i % 2 == 0 { to_b } else { to_c });
+        assert_eq!(posted(&nodes) - start, 12 + 2 * (i + 1) + 1, "train {i}");
+    }
+    let stop = drive(&net, &mut nodes, Duration::from_secs(5), |n| {
+        done.lock().unwrap().len() == 13 && n[0].modules()[0].unacknowledged() == 0
+    });
+    assert_eq!(stop, Stop::Done, "at {:?}", net.now());
+    assert!(done.lock().unwrap().iter().all(|(ev, _)| ev.status.is_ok()));
+    // Every train arrived once, whole and in order, and the small message
+    // after the three to c's first.
+    let small = got_c.lock().unwrap().remove(1);
+    assert_eq!(small.1.len(), 40);
+    for (got, expected) in [got_b, got_c].iter().zip(expected) {
+        let got: Vec<_> = got.lock().unwrap().iter().map(|(_, b)| b.clone()).collect();
+        assert!(
+            got == expected,
+            "{} trains in order and intact",
+            expected.len()
+        );
+    }
+    drop(done);
+    finalize_clean(nodes);
+}

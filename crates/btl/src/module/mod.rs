@@ -298,9 +298,9 @@ impl<C: Context> Engine<C> {
         let now = if self.path.is_reliable() {
             let now = self.clock();
             self.note_running(now);
-            // A burst is over: its held-back datagram leaves before the poll.
+            // A burst is over: what it held back leaves before the poll.
             self.coalescer.end_burst();
-            if self.close_open_carrier(now) {
+            if self.close_open_carrier(now) || self.coalescer.holds() {
                 self.flush_transmits(now);
             }
             now

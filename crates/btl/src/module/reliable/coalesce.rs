@@ -2,7 +2,8 @@
 //! one to the same peer that has not left yet, either the newest fragment
 //! of a full window's backlog or the open carrier (the small message of a
 //! burst, held back until the next progress call). A rider completes right
-//! after its carrier.
+//! after its carrier. In a burst to one peer, sends that would leave at once
+//! may also wait for the next, to share a GSO send with it ([`HOLD_MAX`]).
 
 use udbtl_fabric::Context;
 use udbtl_reliability::{Instant, PeerId};
@@ -14,8 +15,8 @@ use crate::error::SendFailure;
 use crate::frag::{DesFlags, Descriptor, FragKind, FragState};
 
 /// Coalescing's own state: whether it is on, the open carrier of a burst,
-/// the riders not completed yet, and the scratch a rider's bytes pass
-/// through.
+/// the riders not completed yet, the scratch a rider's bytes pass through,
+/// and the sends a burst to one peer holds back unflushed.
 #[derive(Debug)]
 pub(in crate::module) struct Coalescer {
     /// The `coalesce` parameter.
@@ -32,18 +33,18 @@ pub(in crate::module) struct Coalescer {
     /// peer ride in its datagram. It reaches the reliability state at the
     /// next progress call, or at the first send it cannot carry.
     open_carrier: Option<Descriptor>,
-    /// A send was made since the last progress call: the next small one is
-    /// part of a burst.
-    sent_since_progress: bool,
-    /// Carriers of a burst closed into the reliability state without a
-    /// flush, each followed by another to the same peer: they leave
-    /// together, in one GSO send where the fabric can join them, once
-    /// [`HOLD_MAX`] wait or at the next flush.
+    /// The peer of the last send since the last progress call: the next
+    /// send is part of a burst, and may follow one to the same peer.
+    burst_peer: Option<u32>,
+    /// Sends of a burst to one peer sequenced into the reliability state
+    /// without a flush (closed carriers, trains): they leave together, in
+    /// GSO sends where the fabric can join them, once [`HOLD_MAX`] wait, at
+    /// a send to another peer or at the next flush.
     held: usize,
 }
 
-/// Closed carriers to one peer that may wait for the next: three 16 KiB
-/// messages fill one GSO send at MTU 1500 (`udp/segment`). Open MPI
+/// Sends to one peer that may wait for the next: three 16 KiB messages
+/// fill one GSO send at MTU 1500 (`udp/segment`), three 32 KiB ones two. Open MPI
 /// bandwidth across the veth at MTU 1500 with all of a burst held until
 /// the next progress call, 2026-12-06: 1.5-2.3 times as fast from 4 to
 /// 16 KiB. Bounded, and only for one peer, so that a burst to several
@@ -59,21 +60,26 @@ impl Coalescer {
             scratch: Vec::with_capacity(if enabled { eager_limit } else { 0 }),
             riders_waiting: 0,
             open_carrier: None,
-            sent_since_progress: false,
+            burst_peer: None,
             held: 0,
         }
     }
 
-    /// Whether the carrier just closed may wait in the reliability state
-    /// for the next, being followed by one to the same peer
-    /// (`same_peer`); counts it if so.
-    pub(in crate::module) fn hold_closed(&mut self, same_peer: bool) -> bool {
+    /// Whether a send just sequenced without a flush (a closed carrier, a
+    /// train) may wait in the reliability state for the next, its burst
+    /// going on to the same peer (`same_peer`); counts it if so.
+    pub(in crate::module) fn hold(&mut self, same_peer: bool) -> bool {
         let hold = same_peer && self.held < HOLD_MAX;
         self.held = if hold { self.held + 1 } else { 0 };
         hold
     }
 
-    /// A flush: nothing closed is held any more.
+    /// Whether sends wait unflushed.
+    pub(in crate::module) const fn holds(&self) -> bool {
+        self.held > 0
+    }
+
+    /// A flush: nothing sequenced is held any more.
     pub(in crate::module) fn flushed(&mut self) {
         self.held = 0;
     }
@@ -82,15 +88,16 @@ impl Coalescer {
         self.enabled
     }
 
-    /// Notes a send; returns whether it is part of a burst (another send
-    /// came since the last progress call).
-    pub(in crate::module) fn note_send(&mut self) -> bool {
-        std::mem::replace(&mut self.sent_since_progress, true)
+    /// Notes a send to `peer`; returns the peer of the burst's previous
+    /// send, if it is part of a burst (another send came since the last
+    /// progress call).
+    pub(in crate::module) fn note_send(&mut self, peer: u32) -> Option<u32> {
+        self.burst_peer.replace(peer)
     }
 
     /// A progress call: the burst is over.
     pub(in crate::module) fn end_burst(&mut self) {
-        self.sent_since_progress = false;
+        self.burst_peer = None;
     }
 
     /// The open carrier, if there is one.
@@ -267,20 +274,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn closed_carriers_to_one_peer_wait_in_threes_and_others_never() {
+    fn sends_to_one_peer_wait_in_threes_and_others_never() {
         let mut coalescer = Coalescer::new(true, 1024);
         // To one peer: two wait, the third releases them all.
-        assert!(coalescer.hold_closed(true));
-        assert!(coalescer.hold_closed(true));
-        assert!(!coalescer.hold_closed(true));
-        assert!(coalescer.hold_closed(true));
+        assert!(coalescer.hold(true));
+        assert!(coalescer.hold(true));
+        assert!(!coalescer.hold(true));
+        assert!(coalescer.hold(true));
         // Another peer next: nothing waits, and the count starts again.
-        assert!(!coalescer.hold_closed(false));
-        assert!(coalescer.hold_closed(true));
+        assert!(!coalescer.hold(false));
+        assert!(coalescer.hold(true));
         // A flush leaves nothing held.
         coalescer.flushed();
-        assert!(coalescer.hold_closed(true));
-        assert!(coalescer.hold_closed(true));
-        assert!(!coalescer.hold_closed(true));
+        assert!(coalescer.hold(true));
+        assert!(coalescer.hold(true));
+        assert!(!coalescer.hold(true));
     }
 }

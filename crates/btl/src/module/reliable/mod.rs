@@ -21,6 +21,9 @@
 //!   next progress call (`close_open_carrier`). It completes right after
 //!   its carrier, and the receiver splits the datagram into its messages
 //!   (`deliver.rs`).
+//! * In a burst to one peer, up to two sends in a row that would leave at
+//!   once (closed carriers, trains) wait for the next, so that the fabric
+//!   can join their datagrams in one GSO send (`Coalescer::hold`).
 //! * Acknowledgements and retransmissions go out (`outgoing.rs`) at the end
 //!   of each progress call, after timers that are due; while nothing is owed no timer is
 //!   armed (a peer's last deadline fires once, for nothing, after its work
@@ -81,7 +84,14 @@ impl<C: Context> Engine<C> {
         let lent = user.is_some();
         let awaited = user.is_some_and(|u| !matches!(u.data, UserBytes::Shared(_)));
         let peer = PeerId(endpoint.0);
-        let burst = self.coalescer.note_send();
+        let previous = self.coalescer.note_send(peer.0);
+        let burst = previous.is_some();
+        let same_peer = previous == Some(peer.0);
+        if !same_peer && self.coalescer.holds() {
+            // What waits for more to its peer leaves before a send to another.
+            self.close_open_carrier(now);
+            self.flush_transmits(now);
+        }
         let coalescing = self.coalescer.enabled() && !lent;
         if coalescing {
             // Into the open carrier only, if there is one to this peer: the
@@ -107,13 +117,13 @@ impl<C: Context> Engine<C> {
         }
         // Not carried: what is held back leaves first, keeping each peer's
         // order.
-        let open_peer = self
-            .coalescer
-            .open_carrier()
-            .and_then(|open| self.frags.get(open))
-            .map(|f| f.endpoint);
         let closed = self.close_open_carrier(now);
         if self.heads_train(des) {
+            // A train that follows one to the same peer in a burst may wait
+            // for the next, to share GSO sends with it (`Coalescer::hold`).
+            let held =
+                flush == Flush::Now && self.coalescer.enabled() && self.coalescer.hold(same_peer);
+            let flush = if held { Flush::Later } else { flush };
             return self.send_train(now, peer, des, flush);
         }
         let to_peer = |err: SendError| match err {
@@ -136,7 +146,7 @@ impl<C: Context> Engine<C> {
             self.coalescer.open(des);
             // The carrier closed may wait for the next to the same peer, to
             // share a send with it.
-            let held = closed && self.coalescer.hold_closed(open_peer == Some(peer.0));
+            let held = closed && self.coalescer.hold(same_peer);
             if closed && !held && flush == Flush::Now {
                 self.flush_transmits(now);
             }
