@@ -75,14 +75,16 @@ impl<C: Context> Engine<C> {
         let now = self.clock();
         // Lent memory is given back only by the acknowledgement: ask for it
         // at once, or the caller waits out the peer's delayed acknowledgement.
-        // Not for memory the BTL holds a share of (`send_message_shared`):
-        // nobody waits for it, and asking on every datagram of a stream drew
-        // an acknowledgement per 1.6 datagrams instead of per 4.4 (udbench
-        // at 256 KiB across the veth: 314 692 against 116 080 for the same
-        // 506 882 datagrams), each a receive and a send for nothing.
+        // Not for memory the BTL holds a share of (`send_message_shared`) or
+        // its own bounce buffers: nobody waits for them (ob1 completes a
+        // message it copied at once), and asking on every datagram of a
+        // stream drew an acknowledgement per 1.6 datagrams instead of per
+        // 4.4 (udbench at 256 KiB across the veth: 314 692 against 116 080
+        // for the same 506 882 datagrams), each a receive and a send for
+        // nothing.
         let user = self.frags.get(des).and_then(|f| f.user.as_ref());
         let lent = user.is_some();
-        let awaited = user.is_some_and(|u| !matches!(u.data, UserBytes::Shared(_)));
+        let awaited = user.is_some_and(|u| matches!(u.data, UserBytes::Lent(_)));
         let peer = PeerId(endpoint.0);
         let previous = self.coalescer.note_send(peer.0);
         let burst = previous.is_some();
@@ -124,7 +126,7 @@ impl<C: Context> Engine<C> {
             let held =
                 flush == Flush::Now && self.coalescer.enabled() && self.coalescer.hold(same_peer);
             let flush = if held { Flush::Later } else { flush };
-            return self.send_train(now, peer, des, flush);
+            return self.send_train(now, peer, des, awaited, flush);
         }
         let to_peer = |err: SendError| match err {
             SendError::NoPeer(_) => BtlError::BadEndpoint {

@@ -125,13 +125,15 @@ impl<C: Context> Engine<C> {
     /// written into the head: cuts the caller's bytes into datagrams of the
     /// eager limit, gives each car its share and its headers, and hands them
     /// to the reliability state one after the other, so their sequence
-    /// numbers follow each other. The last asks for an acknowledgement at
-    /// once: the caller's bytes are given back only when it comes.
+    /// numbers follow each other. With `awaited` (the caller's bytes are
+    /// given back only when the acknowledgement comes) the last asks for
+    /// one at once.
     pub(in crate::module) fn send_train(
         &mut self,
         now: Instant,
         peer: PeerId,
         head: Descriptor,
+        awaited: bool,
         flush: Flush,
     ) -> Result<SendStatus, BtlError> {
         let endpoint = EndpointId(peer.0);
@@ -188,7 +190,7 @@ impl<C: Context> Engine<C> {
         let mut des = Some(head);
         while let Some(next) = des {
             sent += 1;
-            let queued = if sent == cars + 1 {
+            let queued = if awaited && sent == cars + 1 {
                 reliable.core.send_awaited(now, peer, next)
             } else {
                 reliable.core.send(now, peer, next)
