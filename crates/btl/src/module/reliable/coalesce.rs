@@ -44,10 +44,10 @@ pub(in crate::module) struct Coalescer {
 }
 
 /// Sends to one peer that may wait for the next: three 16 KiB messages
-/// fill one GSO send at MTU 1500 (`udp/segment`), three 32 KiB ones two. Open MPI
-/// bandwidth across the veth at MTU 1500 with all of a burst held until
-/// the next progress call, 2026-12-06: 1.5-2.3 times as fast from 4 to
-/// 16 KiB. Bounded, and only for one peer, so that a burst to several
+/// fill one GSO send at MTU 1500 (`udp/segment`), three 32 KiB ones two.
+/// Open MPI bandwidth across the veth at MTU 1500 with all of a burst held
+/// until the next progress call, 2026-12-06: 1.5-2.3 times as fast from 4
+/// to 16 KiB. Bounded, and only for one peer, so that a burst to several
 /// peers (a halo exchange before a computation) leaves as it is sent.
 const HOLD_MAX: usize = 2;
 
