@@ -78,7 +78,8 @@ pub fn describe_address(module: &Mod) -> String {
 /// The module's `key=value` counters for the `udbtl-stats:` line: device,
 /// messages, the limits ob1 was given (before a smaller
 /// `btl_udbtl_eager_limit`) and one datagram's payload, and with reliability its
-/// datagram, retransmission, integrity, coalescing, train and get counters.
+/// datagram, retransmission, acknowledgement, integrity, coalescing, train
+/// and get counters.
 pub fn stats_line(module: &Mod) -> String {
     let s = module.stats();
     let limits = module.limits();
@@ -99,9 +100,9 @@ pub fn stats_line(module: &Mod) -> String {
         let _ = write!(
             line,
             " datagrams={} retransmitted={} fast_retransmits={} timeouts={} tail_probes={} \
-             spurious={} duplicates={} keepalives={} lost_peers={} integrity={} bad_checksum={} \
-             unauthenticated={} replayed={} unacceptable={} coalesced={} trains={} gets={} \
-             gets_served={}",
+             spurious={} duplicates={} acks_sent={} keepalives={} lost_peers={} integrity={} \
+             bad_checksum={} unauthenticated={} replayed={} unacceptable={} coalesced={} \
+             trains={} gets={} gets_served={}",
             r.sent,
             r.retransmitted,
             r.fast_retransmits,
@@ -109,6 +110,7 @@ pub fn stats_line(module: &Mod) -> String {
             r.tail_probes,
             r.spurious_retransmits,
             r.duplicates,
+            r.acks_sent,
             r.keepalives,
             r.peers_lost,
             module.integrity(),
