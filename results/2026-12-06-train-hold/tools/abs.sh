@@ -1,11 +1,11 @@
 #!/bin/bash
-# abs.sh N SIZE label=compdir:btl ... -> one line per label: max median all
+# abs.sh N SIZE label=compdir:btl[:mca;args;separated;by;semicolons] ... -> per label: best, median, every round
 n=$1 size=$(numfmt --from=iec $2); shift 2
 declare -A vals
 for i in $(seq $n); do
   for spec in "$@"; do
-    label=${spec%%=*} rest=${spec#*=}; comp=${rest%%:*} btl=${rest#*:}
-    v=$(bash /tmp/vrun.sh ${P:-veth} $comp $btl -- bandwidth -m $size -M $size $OSUARGS 2>&1 | awk -v s=$size '$1==s{printf "%.0f", $2}')
+    label=${spec%%=*} rest=${spec#*=}; comp=${rest%%:*}; rest=${rest#*:}; btl=${rest%%:*}; x=""; [[ $rest == *:* ]] && x=${rest#*:}
+    v=$(XARGS="${x//;/ }" bash /tmp/vrun.sh ${P:-veth} $comp $btl -- bandwidth -m $size -M $size $OSUARGS 2>&1 | awk -v s=$size '$1==s{printf "%.0f", $2}')
     vals[$label]+="$v "
   done
 done
