@@ -86,17 +86,7 @@ pub fn is_segment(bytes: &[u8]) -> bool {
 /// [`Error`] if the header does not parse ([`Repr::parse`]) or a padded
 /// piece's length does not fit the packet.
 pub fn body(packet: &[u8]) -> Result<&[u8]> {
-    let repr = Repr::parse(packet)?;
-    let rest = &packet[HEADER_LEN..];
-    if !repr.padded {
-        return Ok(rest);
-    }
-    let room = rest.len().checked_sub(TRAILER_LEN).ok_or(Error)?;
-    let len = usize::from(read_u16(rest, room..rest.len()));
-    if len > room {
-        return Err(Error);
-    }
-    Ok(&rest[..len])
+    Repr::parse(packet)?.body(packet)
 }
 
 /// The trailer that ends a padded piece whose body is `len` bytes, if the
@@ -131,6 +121,25 @@ impl Repr {
             return Err(Error);
         }
         Ok(repr)
+    }
+
+    /// The body of `packet`, the piece this header was parsed from, without
+    /// a padded piece's padding ([`body`] for a piece not parsed yet).
+    ///
+    /// # Errors
+    /// [`Error`] if `packet` is shorter than the header, or a padded
+    /// piece's length does not fit it.
+    pub fn body<'a>(&self, packet: &'a [u8]) -> Result<&'a [u8]> {
+        let rest = packet.get(HEADER_LEN..).ok_or(Error)?;
+        if !self.padded {
+            return Ok(rest);
+        }
+        let room = rest.len().checked_sub(TRAILER_LEN).ok_or(Error)?;
+        let len = usize::from(read_u16(rest, room..rest.len()));
+        if len > room {
+            return Err(Error);
+        }
+        Ok(&rest[..len])
     }
 
     /// Writes the header into the first [`HEADER_LEN`] bytes of `bytes`.

@@ -248,7 +248,9 @@ fn land_pieces(
             rest = after;
             continue;
         }
-        let (Ok(repr), Ok(body)) = (segment::Repr::parse(piece), segment::body(piece)) else {
+        let Ok((repr, body)) =
+            segment::Repr::parse(piece).and_then(|repr| Ok((repr, repr.body(piece)?)))
+        else {
             landing.stats.rx_malformed += 1;
             rest = after;
             continue;
@@ -304,8 +306,11 @@ fn data_holds(data: &[u8], stride: usize, count: usize, unit: u32) -> bool {
     (0..count).all(|index| {
         pieces.next().is_some_and(|piece| {
             segment::Repr::parse(piece).is_ok_and(|r| {
-                r.unit == unit && usize::from(r.index) == index && usize::from(r.count) == count
-            }) && segment::body(piece).is_ok_and(|body| !body.is_empty())
+                r.unit == unit
+                    && usize::from(r.index) == index
+                    && usize::from(r.count) == count
+                    && r.body(piece).is_ok_and(|body| !body.is_empty())
+            })
         })
     })
 }
