@@ -265,10 +265,18 @@ fn land_pieces(
             }
             let span = (count * stride).min(rest.len());
             let (own, after) = rest.split_at(span);
-            // `data_holds` checked every piece's body.
-            let bodies = || own.chunks(stride).filter_map(|p| segment::body(p).ok());
-            let len = bodies().map(<[u8]>::len).sum();
-            queued += usize::from(landing.deliver(&mut bodies(), len));
+            // `data_holds` checked every piece: only the last may be
+            // padded, and its body is all that may be shorter than a packet.
+            let (full, last) = own
+                .split_at_checked((count - 1) * stride)
+                .unwrap_or_default();
+            let last = segment::body(last).unwrap_or_default();
+            let full = full
+                .chunks(stride)
+                .map(|p| p.get(segment::HEADER_LEN..).unwrap_or_default());
+            let len = full.clone().map(<[u8]>::len).sum::<usize>() + last.len();
+            let mut bodies = full.chain(core::iter::once(last));
+            queued += usize::from(landing.deliver(&mut bodies, len));
             rest = after;
             continue;
         }
