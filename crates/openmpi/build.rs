@@ -23,6 +23,7 @@ const C_FILES: &[&str] = &[
     "src/procs.c",
     "src/params.c",
     "src/rdma.c",
+    "src/local_read.c",
 ];
 
 fn showme(mpicc: &str, what: &str) -> Option<Vec<String>> {

@@ -89,6 +89,7 @@ static mca_btl_base_module_t **udbtl_init(int *num_btls, bool enable_progress_th
     if (NULL == values) {
         return NULL;
     }
+    c->local_host = c->single_copy ? udbtl_local_host() : 0;
     struct udbtl_rs_identity who;
     identify(&who);
     char error[1024] = "";
@@ -167,7 +168,9 @@ int udbtl_finalize(struct mca_btl_base_module_t *btl)
     if (c->print_stats) {
         char line[1024];
         (void) udbtl_rs_stats_line(m->rs, line, sizeof(line));
-        fprintf(stderr, "udbtl-stats: rank=%u %s\n", (unsigned) OPAL_PROC_MY_NAME.vpid, line);
+        fprintf(stderr, "udbtl-stats: rank=%u %s gets_local=%llu\n",
+                (unsigned) OPAL_PROC_MY_NAME.vpid, line,
+                (unsigned long long) __atomic_load_n(&m->gets_local, __ATOMIC_RELAXED));
         fflush(stderr);
     }
     for (i = 0; i < c->num_modules && c->modules[i] != m; ++i) {

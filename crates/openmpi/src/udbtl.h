@@ -118,9 +118,14 @@ extern size_t udbtl_rs_stats_line(void *module, char *text, size_t capacity);
 /* ----- types ------------------------------------------------------------ */
 
 /* What ob1 passes to a peer to let it read a registered buffer: the key of
- * the Rust region (0 for a registration of local memory only). */
+ * the Rust region (0 for a registration of local memory only), and, for a
+ * reader on the same host, the owner's host identity (0: none) and PID
+ * (local_read.c). */
 struct mca_btl_base_registration_handle_t {
     uint64_t key;
+    uint64_t host;
+    int32_t pid;
+    uint32_t reserved;
 };
 
 typedef struct udbtl_module udbtl_module_t;
@@ -169,6 +174,11 @@ struct udbtl_module {
     /* Get records not in use, and every one ever made (rdma.c). */
     struct udbtl_get *free_gets;
     struct udbtl_get *all_gets;
+    /* Gets read from a process of this host in one copy (local_read.c), and
+     * whether the kernel refused such a read once (then none is tried
+     * again). Atomic, outside the lock. */
+    uint64_t gets_local;
+    bool local_read_refused;
 };
 
 /* An Open MPI descriptor around a Rust send fragment: one segment, or, when
@@ -200,6 +210,10 @@ typedef struct udbtl_component {
     unsigned latency;
     size_t eager_limit;
     unsigned flags;
+    /* Gets between processes of one host read in one copy (local_read.c). */
+    bool single_copy;
+    /* This host's identity for such reads (udbtl_local_host), 0 when off. */
+    uint64_t local_host;
 } udbtl_component_t;
 
 OPAL_MODULE_DECLSPEC extern udbtl_component_t mca_btl_udbtl_component;
@@ -219,6 +233,12 @@ void udbtl_module_free_frags(udbtl_module_t *m);
 /* rdma.c */
 void udbtl_rdma_enable(mca_btl_base_module_t *btl, size_t get_limit, unsigned flags);
 void udbtl_module_free_gets(udbtl_module_t *m);
+
+/* local_read.c */
+uint64_t udbtl_local_host(void);
+void udbtl_local_stamp(mca_btl_base_registration_handle_t *handle);
+int udbtl_local_read(udbtl_module_t *m, void *local, uint64_t remote, size_t size,
+                     const mca_btl_base_registration_handle_t *handle);
 
 /* procs.c */
 int udbtl_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs, struct opal_proc_t **procs,

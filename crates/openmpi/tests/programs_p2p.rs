@@ -29,9 +29,10 @@ fn p2p_1_rank() {
     p2p(1, "67108864");
 }
 
-/// The only run up to 64 MiB between processes: large sizes are what take
-/// the time. Large contiguous messages go by ob1's RGET protocol, whose
-/// data udbtl's gets carry: both ranks asked for some and served some.
+/// Large contiguous messages go by ob1's RGET protocol. Between two
+/// processes of one host, at the defaults, the reader copies them straight
+/// from the sender's memory (`gets_local`), where the kernel lets it: as
+/// root, or as a user whom Yama does not restrict.
 #[test]
 #[cfg_attr(
     udbtl_missing = "openmpi",
@@ -40,11 +41,80 @@ fn p2p_1_rank() {
 fn p2p_2_ranks() {
     require_openmpi!();
     let out = p2p(2, "67108864");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if single_copy_allowed() {
+        assert!(total(&out, "gets_local") > 0, "{stderr}");
+    } else {
+        assert!(total(&out, "gets") > 0, "{stderr}");
+    }
+    assert_eq!(total(&out, "gets"), total(&out, "gets_served"));
+}
+
+/// Whether the kernel lets a process read another of the same user:
+/// root may, and so may anyone where Yama's `ptrace_scope` is 0 or absent.
+fn single_copy_allowed() -> bool {
+    udbtl_prereq::Prereq::Root.missing().is_none()
+        || std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+            .map_or(true, |scope| scope.trim() == "0")
+}
+
+/// With `btl_udbtl_single_copy 0`, the same messages go over the network,
+/// as between hosts: both ranks asked for some and served some.
+#[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
+fn p2p_2_ranks_with_gets_over_the_network() {
+    require_openmpi!();
+    let out = p2p_with(&Run::udbtl(2).mca("btl_udbtl_single_copy", "0"), "67108864");
     assert!(
         total(&out, "gets") > 0,
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert_eq!(total(&out, "gets"), total(&out, "gets_served"));
+    assert_eq!(total(&out, "gets_local"), 0);
+}
+
+/// Where the kernel refuses to let one process read another (here a
+/// program that nobody may run but not read, whose processes are
+/// non-dumpable; Yama's `ptrace_scope` refuses the same way), the module
+/// says so once and its gets go over the network: every message arrives.
+#[test]
+#[cfg_attr(
+    any(
+        udbtl_missing = "openmpi",
+        udbtl_missing = "root",
+        udbtl_missing = "runuser"
+    ),
+    ignore = "SKIPPED: needs Open MPI, root and runuser (util-linux)"
+)]
+fn p2p_2_ranks_where_the_kernel_refuses_a_single_copy() {
+    require_openmpi!();
+    udbtl_prereq::require!(
+        udbtl_prereq::Prereq::Root,
+        udbtl_prereq::Prereq::Program("runuser")
+    );
+    let _turn = common::serial();
+    let run = Run::udbtl(2).mca("btl_base_verbose", "1");
+    let mut args = vec!["--max", "4194304"];
+    args.extend(threshold_args().iter().map(String::as_str));
+    let out = match common::nobody::output("p2p", &run, &args, 0o711) {
+        Ok(out) => out,
+        Err(reason) => {
+            udbtl_prereq::skipped!("{reason}");
+            return;
+        }
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("in one copy was refused"),
+        "the refusal is told:\n{stderr}"
+    );
+    assert_eq!(total(&out, "gets_local"), 0, "{stderr}");
+    assert!(total(&out, "gets") > 0, "{stderr}");
     assert_eq!(total(&out, "gets"), total(&out, "gets_served"));
 }
 
@@ -76,7 +146,7 @@ fn p2p_2_ranks_without_get() {
     );
 }
 
-/// With `btl_udbtl_read_copy streaming`, gets copy into the receive
+/// With `btl_udbtl_read_copy streaming`, gets over the network copy into the receive
 /// buffers with streaming stores, from the first byte of each datagram's
 /// payload, wherever it falls: every message of every length arrives the
 /// same.
@@ -88,7 +158,9 @@ fn p2p_2_ranks_without_get() {
 fn p2p_2_ranks_with_gets_copied_by_streaming_stores() {
     require_openmpi!();
     let out = p2p_with(
-        &Run::udbtl(2).mca("btl_udbtl_read_copy", "streaming"),
+        &Run::udbtl(2)
+            .mca("btl_udbtl_read_copy", "streaming")
+            .mca("btl_udbtl_single_copy", "0"),
         "4194304",
     );
     assert!(
@@ -150,7 +222,11 @@ fn p2p_2_ranks_sealed() {
     for (auth, word) in [("1", "sealed"), ("encrypt", "encrypted")] {
         let mut args = vec!["--max", "4194304"];
         args.extend(threshold_args().iter().map(String::as_str));
-        let out = run_ok("p2p", &Run::udbtl(2).mca("btl_udbtl_auth", auth), &args);
+        // Gets over the network, so that their replies are sealed too.
+        let run = Run::udbtl(2)
+            .mca("btl_udbtl_auth", auth)
+            .mca("btl_udbtl_single_copy", "0");
+        let out = run_ok("p2p", &run, &args);
         let ranks = stats_fields(&out.stderr);
         assert_eq!(ranks.len(), 2, "auth {auth}");
         for fields in &ranks {

@@ -7,6 +7,8 @@ use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
+pub mod nobody;
+
 /// `mpirun` of Open MPI (Debian installs it beside MPICH's). udbtl-prereq's
 /// `Prereq::OpenMpi` looks for the same two names.
 pub const MPIRUN: &str = "mpirun.openmpi";

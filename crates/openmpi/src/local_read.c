@@ -1,0 +1,126 @@
+/*
+ * mca_btl_udbtl: gets between two processes of one host, in one copy.
+ *
+ * A get over the network costs three copies of every byte: the owner's
+ * kernel copies it into a socket buffer, the reader's kernel copies it out
+ * into udbtl's receive buffer, and udbtl copies it into ob1's receive
+ * buffer. Where the reader and the owner of a registered buffer run on one
+ * host, the reader copies it once, straight from the owner's memory, with
+ * process_vm_readv (cross-memory attach, as Open MPI's vader BTL and UCX's
+ * cma transport do).
+ *
+ * "One host" is one kernel boot, one PID namespace and one network
+ * namespace: processes in two network namespaces are treated as two hosts,
+ * as the stand-in hosts of the tests are, so traffic between them stays on
+ * the network. A registration handle carries its owner's host identity and
+ * PID; ob1 hands it to the reader in its RGET header.
+ *
+ * The kernel lets the reader in where it may ptrace the owner: the same
+ * user, and neither Yama's ptrace_scope nor a non-dumpable owner in the
+ * way, or CAP_SYS_PTRACE. Where it refuses, the module stops trying and its
+ * gets go over the network as before. Any other failure sends that one get
+ * over the network, which reports what is wrong (a range the owner never
+ * registered, a lost peer) as it always has.
+ */
+
+#include "udbtl.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "opal/util/output.h"
+
+/* ----- this host -------------------------------------------------------- */
+
+/* FNV-1a over `len` bytes, continuing from `hash`. */
+static uint64_t fnv1a(uint64_t hash, const void *bytes, size_t len)
+{
+    const unsigned char *p = bytes;
+    for (size_t i = 0; i < len; ++i) {
+        hash ^= p[i];
+        hash *= 0x100000001b3ULL;
+    }
+    return hash;
+}
+
+/* Adds a file's text (`link` false) or a symbolic link's target (`link`
+ * true) to `hash`; false if it cannot be read. */
+static bool hash_proc_entry(uint64_t *hash, const char *path, bool link)
+{
+    char text[PATH_MAX];
+    ssize_t len;
+    if (link) {
+        len = readlink(path, text, sizeof(text));
+    } else {
+        FILE *file = fopen(path, "r");
+        if (NULL == file) {
+            return false;
+        }
+        len = (ssize_t) fread(text, 1, sizeof(text), file);
+        fclose(file);
+    }
+    if (len <= 0) {
+        return false;
+    }
+    *hash = fnv1a(*hash, text, (size_t) len);
+    *hash = fnv1a(*hash, "", 1);
+    return true;
+}
+
+uint64_t udbtl_local_host(void)
+{
+    uint64_t hash = 0xcbf29ce484222325ULL;
+    if (!hash_proc_entry(&hash, "/proc/sys/kernel/random/boot_id", false)
+        || !hash_proc_entry(&hash, "/proc/self/ns/pid", true)
+        || !hash_proc_entry(&hash, "/proc/self/ns/net", true)) {
+        return 0;
+    }
+    /* 0 means "no host": a handle that carries it is never read locally. */
+    return 0 == hash ? 1 : hash;
+}
+
+void udbtl_local_stamp(mca_btl_base_registration_handle_t *handle)
+{
+    handle->host = mca_btl_udbtl_component.local_host;
+    handle->pid = (int32_t) getpid();
+    handle->reserved = 0;
+}
+
+/* ----- reading ---------------------------------------------------------- */
+
+int udbtl_local_read(udbtl_module_t *m, void *local, uint64_t remote, size_t size,
+                     const mca_btl_base_registration_handle_t *handle)
+{
+    uint64_t host = mca_btl_udbtl_component.local_host;
+    if (0 == host || handle->host != host || handle->pid <= 0 || handle->pid == getpid()
+        || __atomic_load_n(&m->local_read_refused, __ATOMIC_RELAXED)) {
+        return OPAL_ERR_NOT_AVAILABLE;
+    }
+    size_t done = 0;
+    while (done < size) {
+        struct iovec to = {.iov_base = (char *) local + done, .iov_len = size - done};
+        struct iovec from = {.iov_base = (void *) (uintptr_t) (remote + done),
+                             .iov_len = size - done};
+        ssize_t got = process_vm_readv((pid_t) handle->pid, &to, 1, &from, 1, 0);
+        if (got > 0) {
+            done += (size_t) got;
+            continue;
+        }
+        if (got < 0 && (EPERM == errno || ENOSYS == errno)) {
+            if (!__atomic_exchange_n(&m->local_read_refused, true, __ATOMIC_RELAXED)) {
+                opal_output_verbose(1, opal_btl_base_framework.framework_output,
+                                    "btl udbtl: reading a process of this host in one copy "
+                                    "was refused (%s); gets go over the network",
+                                    strerror(errno));
+            }
+        }
+        /* Whatever landed is written again by the get over the network. */
+        return OPAL_ERR_NOT_AVAILABLE;
+    }
+    __atomic_fetch_add(&m->gets_local, 1, __ATOMIC_RELAXED);
+    return OPAL_SUCCESS;
+}
