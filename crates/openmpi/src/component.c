@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "opal/mca/pmix/pmix.h"
 #include "opal/util/output.h"
@@ -90,6 +91,7 @@ static mca_btl_base_module_t **udbtl_init(int *num_btls, bool enable_progress_th
         return NULL;
     }
     c->local_host = c->single_copy ? udbtl_local_host() : 0;
+    c->local_pid = (int32_t) getpid();
     struct udbtl_rs_identity who;
     identify(&who);
     char error[1024] = "";

@@ -86,7 +86,7 @@ uint64_t udbtl_local_host(void)
 void udbtl_local_stamp(mca_btl_base_registration_handle_t *handle)
 {
     handle->host = mca_btl_udbtl_component.local_host;
-    handle->pid = (int32_t) getpid();
+    handle->pid = mca_btl_udbtl_component.local_pid;
     handle->reserved = 0;
 }
 
@@ -95,8 +95,9 @@ void udbtl_local_stamp(mca_btl_base_registration_handle_t *handle)
 int udbtl_local_read(udbtl_module_t *m, void *local, uint64_t remote, size_t size,
                      const mca_btl_base_registration_handle_t *handle)
 {
-    uint64_t host = mca_btl_udbtl_component.local_host;
-    if (0 == host || handle->host != host || handle->pid <= 0 || handle->pid == getpid()
+    const udbtl_component_t *c = &mca_btl_udbtl_component;
+    if (0 == c->local_host || handle->host != c->local_host || handle->pid <= 0
+        || handle->pid == c->local_pid
         || __atomic_load_n(&m->local_read_refused, __ATOMIC_RELAXED)) {
         return OPAL_ERR_NOT_AVAILABLE;
     }
@@ -110,13 +111,13 @@ int udbtl_local_read(udbtl_module_t *m, void *local, uint64_t remote, size_t siz
             done += (size_t) got;
             continue;
         }
-        if (got < 0 && (EPERM == errno || ENOSYS == errno)) {
-            if (!__atomic_exchange_n(&m->local_read_refused, true, __ATOMIC_RELAXED)) {
-                opal_output_verbose(1, opal_btl_base_framework.framework_output,
-                                    "btl udbtl: reading a process of this host in one copy "
-                                    "was refused (%s); gets go over the network",
-                                    strerror(errno));
-            }
+        int error = got < 0 ? errno : 0;
+        if ((EPERM == error || ENOSYS == error)
+            && !__atomic_exchange_n(&m->local_read_refused, true, __ATOMIC_RELAXED)) {
+            opal_output_verbose(1, opal_btl_base_framework.framework_output,
+                                "btl udbtl: reading a process of this host in one copy was "
+                                "refused (%s); gets go over the network",
+                                strerror(error));
         }
         /* Whatever landed is written again by the get over the network. */
         return OPAL_ERR_NOT_AVAILABLE;

@@ -212,8 +212,10 @@ typedef struct udbtl_component {
     unsigned flags;
     /* Gets between processes of one host read in one copy (local_read.c). */
     bool single_copy;
-    /* This host's identity for such reads (udbtl_local_host), 0 when off. */
+    /* This host's identity for such reads (udbtl_local_host), 0 when off,
+     * and this process's PID (looked up once: getpid is a system call). */
     uint64_t local_host;
+    int32_t local_pid;
 } udbtl_component_t;
 
 OPAL_MODULE_DECLSPEC extern udbtl_component_t mca_btl_udbtl_component;
