@@ -11,6 +11,7 @@
  *   procs.c      peers: add, delete, adopt on first contact, loss reports
  *   params.c     typed MCA variables and the MPI_T counters
  *   rdma.c       get (ob1's RGET), emulated over the reliable stream
+ *   local_read.c get between two processes of one host, in one copy
  *
  * Each forwards to the small `udbtl_rs_*` surface in Rust (src/ffi/),
  * which owns the transport. Rust calls back through the `udbtl_c_*`
