@@ -90,7 +90,7 @@ static mca_btl_base_module_t **udbtl_init(int *num_btls, bool enable_progress_th
     if (NULL == values) {
         return NULL;
     }
-    c->local_host = c->single_copy ? udbtl_local_host() : 0;
+    c->local_host = c->single_copy ? udbtl_rs_memory_domain() : 0;
     c->local_pid = (int32_t) getpid();
     struct udbtl_rs_identity who;
     identify(&who);

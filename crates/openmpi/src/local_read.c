@@ -9,11 +9,12 @@
  * process_vm_readv (cross-memory attach, as Open MPI's vader BTL and UCX's
  * cma transport do).
  *
- * "One host" is one kernel boot, one PID namespace and one network
- * namespace: processes in two network namespaces are treated as two hosts,
- * as the stand-in hosts of the tests are, so traffic between them stays on
- * the network. A registration handle carries its owner's host identity and
- * PID; ob1 hands it to the reader in its RGET header.
+ * "One host" is one host name, kernel boot, PID namespace and network
+ * namespace (udbtl_rs_memory_domain): processes in two network namespaces
+ * are treated as two hosts, as the stand-in hosts of the tests are, so
+ * traffic between them stays on the network. A registration handle carries
+ * its owner's host identity and PID; ob1 hands it to the reader in its
+ * RGET header.
  *
  * The kernel lets the reader in where it may ptrace the owner: the same
  * user, and neither Yama's ptrace_scope nor a non-dumpable owner in the
@@ -26,62 +27,12 @@
 #include "udbtl.h"
 
 #include <errno.h>
-#include <limits.h>
-#include <stdio.h>
 #include <string.h>
 #include <sys/uio.h>
-#include <unistd.h>
 
 #include "opal/util/output.h"
 
-/* ----- this host -------------------------------------------------------- */
-
-/* FNV-1a over `len` bytes, continuing from `hash`. */
-static uint64_t fnv1a(uint64_t hash, const void *bytes, size_t len)
-{
-    const unsigned char *p = bytes;
-    for (size_t i = 0; i < len; ++i) {
-        hash ^= p[i];
-        hash *= 0x100000001b3ULL;
-    }
-    return hash;
-}
-
-/* Adds a file's text (`link` false) or a symbolic link's target (`link`
- * true) to `hash`; false if it cannot be read. */
-static bool hash_proc_entry(uint64_t *hash, const char *path, bool link)
-{
-    char text[PATH_MAX];
-    ssize_t len;
-    if (link) {
-        len = readlink(path, text, sizeof(text));
-    } else {
-        FILE *file = fopen(path, "r");
-        if (NULL == file) {
-            return false;
-        }
-        len = (ssize_t) fread(text, 1, sizeof(text), file);
-        fclose(file);
-    }
-    if (len <= 0) {
-        return false;
-    }
-    *hash = fnv1a(*hash, text, (size_t) len);
-    *hash = fnv1a(*hash, "", 1);
-    return true;
-}
-
-uint64_t udbtl_local_host(void)
-{
-    uint64_t hash = 0xcbf29ce484222325ULL;
-    if (!hash_proc_entry(&hash, "/proc/sys/kernel/random/boot_id", false)
-        || !hash_proc_entry(&hash, "/proc/self/ns/pid", true)
-        || !hash_proc_entry(&hash, "/proc/self/ns/net", true)) {
-        return 0;
-    }
-    /* 0 means "no host": a handle that carries it is never read locally. */
-    return 0 == hash ? 1 : hash;
-}
+/* ----- registrations ---------------------------------------------------- */
 
 void udbtl_local_stamp(mca_btl_base_registration_handle_t *handle)
 {

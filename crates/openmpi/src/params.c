@@ -196,10 +196,10 @@ static void register_component_vars(udbtl_component_t *c)
     c->single_copy = true;
     (void) mca_base_component_var_register(
         &c->super.btl_version, "single_copy",
-        "Between two processes of one host (one kernel, PID and network namespace), a get "
-        "reads the sender's memory straight into the receive buffer with process_vm_readv "
-        "(one copy instead of three); where the kernel refuses it (another user, Yama's "
-        "ptrace_scope, a non-dumpable process), gets go over the network",
+        "Between two processes of one host (one host name, kernel boot, PID and network "
+        "namespace), a get reads the sender's memory straight into the receive buffer with "
+        "process_vm_readv (one copy instead of three); where the kernel refuses it (another "
+        "user, Yama's ptrace_scope, a non-dumpable process), gets go over the network",
         MCA_BASE_VAR_TYPE_BOOL, NULL, 0, 0, OPAL_INFO_LVL_5, MCA_BASE_VAR_SCOPE_LOCAL,
         &c->single_copy);
     c->flags = MCA_BTL_FLAGS_SEND | MCA_BTL_FLAGS_GET;

@@ -108,6 +108,7 @@ extern int udbtl_rs_register(void *module, const void *base, size_t len, uint64_
 extern int udbtl_rs_deregister(void *module, uint64_t key);
 extern int udbtl_rs_get(void *module, uint32_t endpoint, void *local, size_t len,
                         uint64_t remote_addr, uint64_t remote_key, uint64_t context);
+extern uint64_t udbtl_rs_memory_domain(void);
 extern size_t udbtl_rs_dump(void *module, char *text, size_t capacity);
 extern size_t udbtl_rs_stats_line(void *module, char *text, size_t capacity);
 
@@ -213,7 +214,7 @@ typedef struct udbtl_component {
     unsigned flags;
     /* Gets between processes of one host read in one copy (local_read.c). */
     bool single_copy;
-    /* This host's identity for such reads (udbtl_local_host), 0 when off,
+    /* This host's identity for such reads (udbtl_rs_memory_domain), 0 when off,
      * and this process's PID (looked up once: getpid is a system call). */
     uint64_t local_host;
     int32_t local_pid;
@@ -238,7 +239,6 @@ void udbtl_rdma_enable(mca_btl_base_module_t *btl, size_t get_limit, unsigned fl
 void udbtl_module_free_gets(udbtl_module_t *m);
 
 /* local_read.c */
-uint64_t udbtl_local_host(void);
 void udbtl_local_stamp(mca_btl_base_registration_handle_t *handle);
 int udbtl_local_read(udbtl_module_t *m, void *local, uint64_t remote, size_t size,
                      const mca_btl_base_registration_handle_t *handle);

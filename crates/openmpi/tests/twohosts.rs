@@ -191,6 +191,12 @@ fn programs(np: u32) {
     let out = run_in_a(&hosts, &run, "p2p", &args);
     common::assert_said_ok("p2p", &out, &format!("{np} ranks across hosts"));
     assert_crossed(&out, np);
+    if np == 2 {
+        // One rank on each host: the hosts share a kernel and PID namespace
+        // but not a network namespace, so every get goes over the network.
+        assert_eq!(common::total(&out, "gets_local"), 0);
+        assert!(common::total(&out, "gets") > 0);
+    }
     let out = run_in_a(&hosts, &run, "collectives", &[]);
     common::assert_said_ok("collectives", &out, &format!("{np} ranks across hosts"));
     assert_crossed(&out, np);

@@ -32,7 +32,7 @@ mod sys;
 mod train;
 
 pub use context::UdpContext;
-pub use netif::InterfaceScope;
+pub use netif::{InterfaceScope, memory_domain};
 
 use std::net::IpAddr;
 

@@ -147,6 +147,25 @@ pub(crate) fn loopback_identity() -> Vec<u8> {
     identity
 }
 
+/// Names the processes that may read each other's memory by PID
+/// (`process_vm_readv`): those on this host's loopback network
+/// (the host name, boot id and network namespace that name it) and
+/// in one PID namespace, whose PIDs they name each other by. `None` where
+/// the boot id or the PID namespace cannot be read: such a process shares
+/// memory with nobody. Never 0.
+pub fn memory_domain() -> Option<u64> {
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    if boot_id.trim().is_empty() {
+        return None;
+    }
+    let pid_namespace = std::fs::read_link("/proc/self/ns/pid").ok()?;
+    let mut hash = udbtl_wire::hash::Fnv1a::new();
+    hash.write(&loopback_identity());
+    hash.write(&[0]);
+    hash.write(pid_namespace.as_os_str().as_encoded_bytes());
+    Some(hash.finish().max(1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,5 +279,14 @@ mod tests {
             network_id(&eth, ip("10.1.9.9"), 16, b"b"),
             "a real subnet is the same network on every host"
         );
+    }
+
+    /// Every call names the same domain (the processes of a job compute it
+    /// apart and must agree), and a Linux process here has one.
+    #[test]
+    fn the_memory_domain_is_stable_and_never_zero() {
+        let first = memory_domain().expect("a boot id and a PID namespace");
+        assert_ne!(first, 0);
+        assert_eq!(memory_domain(), Some(first));
     }
 }

@@ -19,6 +19,14 @@ unsafe extern "C" {
     fn udbtl_c_got(btl: *mut c_void, context: u64, status: c_int);
 }
 
+/// Names the processes whose memory this one may read by PID, for gets on
+/// one host (`local_read.c`): see [`udbtl_fabric::udp::memory_domain`].
+/// Returns 0 where there is none.
+#[unsafe(no_mangle)]
+pub extern "C" fn udbtl_rs_memory_domain() -> u64 {
+    udbtl_fabric::udp::memory_domain().unwrap_or(0)
+}
+
 /// Memory ob1 reads into: a receive buffer.
 #[derive(Debug)]
 struct UserTarget {
