@@ -170,9 +170,10 @@ int udbtl_finalize(struct mca_btl_base_module_t *btl)
     if (c->print_stats) {
         char line[1024];
         (void) udbtl_rs_stats_line(m->rs, line, sizeof(line));
-        fprintf(stderr, "udbtl-stats: rank=%u %s gets_local=%llu\n",
+        fprintf(stderr, "udbtl-stats: rank=%u %s gets_local=%llu eager_lent=%llu\n",
                 (unsigned) OPAL_PROC_MY_NAME.vpid, line,
-                (unsigned long long) __atomic_load_n(&m->gets_local, __ATOMIC_RELAXED));
+                (unsigned long long) __atomic_load_n(&m->gets_local, __ATOMIC_RELAXED),
+                (unsigned long long) m->eager_lent);
         fflush(stderr);
     }
     for (i = 0; i < c->num_modules && c->modules[i] != m; ++i) {

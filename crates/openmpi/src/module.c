@@ -20,6 +20,16 @@
  *    fragments for those with it (ob1's control messages);
  *  - sendi completes at once only below `silent_max`; above, it hands ob1
  *    an empty descriptor to send the normal way, with a callback.
+ *
+ * With MCA_BTL_FLAGS_SEND_INPLACE (on by default), ob1 hands eager
+ * messages to prepare_src, which copies them into a fragment (complete at
+ * once) or, in a stream, lends the user's buffer (complete at the
+ * acknowledgement). A stream is `lend_after` or more sends to the same peer
+ * outstanding: its peer is receiving, so acknowledgements come back within
+ * a round trip, and the copy was the sending side's largest cost of its own
+ * (osu bandwidth at 32 KiB across the veth). A lone message, as in a halo
+ * exchange, is copied: a lent one would wait for its acknowledgement, a
+ * scheduler time slice where ranks share CPUs.
  */
 
 #include "udbtl.h"
@@ -30,6 +40,20 @@
 
 
 /* ----- descriptors ------------------------------------------------------ */
+
+/* A send handed to Rust, counted for ob1's flow control and its peer's
+ * stream, and the undoing of it. Called with the module locked. */
+static inline void count_send(udbtl_module_t *m, udbtl_endpoint_t *endpoint)
+{
+    ++m->outstanding;
+    ++endpoint->outstanding;
+}
+
+static inline void uncount_send(udbtl_module_t *m, udbtl_endpoint_t *endpoint)
+{
+    --m->outstanding;
+    --endpoint->outstanding;
+}
 
 /* A wrapper from the free list, or a new one; NULL when out of memory.
  * Called with the module locked. */
@@ -193,6 +217,7 @@ static mca_btl_base_descriptor_t *udbtl_prepare_src(struct mca_btl_base_module_t
     udbtl_module_t *m = (udbtl_module_t *) btl;
     OPAL_THREAD_LOCK(&m->lock);
     bool throttled = m->outstanding >= m->throttle_at;
+    bool stream = endpoint->outstanding >= mca_btl_udbtl_component.lend_after;
     size_t datagram = m->datagram;
     OPAL_THREAD_UNLOCK(&m->lock);
     if (throttled) {
@@ -204,15 +229,22 @@ static mca_btl_base_descriptor_t *udbtl_prepare_src(struct mca_btl_base_module_t
      * from the user's buffer, as a train of datagrams: copying it would take
      * one fragment, and one ob1 fragment, per datagram. Such a train may be
      * as long as a fragment or an eager message, whichever is longer, so an
-     * eager message always goes whole. */
+     * eager message always goes whole. What fits the eager limit is lent
+     * only in a stream (see the top of this file), and copied otherwise. */
     size_t max = btl->btl_max_send_size > eager ? btl->btl_max_send_size : eager;
-    if (reserve < max && reserve + want > datagram
+    bool fits = reserve + want <= eager;
+    if (reserve < max && reserve + want > datagram && (stream || !fits)
         && 0 == opal_convertor_need_buffers(convertor)) {
         size_t lent = want < max - reserve ? want : max - reserve;
         udbtl_frag_t *frag = prepare_zero_copy(m, convertor, order, reserve, lent, flags);
         if (NULL != frag) {
             *size = frag->segments[1].seg_len;
             frag->endpoint = endpoint;
+            if (fits) {
+                OPAL_THREAD_LOCK(&m->lock);
+                ++m->eager_lent;
+                OPAL_THREAD_UNLOCK(&m->lock);
+            }
             return &frag->base;
         }
     }
@@ -257,7 +289,7 @@ static int frag_send(udbtl_module_t *m, udbtl_endpoint_t *endpoint, udbtl_frag_t
                            (uint64_t) (uintptr_t) frag);
     if (UDBTL_RS_OK != rc) {
         OPAL_THREAD_LOCK(&m->lock);
-        --m->outstanding;
+        uncount_send(m, endpoint);
         OPAL_THREAD_UNLOCK(&m->lock);
         frag->silent = false;
         return UDBTL_RS_UNREACH == rc ? OPAL_ERR_UNREACH : OPAL_ERROR;
@@ -281,7 +313,7 @@ static int udbtl_send(struct mca_btl_base_module_t *btl,
                          && 0 == (des->des_flags & MCA_BTL_DES_SEND_ALWAYS_CALLBACK);
     OPAL_THREAD_LOCK(&m->lock);
     bool silent = may_be_silent && m->outstanding < m->silent_max;
-    ++m->outstanding;
+    count_send(m, endpoint);
     OPAL_THREAD_UNLOCK(&m->lock);
     int rc = frag_send(m, endpoint, frag, tag, owned, silent);
     if (OPAL_SUCCESS != rc) {
@@ -315,7 +347,7 @@ static int udbtl_sendi(struct mca_btl_base_module_t *btl,
     OPAL_THREAD_LOCK(&m->lock);
     bool silent = m->outstanding < m->silent_max;
     if (silent) {
-        ++m->outstanding;
+        count_send(m, endpoint);
     }
     OPAL_THREAD_UNLOCK(&m->lock);
     if (!silent) {
@@ -337,7 +369,7 @@ static int udbtl_sendi(struct mca_btl_base_module_t *btl,
         if (opal_convertor_pack(convertor, &iov, &iov_count, &packed) < 0
             || packed != payload_size) {
             OPAL_THREAD_LOCK(&m->lock);
-            --m->outstanding;
+            uncount_send(m, endpoint);
             OPAL_THREAD_UNLOCK(&m->lock);
             opal_convertor_set_position(convertor, &position);
             (void) udbtl_free(btl, &frag->base);
@@ -370,7 +402,7 @@ void udbtl_c_sent(void *btl, uint64_t context, int ok, int owned)
                               ok ? OPAL_SUCCESS : OPAL_ERR_UNREACH);
     }
     OPAL_THREAD_LOCK(&m->lock);
-    --m->outstanding;
+    uncount_send(m, frag->endpoint);
     /* Rust frees its side of an owned fragment after this returns. */
     if (owned) {
         frag_release(frag);

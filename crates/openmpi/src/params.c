@@ -202,19 +202,28 @@ static void register_component_vars(udbtl_component_t *c)
         "user, Yama's ptrace_scope, a non-dumpable process), gets go over the network",
         MCA_BASE_VAR_TYPE_BOOL, NULL, 0, 0, OPAL_INFO_LVL_5, MCA_BASE_VAR_SCOPE_LOCAL,
         &c->single_copy);
-    c->flags = MCA_BTL_FLAGS_SEND | MCA_BTL_FLAGS_GET;
+    c->flags = MCA_BTL_FLAGS_SEND | MCA_BTL_FLAGS_GET | MCA_BTL_FLAGS_SEND_INPLACE;
     (void) mca_base_component_var_register(
         &c->super.btl_version, "flags",
         "BTL bit flags; udbtl supports send, get on a reliable module (ob1 then reads "
         "large contiguous messages with its RGET protocol, from the sender's memory straight "
-        "into the receiver's), and inplace, off by default (ob1 hands eager messages to "
-        "prepare_src, which sends contiguous ones longer than a datagram from the user's "
-        "buffer: faster streams of 32-64 KiB messages on dedicated CPUs, but such a send "
-        "completes only at the acknowledgement, which costs a scheduler time slice where "
-        "ranks share CPUs); flags it lacks are ignored, and without get ob1 sends large "
-        "messages in max_send_size fragments",
+        "into the receiver's), and inplace (ob1 hands eager messages to prepare_src, which "
+        "sends contiguous ones longer than a datagram from the user's buffer in a stream, "
+        "see lend_after, and copies the rest; without it ob1 copies every eager message); "
+        "flags it lacks are ignored, and without get ob1 sends large messages in "
+        "max_send_size fragments",
         MCA_BASE_VAR_TYPE_UNSIGNED_INT, &mca_btl_base_flag_enum->super, 0, 0, OPAL_INFO_LVL_5,
         MCA_BASE_VAR_SCOPE_READONLY, &c->flags);
+    c->lend_after = 8;
+    (void) mca_base_component_var_register(
+        &c->super.btl_version, "lend_after",
+        "With inplace in flags: from this many sends to one peer outstanding (a stream, "
+        "acknowledged within a round trip), an eager message longer than a datagram is sent "
+        "from the user's buffer and completes at its acknowledgement; below it, it is copied "
+        "and completes at once (a lone message would wait for its acknowledgement, a "
+        "scheduler time slice where ranks share CPUs); 0 lends every such message",
+        MCA_BASE_VAR_TYPE_UNSIGNED_INT, NULL, 0, 0, OPAL_INFO_LVL_5, MCA_BASE_VAR_SCOPE_LOCAL,
+        &c->lend_after);
 }
 
 int udbtl_params_register(udbtl_component_t *c)

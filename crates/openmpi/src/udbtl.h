@@ -143,6 +143,10 @@ struct mca_btl_base_endpoint_t {
     bool lost;
     /* Deleted by ob1: nothing more is reported about it. */
     bool deleted;
+    /* Sends to it handed to Rust and not completed (under the module's
+     * lock): from the component's `lend_after` on, it is a stream, and
+     * prepare_src lends eager messages instead of copying them. */
+    size_t outstanding;
     struct mca_btl_base_endpoint_t *next_all;
 };
 typedef struct mca_btl_base_endpoint_t udbtl_endpoint_t;
@@ -181,6 +185,9 @@ struct udbtl_module {
      * again). Atomic, outside the lock. */
     uint64_t gets_local;
     bool local_read_refused;
+    /* Eager messages sent from the user's buffer in a stream (module.c).
+     * Under the lock. */
+    uint64_t eager_lent;
 };
 
 /* An Open MPI descriptor around a Rust send fragment: one segment, or, when
@@ -212,6 +219,9 @@ typedef struct udbtl_component {
     unsigned latency;
     size_t eager_limit;
     unsigned flags;
+    /* With inplace: sends to one peer outstanding from which an eager
+     * message longer than a datagram is lent, not copied (module.c). */
+    unsigned lend_after;
     /* Gets between processes of one host read in one copy (local_read.c). */
     bool single_copy;
     /* This host's identity for such reads (udbtl_rs_memory_domain), 0 when off,

@@ -26,19 +26,34 @@ fn datatypes_2_ranks() {
     run_ok("datatypes", &Run::udbtl(2), &[]);
 }
 
-/// With `inplace` among `btl_udbtl_flags`, ob1 hands eager messages to
-/// `prepare_src`, which packs a non-contiguous one whole (a 65 520-byte
-/// vector went short when it was cut at `max_send_size`).
+/// With `lend_after` 0, ob1's eager messages that `prepare_src` may lend
+/// are lent whenever contiguous; a non-contiguous one is packed whole (a
+/// 65 520-byte vector went short when it was cut at `max_send_size`).
 #[test]
 #[cfg_attr(
     udbtl_missing = "openmpi",
     ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
 )]
-fn datatypes_2_ranks_with_eager_messages_in_place() {
+fn datatypes_2_ranks_lending_every_eager_message() {
     require_openmpi!();
     run_ok(
         "datatypes",
-        &Run::udbtl(2).mca("btl_udbtl_flags", "send,get,inplace"),
+        &Run::udbtl(2).mca("btl_udbtl_lend_after", "0"),
+        &[],
+    );
+}
+
+/// Without `inplace`, ob1 packs every eager message itself.
+#[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
+fn datatypes_2_ranks_with_ob1_copying_eager_messages() {
+    require_openmpi!();
+    run_ok(
+        "datatypes",
+        &Run::udbtl(2).mca("btl_udbtl_flags", "send,get"),
         &[],
     );
 }

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{Run, run_ok};
+use common::{Run, run_ok, total};
 
 #[test]
 #[cfg_attr(
@@ -30,5 +30,34 @@ fn a_flood_of_isends_completes_with_few_fragments() {
 )]
 fn a_flood_of_isends_completes_at_the_defaults() {
     require_openmpi!();
-    run_ok("isend_flood", &Run::udbtl(4), &["64"]);
+    let out = run_ok("isend_flood", &Run::udbtl(4), &["64"]);
+    // A stream: its eager messages longer than a datagram left from the
+    // user's buffers (and arrived intact: the program checks every byte).
+    assert!(
+        total(&out, "eager_lent") > 0,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Eager messages sent one at a time are copied, never lent: a lent one
+/// would complete only at its acknowledgement, which where ranks share CPUs
+/// waits for the peer's time slice (a halo exchange took twice as long).
+/// Each reply carries the acknowledgement of the message before it, so no
+/// more than two sends to a peer are ever outstanding here, whatever the
+/// speed.
+#[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
+fn lone_eager_messages_are_copied() {
+    require_openmpi!();
+    let out = run_ok("isend_flood", &Run::udbtl(2), &["200", "pingpong"]);
+    assert_eq!(
+        total(&out, "eager_lent"),
+        0,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -170,21 +170,40 @@ fn p2p_2_ranks_with_gets_copied_by_streaming_stores() {
     );
 }
 
-/// With `inplace` among `btl_udbtl_flags` (off by default), ob1 hands
-/// eager messages to `prepare_src`, which must take each one whole: ob1
-/// sends what comes back as the message. Contiguous ones longer than a
-/// datagram leave from the user's buffer, up to ob1's eager limit, which
-/// is longer than `max_send_size` on loopback.
+/// With `lend_after` 0, `prepare_src` lends every contiguous eager message
+/// longer than a datagram, stream or not, and must take each one whole: ob1
+/// sends what comes back as the message (up to ob1's eager limit, which is
+/// longer than `max_send_size` on loopback).
 #[test]
 #[cfg_attr(
     udbtl_missing = "openmpi",
     ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
 )]
-fn p2p_2_ranks_with_eager_messages_in_place() {
+fn p2p_2_ranks_lending_every_eager_message() {
     require_openmpi!();
-    p2p_with(
-        &Run::udbtl(2).mca("btl_udbtl_flags", "send,get,inplace"),
-        "1048576",
+    let out = p2p_with(&Run::udbtl(2).mca("btl_udbtl_lend_after", "0"), "1048576");
+    assert!(
+        total(&out, "eager_lent") > 0,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Without `inplace` among `btl_udbtl_flags`, ob1 copies every eager
+/// message itself (`sendi`, or `alloc` and pack): nothing is lent.
+#[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
+fn p2p_2_ranks_with_ob1_copying_eager_messages() {
+    require_openmpi!();
+    let out = p2p_with(&Run::udbtl(2).mca("btl_udbtl_flags", "send,get"), "1048576");
+    assert_eq!(
+        total(&out, "eager_lent"),
+        0,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 
