@@ -90,6 +90,38 @@ fn p2p_with_duplicates_and_reordering() {
     p2p(Faults::DuplicateReorder);
 }
 
+/// A stream of nonblocking sends, whose eager messages longer than a
+/// datagram leave from the user's buffers: what is lost is resent from
+/// them, and each completes only once acknowledged.
+fn isend_flood(faults: Faults) {
+    let out = run_faulty("isend_flood", 2, faults, 13, &["64"]);
+    assert!(
+        common::total(&out, "eager_lent") > 0,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
+fn isend_flood_with_drops() {
+    require_openmpi!();
+    isend_flood(Faults::Drop);
+}
+
+#[test]
+#[cfg_attr(
+    udbtl_missing = "openmpi",
+    ignore = "SKIPPED: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+)]
+fn isend_flood_with_duplicates_and_reordering() {
+    require_openmpi!();
+    isend_flood(Faults::DuplicateReorder);
+}
+
 #[test]
 #[cfg_attr(
     udbtl_missing = "openmpi",
