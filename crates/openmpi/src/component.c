@@ -173,7 +173,7 @@ int udbtl_finalize(struct mca_btl_base_module_t *btl)
         fprintf(stderr, "udbtl-stats: rank=%u %s gets_local=%llu eager_lent=%llu\n",
                 (unsigned) OPAL_PROC_MY_NAME.vpid, line,
                 (unsigned long long) __atomic_load_n(&m->gets_local, __ATOMIC_RELAXED),
-                (unsigned long long) m->eager_lent);
+                (unsigned long long) __atomic_load_n(&m->eager_lent, __ATOMIC_RELAXED));
         fflush(stderr);
     }
     for (i = 0; i < c->num_modules && c->modules[i] != m; ++i) {

@@ -241,9 +241,7 @@ static mca_btl_base_descriptor_t *udbtl_prepare_src(struct mca_btl_base_module_t
             *size = frag->segments[1].seg_len;
             frag->endpoint = endpoint;
             if (fits) {
-                OPAL_THREAD_LOCK(&m->lock);
-                ++m->eager_lent;
-                OPAL_THREAD_UNLOCK(&m->lock);
+                __atomic_fetch_add(&m->eager_lent, 1, __ATOMIC_RELAXED);
             }
             return &frag->base;
         }

@@ -14,6 +14,7 @@
 #include "udbtl.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -167,6 +168,46 @@ static void register_counters(udbtl_component_t *c)
     }
 }
 
+/* Counters kept in C by each module (atomic, relaxed), by their offset in
+ * udbtl_module_t; read as MPI_T performance variables summed over the
+ * modules (0 before any exists). */
+static const struct {
+    const char *name;
+    const char *help;
+    size_t offset;
+} module_counters[] = {
+    {"gets_local", "Gets read from a process of this host in one copy (see single_copy)",
+     offsetof(udbtl_module_t, gets_local)},
+    {"eager_lent", "Eager messages sent from the user's buffer in a stream (see lend_after)",
+     offsetof(udbtl_module_t, eager_lent)},
+};
+
+static int read_module_counter(const struct mca_base_pvar_t *pvar, void *value, void *obj)
+{
+    (void) obj;
+    const udbtl_component_t *c = &mca_btl_udbtl_component;
+    size_t offset = (size_t) (uintptr_t) pvar->ctx;
+    unsigned long long total = 0;
+    for (size_t i = 0; i < c->num_modules; ++i) {
+        const uint64_t *counter = (const uint64_t *) ((const char *) c->modules[i] + offset);
+        total += __atomic_load_n(counter, __ATOMIC_RELAXED);
+    }
+    *(unsigned long long *) value = total;
+    return OPAL_SUCCESS;
+}
+
+static void register_module_counters(udbtl_component_t *c)
+{
+    for (size_t i = 0; i < sizeof(module_counters) / sizeof(module_counters[0]); ++i) {
+        (void) mca_base_component_pvar_register(
+            &c->super.btl_version, module_counters[i].name, module_counters[i].help,
+            OPAL_INFO_LVL_4, MCA_BASE_PVAR_CLASS_COUNTER, MCA_BASE_VAR_TYPE_UNSIGNED_LONG_LONG,
+            NULL, MCA_BASE_VAR_BIND_NO_OBJECT,
+            MCA_BASE_PVAR_FLAG_READONLY | MCA_BASE_PVAR_FLAG_CONTINUOUS, read_module_counter,
+            NULL, NULL, (void *) (uintptr_t) module_counters[i].offset);
+    }
+}
+
 /* The component's own variables, and the standard BTL names udbtl's
  * parameters do not already carry. */
 static void register_component_vars(udbtl_component_t *c)
@@ -248,6 +289,7 @@ int udbtl_params_register(udbtl_component_t *c)
     }
     register_component_vars(c);
     register_counters(c);
+    register_module_counters(c);
     return OPAL_SUCCESS;
 }
 

@@ -186,7 +186,7 @@ struct udbtl_module {
     uint64_t gets_local;
     bool local_read_refused;
     /* Eager messages sent from the user's buffer in a stream (module.c).
-     * Under the lock. */
+     * Atomic, outside the lock. */
     uint64_t eager_lent;
 };
 

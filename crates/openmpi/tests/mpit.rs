@@ -1,5 +1,6 @@
 //! udbtl's counters are MPI_T performance variables: a program reads
-//! btl_udbtl_sent and btl_udbtl_received around a ring exchange.
+//! btl_udbtl_sent and btl_udbtl_received around a ring exchange, and
+//! btl_udbtl_eager_lent around a stream of eager messages.
 
 mod common;
 

@@ -1,7 +1,10 @@
 /*
  * udbtl's counters through the MPI tools interface: finds the performance
  * variables btl_udbtl_sent and btl_udbtl_received, reads them before and
- * after a ring exchange, and checks that they counted it.
+ * after a ring exchange, and checks that they counted it; then finds the
+ * module's own btl_udbtl_gets_local and btl_udbtl_eager_lent, and checks
+ * that the latter counted a stream of 64 eager messages from rank 0 to
+ * rank 1 longer than a datagram (udbtl lends such a stream's buffers).
  *
  * Prints "OK mpit rank R sent=S received=V" per rank.
  */
@@ -86,6 +89,36 @@ int main(int argc, char **argv)
         check(received_after >= received_before + 100, "btl_udbtl_received counted the ring");
     }
 
+    int local_index = find_pvar("btl_udbtl_gets_local");
+    int lent_index = find_pvar("btl_udbtl_eager_lent");
+    check(local_index >= 0 && lent_index >= 0, "the module's own counters are listed");
+    MPI_T_pvar_handle lent;
+    MPI_T_pvar_handle_alloc(session, lent_index, NULL, &lent, &count);
+    unsigned long long lent_before = read_pvar(session, lent);
+    enum { STREAM = 64, MEDIUM = 66000 };
+    static unsigned char stream[STREAM][MEDIUM];
+    MPI_Request reqs[STREAM];
+    if (size > 1 && rank < 2) {
+        for (int i = 0; i < STREAM; ++i) {
+            if (0 == rank) {
+                memset(stream[i], i, MEDIUM);
+                MPI_Isend(stream[i], MEDIUM, MPI_BYTE, 1, i, MPI_COMM_WORLD, &reqs[i]);
+            } else {
+                MPI_Irecv(stream[i], MEDIUM, MPI_BYTE, 0, i, MPI_COMM_WORLD, &reqs[i]);
+            }
+        }
+        MPI_Waitall(STREAM, reqs, MPI_STATUSES_IGNORE);
+        for (int i = 0; 1 == rank && i < STREAM; ++i) {
+            check(stream[i][0] == (unsigned char) i && stream[i][MEDIUM - 1] == (unsigned char) i,
+                  "stream data");
+        }
+    }
+    unsigned long long lent_after = read_pvar(session, lent);
+    if (size > 1 && 0 == rank) {
+        check(lent_after > lent_before, "btl_udbtl_eager_lent counted the stream");
+    }
+
+    MPI_T_pvar_handle_free(session, &lent);
     MPI_T_pvar_handle_free(session, &sent);
     MPI_T_pvar_handle_free(session, &received);
     MPI_T_pvar_session_free(&session);
