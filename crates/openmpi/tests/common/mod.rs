@@ -373,6 +373,26 @@ pub fn total(out: &Output, key: &str) -> u64 {
         .sum()
 }
 
+/// Asserts that some rank counted `key` (its [`total`] is above 0).
+pub fn assert_counted(out: &Output, key: &str) {
+    assert!(
+        total(out, key) > 0,
+        "no rank counted {key}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Asserts that no rank counted `key` (its [`total`] is 0).
+pub fn assert_never_counted(out: &Output, key: &str) {
+    let sum = total(out, key);
+    assert_eq!(
+        sum,
+        0,
+        "the ranks counted {key} {sum} times:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Asserts that udbtl carried traffic on every one of `np` ranks (when
 /// `np > 1`): each printed its counters, and each sent and received.
 pub fn assert_carried(out: &Output, np: u32) {
