@@ -145,7 +145,8 @@ struct mca_btl_base_endpoint_t {
     bool deleted;
     /* Sends to it handed to Rust and not completed (under the module's
      * lock): from the component's `lend_after` on, it is a stream, and
-     * prepare_src lends eager messages instead of copying them. */
+     * prepare_src lends eager messages longer than a datagram instead of
+     * copying them (module.c). */
     size_t outstanding;
     struct mca_btl_base_endpoint_t *next_all;
 };
