@@ -77,15 +77,19 @@ pub fn describe_address(module: &Mod) -> String {
 
 /// The module's `key=value` counters for the `udbtl-stats:` line: device,
 /// messages, the limits ob1 was given (before a smaller
-/// `btl_udbtl_eager_limit`) and one datagram's payload, and with reliability its
-/// datagram, retransmission, acknowledgement, integrity, coalescing, train
-/// and get counters.
+/// `btl_udbtl_eager_limit`) and one datagram's payload, the datagrams the
+/// kernel refused to send or dropped at a full socket buffer and those
+/// missing a piece (what makes a lossless path lose), and with reliability
+/// its datagram, retransmission, acknowledgement, integrity, coalescing,
+/// train and get counters.
 pub fn stats_line(module: &Mod) -> String {
     let s = module.stats();
     let limits = module.limits();
+    let fabric = module.with_context(|ctx| ctx.stats());
     let mut line = format!(
         "device={} sent={} received={} send_errors={} no_callback={} eager_limit={} \
-         rndv_eager_limit={} max_send_size={} datagram={}",
+         rndv_eager_limit={} max_send_size={} datagram={} tx_refused={} socket_full={} \
+         missing_piece={}",
         module.device(),
         s.messages_sent,
         s.recvs_delivered,
@@ -95,6 +99,9 @@ pub fn stats_line(module: &Mod) -> String {
         limits.rndv_eager_limit.min(limits.eager_limit),
         limits.frag_limit,
         limits.eager_limit,
+        fabric.tx_kernel_drops,
+        fabric.rx_kernel_drops,
+        fabric.rx_incomplete,
     );
     if let Some(r) = module.reliability_stats() {
         let _ = write!(

@@ -394,7 +394,8 @@ pub fn assert_never_counted(out: &Output, key: &str) {
 }
 
 /// Asserts that udbtl carried traffic on every one of `np` ranks (when
-/// `np > 1`): each printed its counters, and each sent and received.
+/// `np > 1`): each printed its counters, with the fabric's drops among
+/// them, and each sent and received.
 pub fn assert_carried(out: &Output, np: u32) {
     let all = stats(&out.stderr);
     assert_eq!(
@@ -403,6 +404,17 @@ pub fn assert_carried(out: &Output, np: u32) {
         "expected udbtl-stats lines from every rank:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    for fields in stats_fields(&out.stderr) {
+        for key in ["tx_refused", "socket_full", "missing_piece"] {
+            assert!(
+                fields
+                    .iter()
+                    .any(|(k, v)| k == key && v.parse::<u64>().is_ok()),
+                "a udbtl-stats line without {key}:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
     if np > 1 {
         for s in &all {
             assert!(
